@@ -1,0 +1,363 @@
+// chain_verify on the CPU: speculative-sampling verification of a chain of drafts
+// (Leviathan et al. 2023; Chen et al. 2023). Semantics: specops/reference.py.
+//
+// Per request the chain is walked in order and a row's softmax statistics are computed only when the
+// walk reaches it, so a request rejected at draft j reads logit rows 0..j (plus one cheap scan of
+// every row for NaN/+inf and its maximum). The recovered token is drawn by inverse CDF over the
+// residual; chunk sums make the search touch one chunk instead of the whole vocabulary. Requests run
+// in parallel. The row passes (chain_verify_simd.h) are written on 16-lane vectors and built for
+// AVX-512, AVX2 and a baseline; the running CPU's build is chosen once.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+// Helpers are forced inline so that every instruction-set build of the SIMD passes inlines them.
+#define SPECOPS_INLINE __attribute__((always_inline)) inline
+
+namespace specops {
+namespace {
+
+constexpr int64_t kChunk = 2048;  // residual chunk for the two-level inverse-CDF search
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---- Philox4x32-10 (Salmon et al., SC'11): the generator shared with Triton and the reference ----
+
+SPECOPS_INLINE void philox4x32(uint64_t key, uint32_t c[4]) {
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t{0xD2511F53u} * c[0];
+    const uint64_t p1 = uint64_t{0xCD9E8D57u} * c[2];
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k1;
+    c[1] = static_cast<uint32_t>(p1);
+    c[3] = static_cast<uint32_t>(p0);
+    c[0] = n0;
+    c[2] = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+}
+
+// Uniform in (0, 1), never 0 or 1: 52 random bits plus one half, exactly representable in a double.
+SPECOPS_INLINE double uniform(int64_t seed, uint64_t offset, int64_t position, uint32_t stream) {
+  uint32_t c[4] = {static_cast<uint32_t>(position), stream, static_cast<uint32_t>(offset),
+                   static_cast<uint32_t>(offset >> 32)};
+  philox4x32(static_cast<uint64_t>(seed), c);
+  const uint64_t k = (uint64_t{c[0] >> 6} << 26) | (c[1] >> 6);
+  return (static_cast<double>(k) + 0.5) * 0x1p-52;
+}
+
+constexpr uint32_t kStreamAccept = 0;
+constexpr uint32_t kStreamSample = 1;
+
+}  // namespace
+}  // namespace specops
+
+// The SIMD passes, once per instruction set.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
+#define SPECOPS_ISA avx512
+#include "chain_verify_simd.h"
+#undef SPECOPS_ISA
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define SPECOPS_ISA avx2
+#include "chain_verify_simd.h"
+#undef SPECOPS_ISA
+#pragma GCC pop_options
+#define SPECOPS_X86_DISPATCH 1
+#endif
+#define SPECOPS_ISA base
+#include "chain_verify_simd.h"
+#undef SPECOPS_ISA
+
+namespace specops {
+namespace {
+
+// The row passes for the running CPU, chosen once.
+struct RowPasses {
+  float (*scan_row)(const float*, int64_t, bool*);
+  int64_t (*find_first)(const float*, int64_t, float);
+  bool (*bad_probs)(const float*, int64_t);
+  double (*sum_exp)(const float*, int64_t, float, float, float);
+  double (*fill_weights)(const float*, const float*, int64_t, float, float, float, float, float*);
+};
+
+#define SPECOPS_PASSES(ns) RowPasses{ns::scan_row, ns::find_first, ns::bad_probs, ns::sum_exp, ns::fill_weights}
+
+const RowPasses& passes() {
+  static const RowPasses selected = [] {
+#ifdef SPECOPS_X86_DISPATCH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+      return SPECOPS_PASSES(avx512);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SPECOPS_PASSES(avx2);
+#endif
+    return SPECOPS_PASSES(base);
+  }();
+  return selected;
+}
+
+using base::exp_nonpositive;
+using base::kept_weight;
+
+// ---- filtering thresholds (rows with top-k / top-p only) ----
+
+// Largest value t of x such that the weight of {x >= t} reaches `need`: weighted quickselect,
+// expected linear time. x is reordered.
+float weighted_upper_threshold(std::vector<float>& x, float m, double need) {
+  size_t lo = 0, hi = x.size();
+  double above = 0.0;
+  float last = x.empty() ? -kInf : x[0];
+  while (lo < hi) {
+    const float pivot = x[lo + (hi - lo) / 2];
+    last = pivot;
+    auto first = x.begin() + static_cast<std::ptrdiff_t>(lo);
+    auto end = x.begin() + static_cast<std::ptrdiff_t>(hi);
+    auto mid1 = std::partition(first, end, [pivot](float v) { return v > pivot; });
+    auto mid2 = std::partition(mid1, end, [pivot](float v) { return v == pivot; });
+    double greater = 0.0;
+    for (auto it = first; it != mid1; ++it) greater += exp_nonpositive(*it - m);
+    const double equal = static_cast<double>(mid2 - mid1) * exp_nonpositive(pivot - m);
+    if (above + greater >= need) {
+      hi = static_cast<size_t>(mid1 - x.begin());
+    } else if (above + greater + equal >= need) {
+      return pivot;
+    } else {
+      above += greater + equal;
+      lo = static_cast<size_t>(mid2 - x.begin());
+    }
+  }
+  return last;  // round-off left `need` above the total: keep everything seen
+}
+
+// Keep-threshold of a sampled row: x = logit / t is kept iff x >= threshold.
+float filter_threshold(const float* logit, int64_t vocab, float t, float m, int64_t top_k, float top_p,
+                       std::vector<float>& scratch) {
+  float thr = -kInf;
+  if (top_k > 0 && top_k < vocab) {
+    scratch.assign(logit, logit + vocab);
+    for (float& v : scratch) v /= t;
+    std::nth_element(scratch.begin(), scratch.begin() + (top_k - 1), scratch.end(), std::greater<float>());
+    thr = scratch[static_cast<size_t>(top_k - 1)];
+  }
+  if (top_p < 1.0f) {
+    scratch.clear();
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float x = logit[i] / t;
+      if (x >= thr) scratch.push_back(x);
+    }
+    const double need = static_cast<double>(top_p) * passes().sum_exp(logit, vocab, t, m, thr);
+    thr = weighted_upper_threshold(scratch, m, need);
+  }
+  return thr;
+}
+
+// Inverse CDF over a row's weights, searched chunk by chunk: first index whose running float64 sum
+// exceeds u * total; the last positive index if round-off leaves none.
+int64_t inverse_cdf(const float* w, const std::vector<double>& chunk_sums, int64_t vocab, double u) {
+  double total = 0.0;
+  for (double s : chunk_sums) total += s;
+  const double target = u * total;
+  double run = 0.0;
+  for (size_t c = 0; c < chunk_sums.size(); ++c) {
+    if (run + chunk_sums[c] > target) {
+      const int64_t begin = static_cast<int64_t>(c) * kChunk;
+      const int64_t end = std::min(vocab, begin + kChunk);
+      for (int64_t i = begin; i < end; ++i) {
+        run += w[i];
+        if (run > target) return i;
+      }
+      break;
+    }
+    run += chunk_sums[c];
+  }
+  for (int64_t i = vocab - 1; i >= 0; --i)
+    if (w[i] > 0.0f) return i;
+  return 0;  // unreachable: p always has mass
+}
+
+struct RowParams {
+  int64_t num_draft;
+  float temperature;
+  int64_t top_k;
+  float top_p;
+  int64_t seed;
+};
+
+// One request: walks the chain, writes out[0..K] and returns the number of accepted drafts.
+int64_t verify_row(const float* logits, const int64_t* drafts, const float* probs, const float* row_max,
+                   int64_t vocab, const RowParams& rp, uint64_t offset, int64_t* out,
+                   std::vector<float>& weights, std::vector<float>& scratch) {
+  const float t = rp.temperature;
+  for (int64_t j = 0;; ++j) {
+    const float* logit = logits + j * vocab;
+    const bool has_draft = j < rp.num_draft;
+    const int64_t draft = has_draft ? drafts[j] : -1;
+    if (t == 0.0f) {
+      const float best = row_max[j];
+      const int64_t arg = passes().find_first(logit, vocab, best);
+      out[j] = has_draft && draft == arg ? draft : arg;
+      if (has_draft && draft == arg) continue;
+      return j;
+    }
+    const float m = row_max[j] / t;
+    const bool filtered = (rp.top_k > 0 && rp.top_k < vocab) || rp.top_p < 1.0f;
+    const float thr = filtered ? filter_threshold(logit, vocab, t, m, rp.top_k, rp.top_p, scratch) : -kInf;
+    const double z = passes().sum_exp(logit, vocab, t, m, thr);
+    const float inv_z = static_cast<float>(1.0 / z);
+    const float* q = nullptr;
+    if (has_draft) {
+      const float p = kept_weight(logit[draft], t, m, thr) * inv_z;
+      const float q_draft = probs != nullptr ? probs[j * vocab + draft] : 1.0f;
+      if (uniform(rp.seed, offset, j, kStreamAccept) * q_draft < static_cast<double>(p)) {
+        out[j] = draft;
+        continue;
+      }
+      q = probs != nullptr ? probs + j * vocab : nullptr;
+    }
+    // Recovered token from max(0, p - q) (bonus: q = 0), falling back to p if that has no mass.
+    const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
+    std::vector<double> chunk_sums(static_cast<size_t>(num_chunks));
+    bool fallback = false;
+    for (int pass = 0; pass < 2; ++pass) {
+      const float* qq = fallback ? nullptr : q;
+      double total = 0.0;
+      for (int64_t c = 0; c < num_chunks; ++c) {
+        const int64_t begin = c * kChunk, len = std::min(kChunk, vocab - begin);
+        chunk_sums[c] = passes().fill_weights(logit + begin, qq == nullptr ? nullptr : qq + begin, len, t, m, inv_z,
+                                     thr, weights.data() + begin);
+      }
+      if (has_draft && probs == nullptr && !fallback) {  // one-hot q: the residual is p without the draft
+        chunk_sums[draft / kChunk] -= weights[draft];
+        weights[draft] = 0.0f;
+      }
+      for (double s : chunk_sums) total += s;
+      if (total > 0.0 || fallback) break;
+      fallback = true;
+    }
+    out[j] = inverse_cdf(weights.data(), chunk_sums, vocab, uniform(rp.seed, offset, j, kStreamSample));
+    return j;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_logits,
+                                                    const at::Tensor& draft_tokens,
+                                                    const std::optional<at::Tensor>& draft_probs,
+                                                    const at::Tensor& num_draft, const at::Tensor& temperature,
+                                                    const at::Tensor& top_k, const at::Tensor& top_p,
+                                                    const at::Tensor& seed, int64_t offset) {
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, "chain_verify: target_logits must be [B, K+1, V]");
+  const int64_t batch = target_logits.size(0), k1 = target_logits.size(1), vocab = target_logits.size(2);
+  TORCH_CHECK_VALUE(k1 >= 1 && vocab >= 1, "chain_verify: target_logits needs K+1 >= 1 and V >= 1");
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == batch && draft_tokens.size(1) == k1 - 1,
+                    "chain_verify: draft_tokens must be [B, K] matching target_logits [B, K+1, V]");
+  TORCH_CHECK_TYPE(draft_tokens.scalar_type() == at::kLong, "chain_verify: draft_tokens must be int64");
+  for (const auto* t : {&num_draft, &top_k, &seed}) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == at::kLong,
+                      "chain_verify: num_draft, top_k and seed must be [B] int64");
+  }
+  for (const auto* t : {&temperature, &top_p}) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == at::kFloat,
+                      "chain_verify: temperature and top_p must be [B] float32");
+  }
+  TORCH_CHECK_VALUE(offset >= 0, "chain_verify: offset must be >= 0");
+  const at::Tensor logits = target_logits.to(at::kFloat).contiguous();
+  const at::Tensor drafts = draft_tokens.contiguous();
+  at::Tensor probs;
+  if (draft_probs.has_value()) {
+    probs = draft_probs->contiguous();
+    TORCH_CHECK_VALUE(probs.dim() == 3 && probs.size(0) == batch && probs.size(1) == k1 - 1 &&
+                          probs.size(2) == vocab,
+                      "chain_verify: draft_probs must be [B, K, V] matching target_logits");
+    TORCH_CHECK_TYPE(probs.scalar_type() == at::kFloat, "chain_verify: draft_probs must be float32");
+  }
+  const auto nd = num_draft.contiguous();
+  const auto temp = temperature.contiguous();
+  const auto tk = top_k.contiguous();
+  const auto tp = top_p.contiguous();
+  const auto sd = seed.contiguous();
+  const int64_t* nd_p = nd.data_ptr<int64_t>();
+  const float* temp_p = temp.data_ptr<float>();
+  const int64_t* tk_p = tk.data_ptr<int64_t>();
+  const float* tp_p = tp.data_ptr<float>();
+  const int64_t* sd_p = sd.data_ptr<int64_t>();
+  const int64_t* draft_p = drafts.data_ptr<int64_t>();
+  const float* logit_p = logits.data_ptr<float>();
+  const float* prob_p = probs.defined() ? probs.data_ptr<float>() : nullptr;
+
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK_VALUE(nd_p[b] >= 0 && nd_p[b] <= k1 - 1, "chain_verify: num_draft[", b, "] = ", nd_p[b],
+                      " is outside [0, ", k1 - 1, "]");
+    TORCH_CHECK_VALUE(temp_p[b] >= 0.0f && std::isfinite(temp_p[b]), "chain_verify: temperature[", b,
+                      "] = ", temp_p[b], " must be finite and >= 0");
+    TORCH_CHECK_VALUE(tk_p[b] >= 0, "chain_verify: top_k[", b, "] = ", tk_p[b], " must be >= 0");
+    TORCH_CHECK_VALUE(tp_p[b] > 0.0f && tp_p[b] <= 1.0f, "chain_verify: top_p[", b, "] = ", tp_p[b],
+                      " must be in (0, 1]");
+    for (int64_t j = 0; j < k1 - 1; ++j) {
+      const int64_t d = draft_p[b * (k1 - 1) + j];
+      TORCH_CHECK_VALUE(d >= 0 && d < vocab, "chain_verify: draft_tokens[", b, ", ", j, "] = ", d,
+                        " is outside the vocabulary [0, ", vocab, ")");
+    }
+  }
+
+  // One scan of every logit row: its maximum, and NaN / +inf detection.
+  const int64_t rows = batch * k1;
+  std::vector<float> row_max(static_cast<size_t>(rows));
+  std::vector<char> row_bad(static_cast<size_t>(rows)), prob_bad(static_cast<size_t>(batch * (k1 - 1)));
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      bool bad = false;
+      row_max[r] = passes().scan_row(logit_p + r * vocab, vocab, &bad);
+      row_bad[r] = bad;
+      if (prob_p != nullptr && r % k1 < k1 - 1) {
+        const int64_t pr = (r / k1) * (k1 - 1) + r % k1;
+        prob_bad[pr] = passes().bad_probs(prob_p + pr * vocab, vocab);
+      }
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK_VALUE(!row_bad[r], "chain_verify: target_logits[", r / k1, ", ", r % k1,
+                      "] contains NaN or +inf");
+    TORCH_CHECK_VALUE(row_max[r] > -kInf, "chain_verify: target_logits[", r / k1, ", ", r % k1,
+                      "] has no finite logit");
+  }
+  for (size_t r = 0; r < prob_bad.size(); ++r) {
+    TORCH_CHECK_VALUE(!prob_bad[r], "chain_verify: draft_probs[", r / (k1 - 1), ", ", r % (k1 - 1),
+                      "] contains NaN, inf or negative values");
+  }
+
+  auto out = at::full({batch, k1}, -1, drafts.options());
+  auto num_accepted = at::zeros({batch}, drafts.options());
+  int64_t* out_p = out.data_ptr<int64_t>();
+  int64_t* acc_p = num_accepted.data_ptr<int64_t>();
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> weights(static_cast<size_t>(vocab)), scratch;
+    for (int64_t b = begin; b < end; ++b) {
+      const RowParams rp{nd_p[b], temp_p[b], tk_p[b], tp_p[b], sd_p[b]};
+      acc_p[b] = verify_row(logit_p + b * k1 * vocab, draft_p + b * (k1 - 1),
+                            prob_p == nullptr ? nullptr : prob_p + b * (k1 - 1) * vocab,
+                            row_max.data() + b * k1, vocab, rp, static_cast<uint64_t>(offset),
+                            out_p + b * k1, weights, scratch);
+    }
+  });
+  return {out, num_accepted};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("chain_verify", &chain_verify_cpu); }
+
+}  // namespace specops

@@ -1,0 +1,162 @@
+// SIMD row passes of chain_verify, compiled once per instruction set: csrc/cpu/chain_verify.cpp
+// includes this file several times, each inside `#pragma GCC target(...)` and with SPECOPS_ISA naming
+// the namespace. (GCC's target_clones lowers generic vectors for the base target before cloning, which
+// scalarizes the comparisons; a pragma region compiles helpers and callers for the same target.)
+// No include guard: included once per instruction set.
+
+namespace specops {
+namespace SPECOPS_ISA {
+
+constexpr int64_t kLanes = 16;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---- 16-lane vectors (GCC vector extensions: lowered to AVX-512, AVX2 or SSE per clone) ----
+
+using f32x16 = float __attribute__((vector_size(64)));
+using i32x16 = int32_t __attribute__((vector_size(64)));
+
+SPECOPS_INLINE f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+SPECOPS_INLINE void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+SPECOPS_INLINE double lane_total(f32x16 v) {
+  double s = 0.0;
+  for (int l = 0; l < kLanes; ++l) s += v[l];
+  return s;
+}
+
+// exp for x <= 0 (softmax arguments): Cody-Waite reduction and a degree-6 polynomial, about 1 ulp;
+// x below the normal range gives 0. Written once for vectors and scalars alike.
+template <typename F, typename I>
+SPECOPS_INLINE F exp_nonpositive_t(F x) {
+  const float lo = -87.33654475f;
+  const F xc = x < lo ? F{} + lo : x;
+  const F n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  F r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  const F z = r * r;
+  F y = F{} + 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  I bits;
+  if constexpr (std::is_same_v<F, float>) {
+    bits = (static_cast<int32_t>(n) + 127) << 23;
+  } else {
+    bits = (__builtin_convertvector(n, I) + 127) << 23;
+  }
+  const F scale = std::bit_cast<F>(bits);
+  return x < lo ? F{} : y * scale;
+}
+
+SPECOPS_INLINE float exp_nonpositive(float x) { return exp_nonpositive_t<float, int32_t>(x); }
+SPECOPS_INLINE f32x16 exp_nonpositive(f32x16 x) { return exp_nonpositive_t<f32x16, i32x16>(x); }
+
+// ---- vectorized row passes ----
+
+// Maximum of a row, and whether it holds NaN or +inf (-inf is a legitimate "impossible token").
+float scan_row(const float* x, int64_t n, bool* bad) {
+  // NaN or +inf is exactly !(v < inf); an ordered compare keeps the loop vectorized (v != v does not).
+  f32x16 mx = f32x16{} - kInf;
+  i32x16 ok = i32x16{} - 1;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const f32x16 v = load16(x + i);
+    mx = v > mx ? v : mx;
+    ok &= v < kInf;
+  }
+  float m = -kInf;
+  bool f = false;
+  for (; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    f |= !(x[i] < kInf);
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    m = mx[l] > m ? mx[l] : m;
+    f |= ok[l] == 0;
+  }
+  *bad = f;
+  return m;
+}
+
+// First index of `value` in x (present by construction).
+int64_t find_first(const float* x, int64_t n, float value) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const i32x16 eq = load16(x + i) == value;
+    bool any = false;
+    for (int l = 0; l < kLanes; ++l) any |= eq[l] != 0;
+    if (any) break;
+  }
+  for (; i < n; ++i)
+    if (x[i] == value) return i;
+  return n - 1;
+}
+
+// Whether a probability row holds NaN, inf or negative entries.
+bool bad_probs(const float* q, int64_t n) {
+  i32x16 ok = i32x16{} - 1;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const f32x16 v = load16(q + i);
+    ok &= (v < kInf) & ~(v < 0.0f);  // ordered < only: >= does not vectorize
+  }
+  bool f = false;
+  for (; i < n; ++i) f |= !(q[i] >= 0.0f && q[i] < kInf);
+  for (int l = 0; l < kLanes; ++l) f |= ok[l] == 0;
+  return f;
+}
+
+// Unnormalized kept weight of logits: exp(logit / t - m) if logit / t >= thr, else 0. Logits are
+// never NaN here, so x < thr is the exact complement (and, unlike >=, vectorizes).
+template <typename F>
+SPECOPS_INLINE F kept_weight(F logit, float t, float m, float thr) {
+  const F x = logit / t;
+  return x < thr ? F{} : exp_nonpositive(x - m);
+}
+
+// Z = sum over kept tokens of exp(logit / t - m), in float64 (float lanes flushed every block).
+double sum_exp(const float* logit, int64_t n, float t, float m, float thr) {
+  constexpr int64_t kBlock = 256;
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    f32x16 acc = {};
+    for (int64_t k = i; k < i + kBlock; k += kLanes) acc += kept_weight(load16(logit + k), t, m, thr);
+    total += lane_total(acc);
+  }
+  for (; i < n; ++i) total += kept_weight(logit[i], t, m, thr);
+  return total;
+}
+
+// Sampling weights w_i = max(0, p_i - q_i) (q == nullptr: w = p) for one chunk of a row, written to w;
+// returns their float64 sum.
+double fill_weights(const float* logit, const float* q, int64_t n, float t, float m, float inv_z,
+                                float thr, float* w) {
+  f32x16 acc = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    f32x16 d = kept_weight(load16(logit + i), t, m, thr) * inv_z;
+    if (q != nullptr) d -= load16(q + i);
+    d = d > 0.0f ? d : f32x16{};
+    store16(w + i, d);
+    acc += d;
+  }
+  double total = lane_total(acc);
+  for (; i < n; ++i) {
+    const float d = kept_weight(logit[i], t, m, thr) * inv_z - (q != nullptr ? q[i] : 0.0f);
+    w[i] = d > 0.0f ? d : 0.0f;
+    total += w[i];
+  }
+  return total;
+}
+
+}  // namespace SPECOPS_ISA
+}  // namespace specops

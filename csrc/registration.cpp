@@ -1,0 +1,21 @@
+// The one place where specops op schemas are defined. Implementations register per device:
+// csrc/cpu/<op>.cpp (CPU), specops/kernels/<op>.py (Triton, CUDA), specops/ops.py (fake).
+#include <Python.h>
+#include <torch/library.h>
+
+// specops._C is imported as a Python module only so that loading it runs the registrations below;
+// it exposes nothing itself (ops are reached through torch.ops.specops).
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}
+
+TORCH_LIBRARY(specops, m) {
+  m.set_python_module("specops.ops");
+  // Chain speculative-sampling verification: accept drafts with min(1, p/q), then a recovered
+  // token from norm(max(0, p - q)) or a bonus token from p. Returns (out_tokens, num_accepted).
+  m.def(
+      "chain_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
+      "Tensor num_draft, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
+      "int offset) -> (Tensor, Tensor)");
+}

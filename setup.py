@@ -1,0 +1,43 @@
+"""Builds the C++ extension specops._C (CPU kernels + op schemas; CUDA C++ kernels where possible).
+
+CUDA sources in csrc/cuda are compiled only when both a CUDA toolkit and a CUDA build of torch are
+present; the CPU build never needs them.
+"""
+
+import glob
+import os
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern: str) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _extension():
+    sources = _sources("csrc/registration.cpp") + _sources("csrc/cpu/*.cpp")
+    cxx_flags = ["-O3", "-fopenmp", "-Wno-psabi"]
+    cuda_sources = _sources("csrc/cuda/*.cu")
+    use_cuda = bool(cuda_sources) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
+    if use_cuda:
+        return cpp_extension.CUDAExtension(
+            "specops._C", sources + cuda_sources,
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
+            extra_link_args=["-fopenmp"])
+    return cpp_extension.CppExtension("specops._C", sources, extra_compile_args=cxx_flags,
+                                      extra_link_args=["-fopenmp"])
+
+
+def _torch_has_cuda() -> bool:
+    import torch
+
+    return torch.version.cuda is not None
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)

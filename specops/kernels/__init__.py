@@ -1,0 +1,13 @@
+"""Triton GPU kernels, one op per file, each registered for CUDA with torch.library.register_kernel.
+
+Triton is optional at import: without it the CPU kernels still work and CUDA calls fail with a clear
+"no kernel registered" error from the dispatcher.
+"""
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+
+if triton is not None:
+    from specops.kernels import chain_verify  # noqa: F401

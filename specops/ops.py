@@ -1,0 +1,173 @@
+"""Typed wrappers around `torch.ops.specops.*`, with the fake (meta) implementation of every op.
+
+The wrappers normalize arguments (scalars to per-row tensors, default seeds) and validate shapes,
+dtypes and devices without touching tensor values; the op itself (or, on accelerators, a one-sync
+check here) rejects bad values. The dispatcher picks the C++ CPU or Triton CUDA kernel by device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["chain_verify"]
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Row b of an int seed s gets seed s + b * golden ratio (mod 2**64): distinct, well-spread streams.
+_SEED_STRIDE = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
+
+
+def _per_row(name: str, value, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A scalar or a [batch] tensor as a contiguous [batch] tensor of `dtype` on `device`."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            value = value.reshape(1).expand(batch)
+        if value.shape != (batch,):
+            raise ValueError(f"{name} must be a scalar or a [{batch}] tensor, got shape {tuple(value.shape)}")
+        if value.is_floating_point() and not dtype.is_floating_point:
+            raise TypeError(f"{name} must hold integers, got {value.dtype}")
+        return value.to(device=device, dtype=dtype).contiguous()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    if isinstance(value, float) and not dtype.is_floating_point:
+        if not value.is_integer():
+            raise TypeError(f"{name} must be an integer, got {value}")
+        value = int(value)
+    return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def _row_seeds(seed, batch: int, device: torch.device) -> torch.Tensor:
+    if seed is None:
+        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        base = torch.tensor(seed & 0xFFFFFFFFFFFFFFFF, dtype=torch.uint64).view(torch.int64)
+        rows = torch.arange(batch, dtype=torch.int64) * _SEED_STRIDE + base
+        return rows.to(device)
+    return _per_row("seed", seed, batch, torch.int64, device)
+
+
+def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
+    """Value checks for devices whose kernels cannot raise: one host sync for all of them."""
+    batch, k1, vocab = target_logits.shape
+    logits = target_logits.float()
+    bad = torch.stack([
+        torch.isnan(logits).any() | torch.isposinf(logits).any(),
+        ~(logits > float("-inf")).any(-1).all(),
+        ((draft_tokens < 0) | (draft_tokens >= vocab)).any() if draft_tokens.numel() else
+        torch.zeros((), dtype=torch.bool, device=logits.device),
+        ((num_draft < 0) | (num_draft > k1 - 1)).any(),
+        ((temperature < 0) | ~torch.isfinite(temperature)).any(),
+        (top_k < 0).any(),
+        ~((top_p > 0) & (top_p <= 1)).all(),
+        (~torch.isfinite(draft_probs) | (draft_probs < 0)).any() if draft_probs is not None and
+        draft_probs.numel() else torch.zeros((), dtype=torch.bool, device=logits.device),
+    ]).tolist()
+    messages = [
+        "target_logits contains NaN or +inf",
+        "target_logits has a row with no finite logit",
+        f"draft_tokens has ids outside [0, {vocab})",
+        f"num_draft must be in [0, {k1 - 1}]",
+        "temperature must be finite and >= 0",
+        "top_k must be >= 0",
+        "top_p must be in (0, 1]",
+        "draft_probs must be finite and >= 0",
+    ]
+    for flag, message in zip(bad, messages):
+        if flag:
+            raise ValueError(f"chain_verify: {message}")
+
+
+def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                 draft_probs: torch.Tensor | None = None, *, num_draft: torch.Tensor | None = None,
+                 temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                 validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify a chain of K drafts per request in one fused pass (speculative sampling).
+
+    Accepts draft i with probability min(1, p(x)/q(x)); at the first rejection emits a recovered
+    token from norm(max(0, p - q)); if every valid draft is accepted emits a bonus token from p.
+    p = softmax(logits / T) after top-k then top-p filtering (ties at a threshold are kept).
+    Temperature 0 is greedy: accept while the draft is the target argmax (first index), then emit it.
+    If a residual has no mass (p <= q everywhere, reachable only through round-off), the recovered
+    token is drawn from p instead, which is the distribution the residual converges to.
+
+    Shape:
+        target_logits: [B, K+1, V] float32, bfloat16 or float16. -inf marks impossible tokens.
+        draft_tokens: [B, K] int64.
+        draft_probs: [B, K, V] float32, the distribution each draft was sampled from; None for
+            deterministic drafters (q one-hot on the draft).
+        num_draft: [B] int64 in [0, K], valid drafts per row; default K.
+        temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
+        seed: int or [B] int64 per-request seeds (None draws one from torch's generator). An int
+            gives row b the stream s + b * 0x9E3779B97F4A7C15; pass [B] seeds for results that do not
+            depend on a request's row.
+        offset: int counter, e.g. the decoding step; different offsets give independent draws.
+        validate: on accelerators, check values (NaN/inf, ids) at the cost of one host sync. CPU
+            kernels check values as they read them, at no extra sync. Kernels never read out of
+            bounds either way.
+
+    Returns:
+        out_tokens: [B, K+1] int64: accepted drafts, then the recovered or bonus token, then -1.
+        num_accepted: [B] int64.
+
+    Randomness: Philox4x32-10 keyed by the row's seed, counter (position, stream, offset), the same in
+    C++, Triton and `specops.reference`, so the same seeds give the same tokens on CPU and GPU.
+    """
+    if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
+        raise ValueError("chain_verify: target_logits must be a [B, K+1, V] tensor")
+    if target_logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"chain_verify: target_logits must be float32, bfloat16 or float16, got {target_logits.dtype}")
+    batch, k1, vocab = target_logits.shape
+    if k1 < 1 or vocab < 1:
+        raise ValueError(f"chain_verify: target_logits shape {tuple(target_logits.shape)} needs K+1 >= 1 and V >= 1")
+    device = target_logits.device
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.shape != (batch, k1 - 1):
+        got = tuple(draft_tokens.shape) if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
+        raise ValueError(f"chain_verify: draft_tokens must be [B, K] = [{batch}, {k1 - 1}] to match "
+                         f"target_logits [B, K+1, V], got {got}")
+    if draft_tokens.dtype != torch.int64:
+        raise TypeError(f"chain_verify: draft_tokens must be int64, got {draft_tokens.dtype}")
+    tensors = {"draft_tokens": draft_tokens}
+    if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor) or draft_probs.shape != (batch, k1 - 1, vocab):
+            got = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
+            raise ValueError(f"chain_verify: draft_probs must be [B, K, V] = [{batch}, {k1 - 1}, {vocab}], got {got}")
+        if draft_probs.dtype != torch.float32:
+            raise TypeError(f"chain_verify: draft_probs must be float32, got {draft_probs.dtype}")
+        tensors["draft_probs"] = draft_probs
+    if num_draft is None:
+        num_draft = torch.full((batch,), k1 - 1, dtype=torch.int64, device=device)
+    elif isinstance(num_draft, torch.Tensor):
+        if num_draft.dtype != torch.int64 or num_draft.shape != (batch,):
+            raise ValueError(f"chain_verify: num_draft must be a [{batch}] int64 tensor, got "
+                             f"{tuple(num_draft.shape)} {num_draft.dtype}")
+        tensors["num_draft"] = num_draft
+    else:
+        raise TypeError("chain_verify: num_draft must be a [B] int64 tensor or None")
+    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"chain_verify: {name} is on {t.device} but target_logits is on {device}")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"chain_verify: offset must be an int, got {type(offset).__name__}")
+    if not 0 <= offset < 2**63:
+        raise ValueError(f"chain_verify: offset must be in [0, 2**63), got {offset}")
+    temperature = _per_row("temperature", temperature, batch, torch.float32, device)
+    top_k = _per_row("top_k", top_k, batch, torch.int64, device)
+    top_p = _per_row("top_p", top_p, batch, torch.float32, device)
+    seeds = _row_seeds(seed, batch, device)
+    if validate and device.type != "cpu":
+        _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p)
+    return torch.ops.specops.chain_verify(
+        target_logits.contiguous(), draft_tokens.contiguous(),
+        None if draft_probs is None else draft_probs.contiguous(), num_draft.contiguous(),
+        temperature, top_k, top_p, seeds, offset)
+
+
+@torch.library.register_fake("specops::chain_verify")
+def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p,
+                       seed, offset):
+    batch, k1, _ = target_logits.shape
+    out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
+    num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)
+    return out_tokens, num_accepted

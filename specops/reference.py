@@ -1,0 +1,157 @@
+"""Pure-torch semantics of every specops op: the spec all backends are tested against.
+
+Nothing here is fast. Every function replays the same counter-based random numbers as the C++ and
+Triton kernels, so a backend must return the same tokens for the same seeds (up to floating-point
+ties). Arguments are the op's normalized arguments (per-row tensors), as `specops.ops` passes them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify"]
+
+_MASK32 = 0xFFFFFFFF
+_PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+_PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+
+# Random streams: which draw a uniform is for. Part of the counter, so streams never overlap.
+STREAM_ACCEPT = 0
+STREAM_SAMPLE = 1
+
+
+def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # int64 products wrap modulo 2**64, so the low 64 bits of the 32x32 product are exact.
+    prod = x * m
+    return (prod >> 32) & _MASK32, prod & _MASK32
+
+
+def philox4x32(key: torch.Tensor, c0, c1, c2, c3) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 (Salmon et al., SC'11). `key` is int64 (two 32-bit words); counters are
+    int64 tensors or ints holding uint32 values. Returns four int64 tensors holding uint32 values."""
+    k0 = key & _MASK32
+    k1 = (key >> 32) & _MASK32
+    c = [torch.as_tensor(v, dtype=torch.int64, device=key.device) & _MASK32 for v in (c0, c1, c2, c3)]
+    c0, c1, c2, c3 = torch.broadcast_tensors(*c, k0)[:4]
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(_PHILOX_M0, c0)
+        hi1, lo1 = _mulhilo(_PHILOX_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + _PHILOX_W0) & _MASK32
+        k1 = (k1 + _PHILOX_W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+def uniform(seed: torch.Tensor, offset: int, position, stream: int) -> torch.Tensor:
+    """float64 uniform in (0, 1), never 0 or 1: ((a >> 6) * 2**26 + (b >> 6) + 0.5) * 2**-52,
+    where (a, b) are the first two Philox words for key `seed` and counter
+    (position, stream, offset low word, offset high word)."""
+    off = int(offset) & 0xFFFFFFFFFFFFFFFF
+    a, b, _, _ = philox4x32(seed, position, stream, off & _MASK32, off >> 32)
+    k = ((a >> 6) << 26) | (b >> 6)
+    return (k.to(torch.float64) + 0.5) * 2.0**-52
+
+
+def _ordered_threshold_mask(x: torch.Tensor, weights: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """Keep {x >= t} where t is the largest value of x whose upper set {x >= t} has weight >= need.
+    Ties at t are kept. x, weights: [N, V]; need: [N] float64."""
+    xs, order = torch.sort(x, dim=-1, descending=True)
+    cum = torch.cumsum(weights.gather(-1, order).to(torch.float64), dim=-1)
+    # The prefix ending at the last element equal to xs[i] is the upper set of xs[i].
+    idx = torch.searchsorted(cum, torch.minimum(need.unsqueeze(-1), cum[:, -1:]))
+    idx = idx.clamp(max=x.shape[-1] - 1)
+    t = xs.gather(-1, idx)
+    return x >= t
+
+
+def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                  top_p: torch.Tensor) -> torch.Tensor:
+    """Scaled, filtered logits [N, V] float32: x = logits / T, then top-k (keep x >= k-th largest),
+    then top-p (keep x >= t, t the largest value whose upper set holds >= top_p of the top-k mass).
+    Filtered entries are -inf. Rows with T == 0 are returned unscaled (greedy ignores filtering)."""
+    x = logits.float()
+    t = temperature.to(x.dtype).unsqueeze(-1)
+    greedy = t == 0
+    x = torch.where(greedy, x, x / torch.where(greedy, torch.ones_like(t), t))
+    n, vocab = x.shape
+    k = top_k.to(torch.int64)
+    use_k = (k > 0) & (k < vocab) & ~greedy.squeeze(-1)
+    if bool(use_k.any()):
+        xs = torch.sort(x, dim=-1, descending=True).values
+        kth = xs.gather(-1, (k.clamp(1, vocab) - 1).unsqueeze(-1))
+        x = torch.where(use_k.unsqueeze(-1) & (x < kth), float("-inf"), x)
+    use_p = (top_p < 1) & ~greedy.squeeze(-1)
+    if bool(use_p.any()):
+        m = x.max(dim=-1, keepdim=True).values
+        w = torch.exp(x - m)
+        need = top_p.to(torch.float64) * w.to(torch.float64).sum(-1)
+        keep = _ordered_threshold_mask(x, w, need)
+        x = torch.where(use_p.unsqueeze(-1) & ~keep, float("-inf"), x)
+    return x
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First index whose float64 running sum exceeds u * total; the last positive index if
+    round-off leaves none. weights: [V] float32 >= 0 with a positive sum; u: float64 scalar."""
+    cum = torch.cumsum(weights.to(torch.float64), dim=0)
+    target = u * cum[-1]
+    hit = torch.nonzero(cum > target)
+    if hit.numel():
+        return hit[0, 0]
+    return torch.nonzero(weights > 0)[-1, 0]
+
+
+def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                 num_draft: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, seed: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative-sampling verification of a chain of drafts (Leviathan et al. 2023, Chen et al. 2023).
+
+    Row b, draft position j < num_draft[b]: accept draft x with u * q(x) < p(x), u = uniform(seed[b],
+    offset, j, STREAM_ACCEPT). At the first rejection emit a token from norm(max(0, p - q)), or from p
+    if that residual has no mass; if all drafts are accepted emit a bonus token from p at position
+    num_draft[b]. Sampling is the inverse CDF at u = uniform(seed[b], offset, j, STREAM_SAMPLE).
+    Temperature 0: accept while the draft equals the first argmax, then emit the argmax.
+
+    Shapes: target_logits [B, K+1, V]; draft_tokens [B, K] int64; draft_probs [B, K, V] float32 or
+    None (one-hot on the draft); num_draft, top_k, seed [B] int64; temperature, top_p [B] float32.
+    Returns out_tokens [B, K+1] int64 (-1 padded) and num_accepted [B] int64.
+    """
+    batch, k1, vocab = target_logits.shape
+    device = target_logits.device
+    out = torch.full((batch, k1), -1, dtype=torch.int64, device=device)
+    num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+    for b in range(batch):
+        n = int(num_draft[b])
+        greedy = float(temperature[b]) == 0.0
+        rows = filter_logits(target_logits[b, : n + 1], temperature[b].expand(n + 1),
+                             top_k[b].expand(n + 1), top_p[b].expand(n + 1))
+        for j in range(n + 1):
+            x = rows[j]
+            draft = int(draft_tokens[b, j]) if j < n else -1
+            if greedy:
+                best = int(torch.argmax(x))  # first index of the maximum
+                if j < n and draft == best:
+                    out[b, j] = draft
+                    continue
+                out[b, j] = best
+                break
+            p = torch.softmax(x, dim=-1)
+            if j < n:
+                q = draft_probs[b, j].float() if draft_probs is not None else None
+                q_x = float(q[draft]) if q is not None else 1.0
+                u = uniform(seed[b], offset, j, STREAM_ACCEPT)
+                if float(u) * q_x < float(p[draft]):
+                    out[b, j] = draft
+                    continue
+                if q is None:
+                    q = torch.zeros_like(p)
+                    q[draft] = 1.0
+                residual = torch.clamp(p - q, min=0.0)
+                weights = residual if float(residual.to(torch.float64).sum()) > 0 else p
+            else:
+                weights = p
+            u = uniform(seed[b], offset, j, STREAM_SAMPLE)
+            out[b, j] = _inverse_cdf(weights, u)
+            break
+        num_accepted[b] = j
+    return out, num_accepted
