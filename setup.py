@@ -8,7 +8,13 @@ import glob
 import os
 
 from setuptools import setup
-from torch.utils import cpp_extension
+
+try:
+    from torch.utils import cpp_extension
+except ImportError as error:  # an isolated build environment, or torch not installed yet
+    raise SystemExit(
+        "specops compiles against the installed torch. Install torch first, then build without "
+        "isolation:\n    pip install torch\n    pip install --no-build-isolation -e .") from error
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

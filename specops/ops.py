@@ -45,6 +45,12 @@ def _row_seeds(seed, batch: int, device: torch.device) -> torch.Tensor:
     return _per_row("seed", seed, batch, torch.int64, device)
 
 
+def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Whether a valid draft (position < num_draft) lies outside [0, vocab); later positions are ignored."""
+    valid = torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < num_draft.unsqueeze(1)
+    return (valid & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()
+
+
 def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
     """Value checks for devices whose kernels cannot raise: one host sync for all of them."""
     batch, k1, vocab = target_logits.shape
@@ -52,8 +58,7 @@ def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperatu
     bad = torch.stack([
         torch.isnan(logits).any() | torch.isposinf(logits).any(),
         ~(logits > float("-inf")).any(-1).all(),
-        ((draft_tokens < 0) | (draft_tokens >= vocab)).any() if draft_tokens.numel() else
-        torch.zeros((), dtype=torch.bool, device=logits.device),
+        _ids_out_of_range(draft_tokens, num_draft, vocab),
         ((num_draft < 0) | (num_draft > k1 - 1)).any(),
         ((temperature < 0) | ~torch.isfinite(temperature)).any(),
         (top_k < 0).any(),
@@ -85,13 +90,14 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     Accepts draft i with probability min(1, p(x)/q(x)); at the first rejection emits a recovered
     token from norm(max(0, p - q)); if every valid draft is accepted emits a bonus token from p.
     p = softmax(logits / T) after top-k then top-p filtering (ties at a threshold are kept).
-    Temperature 0 is greedy: accept while the draft is the target argmax (first index), then emit it.
+    Temperature 0 is greedy: accept while the draft is the target argmax (first index), then emit it;
+    so is a row whose logits / T overflows float32 (the T -> 0 limit).
     If a residual has no mass (p <= q everywhere, reachable only through round-off), the recovered
     token is drawn from p instead, which is the distribution the residual converges to.
 
     Shape:
         target_logits: [B, K+1, V] float32, bfloat16 or float16. -inf marks impossible tokens.
-        draft_tokens: [B, K] int64.
+        draft_tokens: [B, K] int64; positions past num_draft are ignored (e.g. -1 padding).
         draft_probs: [B, K, V] float32, the distribution each draft was sampled from; None for
             deterministic drafters (q one-hot on the draft).
         num_draft: [B] int64 in [0, K], valid drafts per row; default K.

@@ -110,7 +110,8 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
     offset, j, STREAM_ACCEPT). At the first rejection emit a token from norm(max(0, p - q)), or from p
     if that residual has no mass; if all drafts are accepted emit a bonus token from p at position
     num_draft[b]. Sampling is the inverse CDF at u = uniform(seed[b], offset, j, STREAM_SAMPLE).
-    Temperature 0: accept while the draft equals the first argmax, then emit the argmax.
+    Temperature 0: accept while the draft equals the first argmax, then emit the argmax. A row whose
+    scaled maximum logits / T overflows float32 is greedy too: that is the T -> 0 limit of p.
 
     Shapes: target_logits [B, K+1, V]; draft_tokens [B, K] int64; draft_probs [B, K, V] float32 or
     None (one-hot on the draft); num_draft, top_k, seed [B] int64; temperature, top_p [B] float32.
@@ -128,8 +129,9 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
         for j in range(n + 1):
             x = rows[j]
             draft = int(draft_tokens[b, j]) if j < n else -1
-            if greedy:
-                best = int(torch.argmax(x))  # first index of the maximum
+            raw = target_logits[b, j].float()
+            if greedy or bool(raw.max() / temperature[b] == float("inf")):
+                best = int(torch.argmax(raw))  # first index of the maximum
                 if j < n and draft == best:
                     out[b, j] = draft
                     continue

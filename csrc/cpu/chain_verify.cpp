@@ -206,14 +206,15 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
     const float* logit = logits + j * vocab;
     const bool has_draft = j < rp.num_draft;
     const int64_t draft = has_draft ? drafts[j] : -1;
-    if (t == 0.0f) {
+    // Greedy at T = 0, and where logits / T overflows: that is the T -> 0 limit, a point mass on the argmax.
+    const float m = row_max[j] / t;
+    if (t == 0.0f || m == kInf) {
       const float best = row_max[j];
       const int64_t arg = passes().find_first(logit, vocab, best);
       out[j] = has_draft && draft == arg ? draft : arg;
       if (has_draft && draft == arg) continue;
       return j;
     }
-    const float m = row_max[j] / t;
     const bool filtered = (rp.top_k > 0 && rp.top_k < vocab) || rp.top_p < 1.0f;
     const float thr = filtered ? filter_threshold(logit, vocab, t, m, rp.top_k, rp.top_p, scratch) : -kInf;
     const double z = passes().sum_exp(logit, vocab, t, m, thr);
@@ -274,6 +275,9 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
                       "chain_verify: temperature and top_p must be [B] float32");
   }
   TORCH_CHECK_VALUE(offset >= 0, "chain_verify: offset must be >= 0");
+  const auto dtype = target_logits.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+                   "chain_verify: target_logits must be float32, bfloat16 or float16");
   const at::Tensor logits = target_logits.to(at::kFloat).contiguous();
   const at::Tensor drafts = draft_tokens.contiguous();
   at::Tensor probs;
@@ -306,7 +310,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
     TORCH_CHECK_VALUE(tk_p[b] >= 0, "chain_verify: top_k[", b, "] = ", tk_p[b], " must be >= 0");
     TORCH_CHECK_VALUE(tp_p[b] > 0.0f && tp_p[b] <= 1.0f, "chain_verify: top_p[", b, "] = ", tp_p[b],
                       " must be in (0, 1]");
-    for (int64_t j = 0; j < k1 - 1; ++j) {
+    for (int64_t j = 0; j < nd_p[b]; ++j) {  // positions past num_draft are ignored (e.g. -1 padding)
       const int64_t d = draft_p[b * (k1 - 1) + j];
       TORCH_CHECK_VALUE(d >= 0 && d < vocab, "chain_verify: draft_tokens[", b, ", ", j, "] = ", d,
                         " is outside the vocabulary [0, ", vocab, ")");

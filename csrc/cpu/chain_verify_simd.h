@@ -63,7 +63,7 @@ SPECOPS_INLINE f32x16 exp_nonpositive(f32x16 x) { return exp_nonpositive_t<f32x1
 
 // Maximum of a row, and whether it holds NaN or +inf (-inf is a legitimate "impossible token").
 float scan_row(const float* x, int64_t n, bool* bad) {
-  // NaN or +inf is exactly !(v < inf); an ordered compare keeps the loop vectorized (v != v does not).
+  // NaN or +inf is exactly !(v < inf): one ordered compare per vector catches both.
   f32x16 mx = f32x16{} - kInf;
   i32x16 ok = i32x16{} - 1;
   int64_t i = 0;
@@ -106,7 +106,7 @@ bool bad_probs(const float* q, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const f32x16 v = load16(q + i);
-    ok &= (v < kInf) & ~(v < 0.0f);  // ordered < only: >= does not vectorize
+    ok &= (v >= 0.0f) & (v < kInf);
   }
   bool f = false;
   for (; i < n; ++i) f |= !(q[i] >= 0.0f && q[i] < kInf);
@@ -114,12 +114,11 @@ bool bad_probs(const float* q, int64_t n) {
   return f;
 }
 
-// Unnormalized kept weight of logits: exp(logit / t - m) if logit / t >= thr, else 0. Logits are
-// never NaN here, so x < thr is the exact complement (and, unlike >=, vectorizes).
+// Unnormalized kept weight of logits: exp(logit / t - m) if logit / t >= thr, else 0.
 template <typename F>
 SPECOPS_INLINE F kept_weight(F logit, float t, float m, float thr) {
   const F x = logit / t;
-  return x < thr ? F{} : exp_nonpositive(x - m);
+  return x >= thr ? exp_nonpositive(x - m) : F{};
 }
 
 // Z = sum over kept tokens of exp(logit / t - m), in float64 (float lanes flushed every block).

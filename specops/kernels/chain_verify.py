@@ -3,10 +3,11 @@
 Four launches, none of which holds a whole vocabulary row in one program:
 
 1. `_tile_stats_kernel`, grid (B*(K+1), n_tiles): per vocabulary tile of every needed target row,
-   the tile maximum, the first index of that maximum, and sum(exp(x - tile max)).
+   the maximum of x = logits / T and sum(exp(x - that maximum)), and the raw logits' maximum with
+   its first index (the argmax for greedy rows and for rows where logits / T overflows).
 2. `_chain_kernel`, grid (B,): the sequential acceptance test over the drafts of a request. Rows
    without top-k/top-p take their softmax normalizer from the tile statistics; filtered rows find
-   their thresholds by bisection over the row. Greedy requests finish here.
+   their thresholds by bisection over the row. Requests that end on a greedy row finish here.
 3. `_residual_partials_kernel`, grid (B, n_tiles): per tile, the float64 mass of the residual
    max(0, p - q) and of p at the position to sample.
 4. `_sample_kernel`, grid (B,): inverse-CDF sampling, first over the tile masses, then inside the
@@ -57,7 +58,7 @@ def _uniform(key0, key1, position, stream: tl.constexpr, offset_lo, offset_hi):
         k0 = k0 + _PHILOX_W0
         k1 = k1 + _PHILOX_W1
     bits = ((c0 >> 6).to(tl.int64) << 26) | (c1 >> 6).to(tl.int64)
-    return (bits.to(tl.float64) + 0.5) * 2.220446049250313e-16
+    return (bits.to(tl.float64) + 0.5) * 2.220446049250313e-16  # 2**-52
 
 
 @triton.jit
@@ -114,7 +115,8 @@ def _kept_normalizer(row_ptr, temperature, cut, row_max, V, n_tiles, BLOCK_V: tl
 
 @triton.jit
 def _top_k_cut(row_ptr, temperature, top_k, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
-    """Ordered key of the k-th largest x: the largest t with count(x >= t) >= k, by bisection."""
+    """Top-k cut (Fan et al. 2018) as an ordered key: the largest t with count(x >= t) >= k, which is the
+    k-th largest x, by bisection; ties at the k-th value are kept."""
     lo = tl.full([], _KEEP_ALL, tl.int64)  # count(x >= lo) = V >= k
     hi = _ordered_key(row_max).to(tl.int64)  # the answer is never above the maximum
     for _ in range(0, 32):  # the int32 key range halves each step
@@ -128,7 +130,8 @@ def _top_k_cut(row_ptr, temperature, top_k, row_max, V, n_tiles, BLOCK_V: tl.con
 
 @triton.jit
 def _top_p_cut(row_ptr, temperature, top_p, cut_k, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
-    """Largest t >= cut_k whose upper set {x >= t} holds >= top_p of the mass kept by top-k."""
+    """Top-p cut (Holtzman et al. 2020) as an ordered key: the largest t >= cut_k whose upper set
+    {x >= t} holds >= top_p of the exp(x - m) mass kept by top-k, by bisection."""
     need = top_p.to(tl.float64) * _upper_mass(row_ptr, temperature, cut_k, row_max, V, n_tiles, BLOCK_V)
     lo = cut_k.to(tl.int64)
     hi = _ordered_key(row_max).to(tl.int64)
@@ -161,10 +164,11 @@ def _tile_weights(row_ptr, draft_probs_row_ptr, draft, bonus, tile, temperature,
 
 
 @triton.jit(do_not_specialize=["K1"])
-def _tile_stats_kernel(logits_ptr, num_draft_ptr, temperature_ptr, tile_max_ptr, tile_arg_ptr, tile_sum_ptr,
-                       stride_lb, stride_lj, V, K1, n_tiles, BLOCK_V: tl.constexpr):
-    """Per tile of row (b, j): m_t = max x, its first index, s_t = sum exp(x - m_t), x = logits / T
-    (T = 1 for greedy rows); the row's softmax normalizer is then Z = sum_t s_t exp(m_t - m)."""
+def _tile_stats_kernel(logits_ptr, num_draft_ptr, temperature_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
+                       tile_arg_ptr, stride_lb, stride_lj, V, K1, n_tiles, BLOCK_V: tl.constexpr):
+    """Per tile of row (b, j): m_t = max x, s_t = sum exp(x - m_t), x = logits / T (T = 1 for greedy
+    rows), and the raw logits' maximum with its first index; the row's normalizer is then
+    Z = sum_t s_t exp(m_t - m), m = max_t m_t (online softmax, Milakov & Gimelshein 2018)."""
     row = tl.program_id(0)
     tile = tl.program_id(1)
     b = row // K1
@@ -177,27 +181,33 @@ def _tile_stats_kernel(logits_ptr, num_draft_ptr, temperature_ptr, tile_max_ptr,
         row_ptr = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_lj
         offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
         tile_max = tl.max(x, 0)
-        first = tl.min(tl.where(in_row & (x == tile_max), offs, V), 0)
         # An all -inf tile would give exp(-inf - -inf) = NaN; its mass is 0.
         shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)
         tile_sum = tl.sum(tl.where(in_row, tl.exp(x - shift), 0.0), 0)
+        # The argmax of the raw logits: where logits / T overflows, several x are +inf and the first of
+        # them need not be the largest logit.
+        raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
+        raw_max = tl.max(raw, 0)
+        first = tl.min(tl.where(in_row & (raw == raw_max), offs, V), 0)
         slot = row.to(tl.int64) * n_tiles + tile
         tl.store(tile_max_ptr + slot, tile_max)
-        tl.store(tile_arg_ptr + slot, first)
         tl.store(tile_sum_ptr + slot, tile_sum)
+        tl.store(tile_raw_ptr + slot, raw_max)
+        tl.store(tile_arg_ptr + slot, first)
 
 
 @triton.jit(do_not_specialize=["K1", "offset_lo", "offset_hi"])
 def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, top_k_ptr,
-                  top_p_ptr, seed_ptr, tile_max_ptr, tile_arg_ptr, tile_sum_ptr, out_ptr, num_accepted_ptr,
-                  row_max_ptr, row_z_ptr, row_cut_ptr, row_greedy_ptr,
+                  top_p_ptr, seed_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, out_ptr,
+                  num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_emitted_ptr,
                   stride_lb, stride_lj, stride_db, stride_pb, stride_pj, stride_ob,
                   V, K1, n_tiles,
                   offset_lo, offset_hi,
                   HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
     """Accept draft d at position j iff u * q(d) < p(d), u ~ U(0, 1) (Leviathan et al. 2023, Chen et
-    al. 2023), stopping at the first rejection or after all drafts; greedy (T = 0): accept iff d is the
-    first argmax, and emit the argmax at the stop. Stores where and from which p to sample."""
+    al. 2023), stopping at the first rejection or after all drafts; greedy (T = 0, or logits / T
+    overflowing, the T -> 0 limit): accept iff d is the first argmax of the logits, and emit the argmax
+    at the stop. Stores where and from which p to sample, or that the token is already emitted."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
     n = tl.load(num_draft_ptr + b)
@@ -209,6 +219,7 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
     key1 = (seed >> 32).to(tl.uint32)
     greedy = temperature == 0.0
     sampled = temperature != 0.0
+    emitted = tl.zeros([], tl.int32)
     use_k = sampled & (top_k > 0) & (top_k < V)
     use_p = sampled & (top_p < 1.0)
     scale = tl.where(greedy, 1.0, temperature)
@@ -232,9 +243,11 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
             tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
             row_max = tl.max(tile_max, 0)
             stop = j >= n
-            if greedy:
+            if greedy | (row_max == float("inf")):
+                tile_raw = tl.load(tile_raw_ptr + stats, mask=tile_ok, other=-float("inf"))
+                raw_max = tl.max(tile_raw, 0)
                 tile_arg = tl.load(tile_arg_ptr + stats, mask=tile_ok, other=V)
-                best = tl.min(tl.where(tile_ok & (tile_max == row_max), tile_arg, V), 0)
+                best = tl.min(tl.where(tile_ok & (tile_raw == raw_max), tile_arg, V), 0)
                 if j < n:
                     draft = tl.load(draft_tokens_ptr + b64 * stride_db + j)
                     stop = draft != best
@@ -242,6 +255,7 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
                         tl.store(out_row_ptr + j, draft)
                 if stop:
                     tl.store(out_row_ptr + j, best)
+                    emitted = emitted | 1
             else:
                 tile_sum = tl.load(tile_sum_ptr + stats, mask=tile_ok, other=0.0)
                 scaled = tl.where(tile_max == -float("inf"), 0.0, tile_sum * tl.exp(tile_max - row_max))
@@ -281,12 +295,12 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
     tl.store(row_max_ptr + b, stop_max)
     tl.store(row_z_ptr + b, stop_z)
     tl.store(row_cut_ptr + b, stop_cut)
-    tl.store(row_greedy_ptr + b, greedy.to(tl.int32))
+    tl.store(row_emitted_ptr + b, emitted)
 
 
 @triton.jit
 def _residual_partials_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr,
-                              num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_greedy_ptr,
+                              num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_emitted_ptr,
                               mass_r_ptr, mass_p_ptr,
                               stride_lb, stride_lj, stride_db, stride_pb, stride_pj,
                               V, n_tiles,
@@ -295,7 +309,7 @@ def _residual_partials_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num
     recovered-token distribution norm(r) of Leviathan et al. 2023 / Chen et al. 2023 and its fallback."""
     b = tl.program_id(0)
     tile = tl.program_id(1)
-    if tl.load(row_greedy_ptr + b) == 0:
+    if tl.load(row_emitted_ptr + b) == 0:
         b64 = b.to(tl.int64)
         j = tl.load(num_accepted_ptr + b)
         bonus = j == tl.load(num_draft_ptr + b)
@@ -313,16 +327,17 @@ def _residual_partials_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num
 
 @triton.jit(do_not_specialize=["offset_lo", "offset_hi"])
 def _sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, seed_ptr,
-                   num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_greedy_ptr, mass_r_ptr, mass_p_ptr,
+                   num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_emitted_ptr, mass_r_ptr, mass_p_ptr,
                    out_ptr,
                    stride_lb, stride_lj, stride_db, stride_pb, stride_pj, stride_ob,
                    V, n_tiles,
                    offset_lo, offset_hi,
                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Inverse CDF: the first index whose float64 running sum of w exceeds u * sum(w), w = r, or p if r
-    has no mass; the last index with w > 0 if round-off leaves none."""
+    """Recovered or bonus token (Leviathan et al. 2023, Chen et al. 2023) by inverse CDF: the first index
+    whose float64 running sum of w exceeds u * sum(w), w = max(0, p - q), or p if that has no mass; the
+    last index with w > 0 if round-off leaves none."""
     b = tl.program_id(0)
-    if tl.load(row_greedy_ptr + b) == 0:
+    if tl.load(row_emitted_ptr + b) == 0:
         b64 = b.to(tl.int64)
         j = tl.load(num_accepted_ptr + b)
         bonus = j == tl.load(num_draft_ptr + b)
@@ -365,26 +380,36 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                         top_p: torch.Tensor, seed: torch.Tensor, offset: int,
                         block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of `specops::chain_verify` on the op's normalized arguments (see
-    `specops.ops.chain_verify`). `block_v` overrides the vocabulary tile (a power of two), for tests."""
+    `specops.ops.chain_verify`): contiguous tensors on one device, values already validated.
+    `block_v` overrides the vocabulary tile (a power of two), for tests of the multi-tile paths."""
+    # The op is reachable directly, not only through the wrapper that makes inputs contiguous, and the
+    # kernels index rows and vocabulary densely. A no-op for contiguous inputs.
+    target_logits, draft_tokens, num_draft, temperature, top_k, top_p, seed = (
+        t.contiguous() for t in (target_logits, draft_tokens, num_draft, temperature, top_k, top_p, seed))
+    draft_probs = None if draft_probs is None else draft_probs.contiguous()
     batch, k1, vocab = target_logits.shape
     device = target_logits.device
     out_tokens = torch.empty((batch, k1), dtype=torch.int64, device=device)
     num_accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return out_tokens, num_accepted
-    block_v = block_v or min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
+    if block_v is None:
+        block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
+    elif block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"chain_verify: block_v must be a power of two, got {block_v}")
     n_tiles = triton.cdiv(vocab, block_v)
     block_t = max(2, triton.next_power_of_2(n_tiles))
     # Enough threads that a tile's values, float64 running sums included, stay in registers.
     num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
 
     tile_max = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
-    tile_arg = torch.empty((batch * k1, n_tiles), dtype=torch.int32, device=device)
     tile_sum = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
+    tile_raw = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
+    tile_arg = torch.empty((batch * k1, n_tiles), dtype=torch.int32, device=device)
     row_max = torch.empty((batch,), dtype=torch.float32, device=device)
     row_z = torch.empty((batch,), dtype=torch.float32, device=device)
     row_cut = torch.empty((batch,), dtype=torch.int32, device=device)
-    row_greedy = torch.empty((batch,), dtype=torch.int32, device=device)
+    row_emitted = torch.empty((batch,), dtype=torch.int32, device=device)
     mass_r = torch.empty((batch, n_tiles), dtype=torch.float64, device=device)
     mass_p = torch.empty((batch, n_tiles), dtype=torch.float64, device=device)
 
@@ -400,22 +425,22 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     offset_hi = ((offset >> 32) ^ 0x80000000) - 0x80000000
 
     _tile_stats_kernel[(batch * k1, n_tiles)](
-        target_logits, num_draft, temperature, tile_max, tile_arg, tile_sum,
+        target_logits, num_draft, temperature, tile_max, tile_sum, tile_raw, tile_arg,
         stride_lb, stride_lj, vocab, k1, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
     _chain_kernel[(batch,)](
         target_logits, draft_tokens, probs, num_draft, temperature, top_k, top_p, seed,
-        tile_max, tile_arg, tile_sum, out_tokens, num_accepted, row_max, row_z, row_cut, row_greedy,
+        tile_max, tile_sum, tile_raw, tile_arg, out_tokens, num_accepted, row_max, row_z, row_cut, row_emitted,
         stride_lb, stride_lj, stride_db, stride_pb, stride_pj, out_tokens.stride(0),
         vocab, k1, n_tiles, offset_lo, offset_hi,
         HAS_PROBS=has_probs, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
     _residual_partials_kernel[(batch, n_tiles)](
         target_logits, draft_tokens, probs, num_draft, temperature, num_accepted, row_max, row_z, row_cut,
-        row_greedy, mass_r, mass_p,
+        row_emitted, mass_r, mass_p,
         stride_lb, stride_lj, stride_db, stride_pb, stride_pj, vocab, n_tiles,
         HAS_PROBS=has_probs, BLOCK_V=block_v, num_warps=num_warps)
     _sample_kernel[(batch,)](
         target_logits, draft_tokens, probs, num_draft, temperature, seed, num_accepted, row_max, row_z, row_cut,
-        row_greedy, mass_r, mass_p, out_tokens,
+        row_emitted, mass_r, mass_p, out_tokens,
         stride_lb, stride_lj, stride_db, stride_pb, stride_pj, out_tokens.stride(0),
         vocab, n_tiles, offset_lo, offset_hi,
         HAS_PROBS=has_probs, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)

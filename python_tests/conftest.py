@@ -1,0 +1,26 @@
+"""Test configuration shared by the specops tests.
+
+Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors. The interpreter is chosen
+when a kernel is decorated, so TRITON_INTERPRET must be set before anything imports triton or specops:
+conftest.py is imported before the test modules, so it is set here, first.
+"""
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import specops  # noqa: E402,F401  (registers the ops; after TRITON_INTERPRET is set)
+
+# Devices the public wrapper is tested on: CPU runs the C++ kernel, CUDA the Triton kernel.
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def pytest_generate_tests(metafunc):
+    """Every test that takes a `device` argument runs once per available device."""
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", DEVICES)
+
