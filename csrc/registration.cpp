@@ -15,8 +15,9 @@ TORCH_LIBRARY(specops, m) {
   // Chain speculative-sampling verification: accept drafts with min(1, p/q), then a recovered
   // token from norm(max(0, p - q)) or a bonus token from p. Returns (out_tokens, num_accepted).
   // offset is a SymInt so that torch.compile does not specialize (and recompile) on each step.
+  // validate: check every value where that needs no host sync (CPU); accelerators check in Python.
   m.def(
       "chain_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
       "Tensor num_draft, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
-      "SymInt offset) -> (Tensor, Tensor)");
+      "SymInt offset, bool validate=True) -> (Tensor, Tensor)");
 }

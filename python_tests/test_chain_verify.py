@@ -818,3 +818,27 @@ def test_minus_inf_logits_are_legitimate(device):
     out, accepted = specops.ops.chain_verify(**inputs)
     assert out.cpu().tolist() == [[0, 0, 0], [0, -1, -1], [0, 0, -1]]
     assert accepted.cpu().tolist() == [2, 0, 1]
+
+
+def test_validate_false_gives_the_same_tokens_and_still_rejects_rows_it_reads():
+    torch.manual_seed(7)
+    batch, k, vocab = 4, 3, 3000
+    logits = torch.randn(batch, k + 1, vocab) * 3
+    probs = torch.softmax(logits[:, :k] + torch.randn(batch, k, vocab), -1)
+    drafts = torch.multinomial(probs.reshape(-1, vocab), 1).reshape(batch, k)
+    kwargs = dict(num_draft=torch.tensor([3, 0, 2, 1]), temperature=torch.tensor([1.0, 0.0, 0.7, 1.0]),
+                  seed=torch.arange(batch), offset=5)
+    checked = specops.ops.chain_verify(logits, drafts, probs, **kwargs)
+    assert_same(specops.ops.chain_verify(logits, drafts, probs, validate=False, **kwargs), checked)
+    # Row 0 of every request is always read: a NaN there raises even without full validation.
+    bad = logits.clone()
+    bad[2, 0, 17] = float("nan")
+    with pytest.raises(ValueError, match=r"target_logits\[2, 0\] contains NaN"):
+        specops.ops.chain_verify(bad, drafts, probs, validate=False, **kwargs)
+    # A row the chain never reaches (request 1 has no drafts: only its row 0 is read) is checked only
+    # with validate=True, and cannot change the result.
+    bad = logits.clone()
+    bad[1, 3, 5] = float("nan")
+    assert_same(specops.ops.chain_verify(bad, drafts, probs, validate=False, **kwargs), checked)
+    with pytest.raises(ValueError, match=r"target_logits\[1, 3\] contains NaN"):
+        specops.ops.chain_verify(bad, drafts, probs, **kwargs)

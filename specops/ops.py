@@ -106,9 +106,12 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
             gives row b the stream s + b * 0x9E3779B97F4A7C15; pass [B] seeds for results that do not
             depend on a request's row.
         offset: int counter, e.g. the decoding step; different offsets give independent draws.
-        validate: on accelerators, check values (NaN/inf, ids) at the cost of one host sync. CPU
-            kernels check values as they read them, at no extra sync. Kernels never read out of
-            bounds either way.
+        validate: check every value (NaN / +inf logits, rows without a finite logit, NaN / inf /
+            negative draft probabilities, ids) wherever it lies. On CPU the kernel does this in one
+            extra pass; on accelerators it costs one host sync here. With False, the CPU kernel
+            still rejects bad logits in the rows it reads but skips the rest, and GPU kernels trust
+            the values. Shapes, dtypes, devices and scalar ranges are always checked, and no kernel
+            reads out of bounds either way.
 
     Returns:
         out_tokens: [B, K+1] int64: accepted drafts, then the recovered or bonus token, then -1.
@@ -167,12 +170,12 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     return torch.ops.specops.chain_verify(
         target_logits.contiguous(), draft_tokens.contiguous(),
         None if draft_probs is None else draft_probs.contiguous(), num_draft.contiguous(),
-        temperature, top_k, top_p, seeds, offset)
+        temperature, top_k, top_p, seeds, offset, validate)
 
 
 @torch.library.register_fake("specops::chain_verify")
 def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p,
-                       seed, offset):
+                       seed, offset, validate=True):
     batch, k1, _ = target_logits.shape
     out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)

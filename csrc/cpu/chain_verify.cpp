@@ -189,7 +189,34 @@ int64_t inverse_cdf(const float* w, const std::vector<double>& chunk_sums, int64
   return 0;  // unreachable: p always has mass
 }
 
+// With fewer requests than threads, one request's row passes are split across threads by chunks.
+// Chunk results are combined in chunk order, so the output does not depend on the thread count.
+constexpr int64_t kSplitMinChunks = 16;  // below ~32K tokens a row is too short to be worth splitting
+constexpr int64_t kSplitGrain = 4;
+
+template <typename Body>
+void for_each_chunk(int64_t num_chunks, bool split, const Body& body) {
+  if (split && num_chunks >= kSplitMinChunks) {
+    at::parallel_for(0, num_chunks, kSplitGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) body(c);
+    });
+  } else {
+    for (int64_t c = 0; c < num_chunks; ++c) body(c);
+  }
+}
+
+// A logit row's maximum (or NaN: not scanned yet) and the error for a row that holds NaN / +inf or
+// nothing finite. Rows are scanned up front when validating everything, else when the chain reaches them.
+float checked_row_max(const float* logit, int64_t vocab, int64_t b, int64_t j) {
+  bool bad = false;
+  const float m = passes().scan_row(logit, vocab, &bad);
+  TORCH_CHECK_VALUE(!bad, "chain_verify: target_logits[", b, ", ", j, "] contains NaN or +inf");
+  TORCH_CHECK_VALUE(m > -kInf, "chain_verify: target_logits[", b, ", ", j, "] has no finite logit");
+  return m;
+}
+
 struct RowParams {
+  int64_t index;
   int64_t num_draft;
   float temperature;
   int64_t top_k;
@@ -198,14 +225,17 @@ struct RowParams {
 };
 
 // One request: walks the chain, writes out[0..K] and returns the number of accepted drafts.
-int64_t verify_row(const float* logits, const int64_t* drafts, const float* probs, const float* row_max,
-                   int64_t vocab, const RowParams& rp, uint64_t offset, int64_t* out,
+int64_t verify_row(const float* logits, const int64_t* drafts, const float* probs, float* row_max,
+                   int64_t vocab, const RowParams& rp, uint64_t offset, bool split, int64_t* out,
                    std::vector<float>& weights, std::vector<float>& scratch) {
   const float t = rp.temperature;
+  const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
+  std::vector<double> chunk_sums(static_cast<size_t>(num_chunks));
   for (int64_t j = 0;; ++j) {
     const float* logit = logits + j * vocab;
     const bool has_draft = j < rp.num_draft;
     const int64_t draft = has_draft ? drafts[j] : -1;
+    if (std::isnan(row_max[j])) row_max[j] = checked_row_max(logit, vocab, rp.index, j);
     // Greedy at T = 0, and where logits / T overflows: that is the T -> 0 limit, a point mass on the argmax.
     const float m = row_max[j] / t;
     if (t == 0.0f || m == kInf) {
@@ -217,7 +247,12 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
     }
     const bool filtered = (rp.top_k > 0 && rp.top_k < vocab) || rp.top_p < 1.0f;
     const float thr = filtered ? filter_threshold(logit, vocab, t, m, rp.top_k, rp.top_p, scratch) : -kInf;
-    const double z = passes().sum_exp(logit, vocab, t, m, thr);
+    for_each_chunk(num_chunks, split, [&](int64_t c) {
+      const int64_t begin = c * kChunk;
+      chunk_sums[c] = passes().sum_exp(logit + begin, std::min(kChunk, vocab - begin), t, m, thr);
+    });
+    double z = 0.0;
+    for (double s : chunk_sums) z += s;
     const float inv_z = static_cast<float>(1.0 / z);
     const float* q = nullptr;
     if (has_draft) {
@@ -230,17 +265,15 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
       q = probs != nullptr ? probs + j * vocab : nullptr;
     }
     // Recovered token from max(0, p - q) (bonus: q = 0), falling back to p if that has no mass.
-    const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
-    std::vector<double> chunk_sums(static_cast<size_t>(num_chunks));
     bool fallback = false;
     for (int pass = 0; pass < 2; ++pass) {
       const float* qq = fallback ? nullptr : q;
       double total = 0.0;
-      for (int64_t c = 0; c < num_chunks; ++c) {
+      for_each_chunk(num_chunks, split, [&](int64_t c) {
         const int64_t begin = c * kChunk, len = std::min(kChunk, vocab - begin);
-        chunk_sums[c] = passes().fill_weights(logit + begin, qq == nullptr ? nullptr : qq + begin, len, t, m, inv_z,
-                                     thr, weights.data() + begin);
-      }
+        chunk_sums[c] = passes().fill_weights(logit + begin, qq == nullptr ? nullptr : qq + begin, len, t, m,
+                                              inv_z, thr, weights.data() + begin);
+      });
       if (has_draft && probs == nullptr && !fallback) {  // one-hot q: the residual is p without the draft
         chunk_sums[draft / kChunk] -= weights[draft];
         weights[draft] = 0.0f;
@@ -259,7 +292,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
                                                     const std::optional<at::Tensor>& draft_probs,
                                                     const at::Tensor& num_draft, const at::Tensor& temperature,
                                                     const at::Tensor& top_k, const at::Tensor& top_p,
-                                                    const at::Tensor& seed, int64_t offset) {
+                                                    const at::Tensor& seed, int64_t offset, bool validate) {
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "chain_verify: target_logits must be [B, K+1, V]");
   const int64_t batch = target_logits.size(0), k1 = target_logits.size(1), vocab = target_logits.size(2);
   TORCH_CHECK_VALUE(k1 >= 1 && vocab >= 1, "chain_verify: target_logits needs K+1 >= 1 and V >= 1");
@@ -317,46 +350,49 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
     }
   }
 
-  // One scan of every logit row: its maximum, and NaN / +inf detection.
+  // validate: one scan of every logit row (its maximum, NaN / +inf) and every draft-probability row
+  // up front, so bad values raise wherever they are. Otherwise rows are scanned (and still checked)
+  // only when the chain reaches them, and draft probabilities are trusted.
   const int64_t rows = batch * k1;
-  std::vector<float> row_max(static_cast<size_t>(rows));
-  std::vector<char> row_bad(static_cast<size_t>(rows)), prob_bad(static_cast<size_t>(batch * (k1 - 1)));
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      bool bad = false;
-      row_max[r] = passes().scan_row(logit_p + r * vocab, vocab, &bad);
-      row_bad[r] = bad;
-      if (prob_p != nullptr && r % k1 < k1 - 1) {
-        const int64_t pr = (r / k1) * (k1 - 1) + r % k1;
-        prob_bad[pr] = passes().bad_probs(prob_p + pr * vocab, vocab);
+  std::vector<float> row_max(static_cast<size_t>(rows), std::numeric_limits<float>::quiet_NaN());
+  if (validate) {
+    std::vector<char> prob_bad(static_cast<size_t>(batch * (k1 - 1)));
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        row_max[r] = checked_row_max(logit_p + r * vocab, vocab, r / k1, r % k1);
+        if (prob_p != nullptr && r % k1 < k1 - 1) {
+          const int64_t pr = (r / k1) * (k1 - 1) + r % k1;
+          prob_bad[pr] = passes().bad_probs(prob_p + pr * vocab, vocab);
+        }
       }
+    });
+    for (size_t r = 0; r < prob_bad.size(); ++r) {
+      TORCH_CHECK_VALUE(!prob_bad[r], "chain_verify: draft_probs[", r / (k1 - 1), ", ", r % (k1 - 1),
+                        "] contains NaN, inf or negative values");
     }
-  });
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK_VALUE(!row_bad[r], "chain_verify: target_logits[", r / k1, ", ", r % k1,
-                      "] contains NaN or +inf");
-    TORCH_CHECK_VALUE(row_max[r] > -kInf, "chain_verify: target_logits[", r / k1, ", ", r % k1,
-                      "] has no finite logit");
-  }
-  for (size_t r = 0; r < prob_bad.size(); ++r) {
-    TORCH_CHECK_VALUE(!prob_bad[r], "chain_verify: draft_probs[", r / (k1 - 1), ", ", r % (k1 - 1),
-                      "] contains NaN, inf or negative values");
   }
 
   auto out = at::full({batch, k1}, -1, drafts.options());
   auto num_accepted = at::zeros({batch}, drafts.options());
   int64_t* out_p = out.data_ptr<int64_t>();
   int64_t* acc_p = num_accepted.data_ptr<int64_t>();
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  // Requests in parallel; with fewer requests than threads, each request's row passes instead.
+  const bool split = batch < at::get_num_threads();
+  const auto verify_requests = [&](int64_t begin, int64_t end) {
     std::vector<float> weights(static_cast<size_t>(vocab)), scratch;
     for (int64_t b = begin; b < end; ++b) {
-      const RowParams rp{nd_p[b], temp_p[b], tk_p[b], tp_p[b], sd_p[b]};
+      const RowParams rp{b, nd_p[b], temp_p[b], tk_p[b], tp_p[b], sd_p[b]};
       acc_p[b] = verify_row(logit_p + b * k1 * vocab, draft_p + b * (k1 - 1),
                             prob_p == nullptr ? nullptr : prob_p + b * (k1 - 1) * vocab,
-                            row_max.data() + b * k1, vocab, rp, static_cast<uint64_t>(offset),
+                            row_max.data() + b * k1, vocab, rp, static_cast<uint64_t>(offset), split,
                             out_p + b * k1, weights, scratch);
     }
-  });
+  };
+  if (split) {
+    verify_requests(0, batch);
+  } else {
+    at::parallel_for(0, batch, 1, verify_requests);
+  }
   return {out, num_accepted};
 }
 

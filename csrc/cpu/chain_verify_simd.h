@@ -114,35 +114,40 @@ bool bad_probs(const float* q, int64_t n) {
   return f;
 }
 
-// Unnormalized kept weight of logits: exp(logit / t - m) if logit / t >= thr, else 0.
-template <typename F>
+// Unnormalized kept weight of logits: exp(logit / t - m) if logit / t >= thr, else 0. x / 1 == x
+// exactly, so kDivide = false (for t == 1) changes no value and saves the division.
+template <bool kDivide = true, typename F>
 SPECOPS_INLINE F kept_weight(F logit, float t, float m, float thr) {
-  const F x = logit / t;
+  const F x = kDivide ? logit / t : logit;
   return x >= thr ? exp_nonpositive(x - m) : F{};
 }
 
-// Z = sum over kept tokens of exp(logit / t - m), in float64 (float lanes flushed every block).
-double sum_exp(const float* logit, int64_t n, float t, float m, float thr) {
+template <bool kDivide>
+double sum_exp_impl(const float* logit, int64_t n, float t, float m, float thr) {
   constexpr int64_t kBlock = 256;
   double total = 0.0;
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     f32x16 acc = {};
-    for (int64_t k = i; k < i + kBlock; k += kLanes) acc += kept_weight(load16(logit + k), t, m, thr);
+    for (int64_t k = i; k < i + kBlock; k += kLanes) acc += kept_weight<kDivide>(load16(logit + k), t, m, thr);
     total += lane_total(acc);
   }
-  for (; i < n; ++i) total += kept_weight(logit[i], t, m, thr);
+  for (; i < n; ++i) total += kept_weight<kDivide>(logit[i], t, m, thr);
   return total;
 }
 
-// Sampling weights w_i = max(0, p_i - q_i) (q == nullptr: w = p) for one chunk of a row, written to w;
-// returns their float64 sum.
-double fill_weights(const float* logit, const float* q, int64_t n, float t, float m, float inv_z,
-                                float thr, float* w) {
+// Sum over kept tokens of exp(logit / t - m), in float64 (float lanes flushed every block).
+double sum_exp(const float* logit, int64_t n, float t, float m, float thr) {
+  return t == 1.0f ? sum_exp_impl<false>(logit, n, t, m, thr) : sum_exp_impl<true>(logit, n, t, m, thr);
+}
+
+template <bool kDivide>
+double fill_weights_impl(const float* logit, const float* q, int64_t n, float t, float m, float inv_z, float thr,
+                         float* w) {
   f32x16 acc = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    f32x16 d = kept_weight(load16(logit + i), t, m, thr) * inv_z;
+    f32x16 d = kept_weight<kDivide>(load16(logit + i), t, m, thr) * inv_z;
     if (q != nullptr) d -= load16(q + i);
     d = d > 0.0f ? d : f32x16{};
     store16(w + i, d);
@@ -150,11 +155,19 @@ double fill_weights(const float* logit, const float* q, int64_t n, float t, floa
   }
   double total = lane_total(acc);
   for (; i < n; ++i) {
-    const float d = kept_weight(logit[i], t, m, thr) * inv_z - (q != nullptr ? q[i] : 0.0f);
+    const float d = kept_weight<kDivide>(logit[i], t, m, thr) * inv_z - (q != nullptr ? q[i] : 0.0f);
     w[i] = d > 0.0f ? d : 0.0f;
     total += w[i];
   }
   return total;
+}
+
+// Sampling weights w_i = max(0, p_i - q_i) (q == nullptr: w = p) for one chunk of a row, written to w;
+// returns their float64 sum.
+double fill_weights(const float* logit, const float* q, int64_t n, float t, float m, float inv_z, float thr,
+                    float* w) {
+  return t == 1.0f ? fill_weights_impl<false>(logit, q, n, t, m, inv_z, thr, w)
+                   : fill_weights_impl<true>(logit, q, n, t, m, inv_z, thr, w);
 }
 
 }  // namespace SPECOPS_ISA

@@ -377,10 +377,11 @@ def _sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr,
 
 def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                         num_draft: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                        top_p: torch.Tensor, seed: torch.Tensor, offset: int,
+                        top_p: torch.Tensor, seed: torch.Tensor, offset: int, validate: bool = True,
                         block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of `specops::chain_verify` on the op's normalized arguments (see
-    `specops.ops.chain_verify`): contiguous tensors on one device, values already validated.
+    `specops.ops.chain_verify`): tensors on one device. Values are not checked here (that would be a
+    host sync inside the op); `specops.ops.chain_verify` checks them when `validate` is true.
     `block_v` overrides the vocabulary tile (a power of two), for tests of the multi-tile paths."""
     # The op is reachable directly, not only through the wrapper that makes inputs contiguous, and the
     # kernels index rows and vocabulary densely. A no-op for contiguous inputs.
