@@ -104,16 +104,6 @@ def _upper_mass(row_ptr, temperature, cut, row_max, V, n_tiles, BLOCK_V: tl.cons
 
 
 @triton.jit
-def _kept_normalizer(row_ptr, temperature, cut, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
-    z = tl.zeros([], tl.float32)
-    for tile in range(0, n_tiles):
-        offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
-        keep = in_row & (_ordered_key(x) >= cut)
-        z += tl.sum(tl.where(keep, tl.exp(x - row_max), 0.0), 0)
-    return z
-
-
-@triton.jit
 def _top_k_cut(row_ptr, temperature, top_k, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
     """Top-k cut (Fan et al. 2018) as an ordered key: the largest t with count(x >= t) >= k, which is the
     k-th largest x, by bisection; ties at the k-th value are kept."""
@@ -266,7 +256,7 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
                 if use_p:
                     cut = _top_p_cut(row_ptr, scale, top_p, cut, row_max, V, n_tiles, BLOCK_V)
                 if use_k | use_p:
-                    z = _kept_normalizer(row_ptr, scale, cut, row_max, V, n_tiles, BLOCK_V)
+                    z = _upper_mass(row_ptr, scale, cut, row_max, V, n_tiles, BLOCK_V).to(tl.float32)
                 if j < n:
                     draft = tl.load(draft_tokens_ptr + b64 * stride_db + j)
                     # Out-of-range ids are never read: p(d) = 0 and q(d) = 1 reject them.
