@@ -1,6 +1,7 @@
-"""specops: speculative-decoding kernels for PyTorch.
+"""specops: speculative-decoding kernels for PyTorch, and the decoders built on them.
 
-Public API: `specops.ops` (the kernels, as typed wrappers over `torch.ops.specops.*`).
+Public API: `specops.decode` (generation with any method), `specops.ops` (the kernels, as typed
+wrappers over `torch.ops.specops.*`) and `specops.models` (the embedded default models).
 """
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -8,6 +9,16 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from specops import _C  # noqa: F401  (registers the op schemas and the C++ CPU kernels)
 from specops import ops
 from specops import kernels  # noqa: F401  (registers the Triton kernels for CUDA)
+from specops.decoding import DecodeResult, decode
 
-__all__ = ["ops"]
+__all__ = ["decode", "DecodeResult", "ops", "models"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # specops.models imports transformers; load it on first use, not with the kernels.
+    if name == "models":
+        import importlib
+
+        return importlib.import_module("specops.models")
+    raise AttributeError(f"module 'specops' has no attribute {name!r}")

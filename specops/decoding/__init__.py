@@ -1,0 +1,148 @@
+"""`specops.decode`: the front door to every decoding method, on one shared engine (engine.py).
+
+Methods: "ar" (autoregressive, the baseline) and "sd" (standard speculative decoding with a
+same-vocabulary drafter). "auto" picks "sd" when a drafter is given, else "ar".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specops.decoding.ar import decode_ar
+from specops.decoding.draft_length import DraftLength
+from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats
+from specops.decoding.sd import decode_sd
+from specops.decoding.self_draft import truncated
+
+__all__ = ["decode", "DecodeResult", "METHODS"]
+
+METHODS = ("auto", "ar", "sd")
+
+
+@dataclass
+class DecodeResult:
+    """text: the generated text (a str for a str prompt, else a list); tokens: generated token ids per
+    prompt (same shape rule); stats: `Stats` (counts, tokens per second, time split)."""
+
+    text: str | list[str]
+    tokens: list[int] | list[list[int]]
+    stats: Stats
+
+
+def _resolve_model(model, tokenizer, role: str):
+    if isinstance(model, str):
+        from specops import models
+
+        loaded, loaded_tokenizer = models.load(model)
+        return loaded, tokenizer or loaded_tokenizer
+    if tokenizer is None:
+        raise ValueError(f"decode: {role} is a model object, so its tokenizer must be given "
+                         f"({'tokenizer' if role == 'target' else 'drafter_tokenizer'}=...)")
+    return model, tokenizer
+
+
+def _same_vocabulary(tokenizer, other) -> bool:
+    return tokenizer is other or tokenizer.get_vocab() == other.get_vocab()
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple, set)) else [value])
+    return {int(i) for i in ids}
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"decode: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or not temperature >= 0 or temperature == float("inf"):
+        raise ValueError(f"decode: temperature must be a finite number >= 0, got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"decode: top_k must be an int >= 0, got {top_k!r}")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"decode: top_p must be in (0, 1], got {top_p!r}")
+
+
+def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
+           max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None) -> DecodeResult:
+    """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
+
+    target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
+    "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. method: "auto"
+    (sd with a drafter, else ar), "ar" or "sd". Greedy at temperature 0. num_draft_tokens: an int, or
+    "auto" to choose it each step from measured forward costs and acceptance. seed: makes sampling
+    reproducible. stop: strings that end a request (excluded from its text). stream: called as
+    stream(request_index, text) with each new piece of text as tokens are accepted.
+    """
+    single = isinstance(prompt, str)
+    prompts = [prompt] if single else list(prompt) if isinstance(prompt, (list, tuple)) else None
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("decode: prompt must be a non-empty string or a non-empty list of strings")
+    if any(not p for p in prompts):
+        raise ValueError("decode: empty prompt")
+    if method not in METHODS:
+        raise ValueError(f"decode: unknown method {method!r}; available: {', '.join(METHODS)}")
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ValueError("decode: stop must be a non-empty string or a list of them")
+    if stream is not None and not callable(stream):
+        raise TypeError("decode: stream must be callable as stream(request_index, text)")
+    draft_length = DraftLength(num_draft_tokens)
+
+    target_model, tokenizer = _resolve_model(target, tokenizer, "target")
+    if method == "auto":
+        method = "sd" if drafter is not None else "ar"
+    drafter_model = None
+    if method == "sd":
+        if drafter is None:
+            raise ValueError("decode: method 'sd' needs a drafter (a model, an embedded model name or 'self:N')")
+        if isinstance(drafter, str) and drafter.startswith("self:"):
+            layers = drafter[len("self:"):]
+            if not layers.isdigit():
+                raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
+            drafter_model, drafter_tokenizer = truncated(target_model, int(layers)), tokenizer
+        else:
+            drafter_model, drafter_tokenizer = _resolve_model(drafter, drafter_tokenizer, "drafter")
+        if not _same_vocabulary(tokenizer, drafter_tokenizer):
+            raise ValueError("decode: the drafter's vocabulary differs from the target's, and method 'sd' needs "
+                             "the same vocabulary; heterogeneous drafters need method 'tli' (sampling) or 'slem' "
+                             "(greedy), which this version does not provide yet")
+    elif drafter is not None:
+        raise ValueError(f"decode: method {method!r} does not use a drafter")
+
+    target_lm = CausalLM(target_model, "target")
+    drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
+    if drafter_lm is not None and drafter_lm.device != target_lm.device:
+        raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
+    if drafter_lm is not None and drafter_lm.vocab_size != target_lm.vocab_size:
+        raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
+                         f"has {target_lm.vocab_size}; method 'sd' needs the same vocabulary")
+
+    params = SamplingParams(float(temperature), int(top_k), float(top_p))
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()))
+    seeds = (torch.arange(len(prompts), dtype=torch.long) * 0x9E3779B1 + seed).to(target_lm.device)
+    generator = torch.Generator(device=target_lm.device).manual_seed(seed)
+    batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream, _eos_ids(target_model, tokenizer),
+                  target_lm.device)
+    stats = Stats()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        if max_new_tokens > 0:
+            if method == "ar":
+                decode_ar(target_lm, batch, params, seeds, stats)
+            else:
+                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, generator)
+    stats.seconds = time.perf_counter() - start
+    stats.new_tokens = sum(len(t) for t in batch.generated)
+    stats.forward_seconds = target_lm.seconds + (drafter_lm.seconds if drafter_lm else 0.0)
+    texts = batch.texts()
+    tokens = batch.generated
+    return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)

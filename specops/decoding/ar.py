@@ -1,0 +1,40 @@
+"""Autoregressive decoding (method "ar"): one target forward per token. The baseline every
+speculative method is measured against, on the same engine."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
+
+
+def prefill(target: CausalLM, batch: Batch) -> tuple[KVState, torch.Tensor]:
+    """Run the prompts through the target; returns its state and the logits [B, V] at the last position."""
+    state = KVState(target, batch.rows)
+    logits = state.append(batch.prompt_ids, batch.prompt_mask.bool(), keep=1)
+    return state, logits[:, -1]
+
+
+def decode_ar(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor, stats: Stats) -> None:
+    state, logits = prefill(target, batch)
+    stats.target_calls += 1
+    step = 0
+    while batch.rows:
+        start = time.perf_counter()
+        tokens = sample_tokens(logits, params, seeds, step)
+        stats.verify_seconds += time.perf_counter() - start
+        finished = batch.emit([[t] for t in tokens.tolist()])
+        survivors = batch.drop(finished)
+        if survivors is not None:
+            if not batch.rows:
+                break
+            state.select(survivors)
+            seeds, tokens = seeds[survivors], tokens[survivors]
+        start = time.perf_counter()
+        logits = state.append(tokens.unsqueeze(1))[:, -1]
+        stats.verify_seconds += time.perf_counter() - start
+        stats.target_calls += 1
+        stats.steps += 1
+        step += 1

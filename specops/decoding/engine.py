@@ -1,0 +1,257 @@
+"""The engine every decoding method shares: model adapter, KV caches with ragged rollback, batching,
+stopping, streaming and statistics. A method module only says how to propose and how to verify.
+
+Ragged batches: each model keeps one KV cache for the whole batch. Prompts are left-padded; when rows
+accept different numbers of drafts, the rejected positions stay in the cache as holes, masked out by
+the 2-D attention mask, and position ids count only valid tokens, so every row computes exactly what
+it would alone. Positions that are invalid for every row are cropped from the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specops import ops
+
+__all__ = ["CausalLM", "KVState", "Batch", "Stats", "SamplingParams"]
+
+
+class CausalLM:
+    """Adapter for a transformers causal LM: KV-cached forwards returning float32 logits."""
+
+    def __init__(self, model, name: str = "model"):
+        if not hasattr(model, "forward") or not hasattr(model, "config"):
+            raise TypeError(f"{name} must be a transformers causal LM, got {type(model).__name__}")
+        self.model = model.eval()
+        self.name = name
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
+        self.calls = 0
+        self.seconds = 0.0
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers: no config argument
+            return DynamicCache()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache,
+                keep: int) -> torch.Tensor:
+        """Logits [B, keep, V] (float32) of the last `keep` inputs, appending the inputs to `cache`."""
+        start = time.perf_counter()
+        past = cache.get_seq_length()
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True, logits_to_keep=keep,
+                         cache_position=torch.arange(past, past + input_ids.shape[1], device=input_ids.device))
+        logits = out.logits[:, -keep:].float()
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return logits
+
+
+def _crop(cache, length: int) -> None:
+    """Drop cache positions past `length` (a negative crop removes that many tokens in every
+    transformers version we support)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class KVState:
+    """One model's KV cache for a batch, with the attention mask of valid positions and the next
+    position id of every row."""
+
+    def __init__(self, lm: CausalLM, batch: int):
+        self.lm = lm
+        self.cache = lm.new_cache()
+        self.mask = torch.zeros(batch, 0, dtype=torch.long, device=lm.device)
+        self.next_pos = torch.zeros(batch, dtype=torch.long, device=lm.device)
+
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, keep: int = 1) -> torch.Tensor:
+        """Feed tokens [B, n] (valid [B, n] marks real tokens; invalid ones become holes) and return the
+        logits of the last `keep` inputs."""
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        valid = valid.long()
+        positions = self.next_pos.unsqueeze(1) + valid.cumsum(1) - valid
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        self.next_pos = self.next_pos + valid.sum(1)
+        return self.lm.forward(tokens, self.mask, positions, self.cache, keep)
+
+    def rollback(self, appended: int, keep: torch.Tensor) -> None:
+        """Of the last `appended` positions, keep the first keep[b] of each row; the rest become holes
+        (or are cropped where every row drops them). Assumes those positions were all valid."""
+        length = self.mask.shape[1]
+        offsets = torch.arange(appended, device=self.mask.device)
+        drop = offsets.unsqueeze(0) >= keep.unsqueeze(1)
+        self.mask[:, length - appended:] = self.mask[:, length - appended:].masked_fill(drop, 0)
+        self.next_pos = self.next_pos - drop.sum(1)
+        kept_any = (~drop).any(0)
+        tail = appended - (int(kept_any.nonzero().max()) + 1 if bool(kept_any.any()) else 0)
+        if tail:
+            self.mask = self.mask[:, : length - tail]
+            _crop(self.cache, length - tail)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` of the batch (finished requests leave)."""
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+        self.next_pos = self.next_pos[rows]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Stats:
+    """What a decode call did and where its time went."""
+
+    new_tokens: int = 0
+    target_calls: int = 0
+    drafter_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    draft_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def target_calls_per_token(self) -> float:
+        return self.target_calls / self.new_tokens if self.new_tokens else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of the wall time spent outside model forward passes."""
+        return max(0.0, self.seconds - self.forward_seconds) / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        text = (f"{self.new_tokens} tokens in {self.seconds:.2f} s ({self.tokens_per_second:.1f} tok/s), "
+                f"target calls {self.target_calls} ({self.target_calls_per_token:.2f}/token)")
+        if self.drafted:
+            text += (f", drafter calls {self.drafter_calls}, accepted {self.accepted}/{self.drafted} "
+                     f"({self.acceptance:.0%})")
+        text += (f", time: draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s, "
+                 f"other {self.other_seconds:.2f} s, outside forwards {self.overhead_fraction:.1%}")
+        return text
+
+
+class Batch:
+    """Requests decoded together: their tokens so far, stopping, streaming and row bookkeeping.
+
+    Rows are the requests still running; `index[row]` is the request they belong to. Finished requests
+    leave the batch (their caches shrink with them)."""
+
+    def __init__(self, tokenizer, prompts: list[str], max_new_tokens: int, stop: list[str] | None, stream,
+                 eos_ids: set[int], device: torch.device):
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.stop = stop or []
+        self.stream = stream
+        self.eos_ids = eos_ids
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+        self.prompt_ids = encoded["input_ids"].to(device)
+        self.prompt_mask = encoded["attention_mask"].to(device)
+        if bool((self.prompt_mask.sum(1) == 0).any()):
+            raise ValueError("decode: a prompt encodes to no tokens")
+        self.generated: list[list[int]] = [[] for _ in prompts]
+        self.text_sent = [0] * len(prompts)
+        self.stop_text: list[str | None] = [None] * len(prompts)
+        self.index = list(range(len(prompts)))
+
+    @property
+    def rows(self) -> int:
+        return len(self.index)
+
+    def remaining(self) -> torch.Tensor:
+        """[rows] tokens each running request may still emit."""
+        return torch.tensor([self.max_new_tokens - len(self.generated[i]) for i in self.index])
+
+    def emit(self, row_tokens: list[list[int]]) -> list[int]:
+        """Append each row's new tokens (cut at EOS, a stop string or the token budget), stream them, and
+        return the rows that finished."""
+        finished = []
+        for row, tokens in enumerate(row_tokens):
+            request = self.index[row]
+            out = self.generated[request]
+            done = False
+            for token in tokens:
+                out.append(token)
+                if token in self.eos_ids or len(out) >= self.max_new_tokens:
+                    done = True
+                    break
+            if self.stop or self.stream is not None:
+                done = self._text_events(request) or done
+            if done:
+                finished.append(row)
+        return finished
+
+    def _text_events(self, request: int) -> bool:
+        text = self.tokenizer.decode(self.generated[request], skip_special_tokens=True)
+        stopped = False
+        for stop in self.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, stopped = text[:at], True
+                self.stop_text[request] = text
+        # Hold back a trailing replacement character: the next token may complete that UTF-8 sequence.
+        ready = len(text) if stopped or not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
+        if self.stream is not None and ready > self.text_sent[request]:
+            self.stream(request, text[self.text_sent[request]:ready])
+            self.text_sent[request] = ready
+        return stopped
+
+    def drop(self, finished: list[int]) -> torch.Tensor | None:
+        """Remove finished rows; returns the surviving row indices (None if nothing changed)."""
+        if not finished:
+            return None
+        gone = set(finished)
+        survivors = [row for row in range(self.rows) if row not in gone]
+        self.index = [self.index[row] for row in survivors]
+        return torch.tensor(survivors, dtype=torch.long)
+
+    def texts(self) -> list[str]:
+        out = []
+        for request, tokens in enumerate(self.generated):
+            if self.stop_text[request] is not None:
+                out.append(self.stop_text[request])
+            else:
+                out.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return out
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, offset: int) -> torch.Tensor:
+    """One token per row from logits [B, V] with the request's sampling parameters (greedy at T = 0):
+    chain_verify with no drafts, so sampling and verification share one implementation."""
+    batch = logits.shape[0]
+    out, _ = ops.chain_verify(logits.unsqueeze(1), torch.empty(batch, 0, dtype=torch.long, device=logits.device),
+                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                              seed=seeds, offset=offset, validate=False)
+    return out[:, 0]
