@@ -25,7 +25,7 @@ def decode_ar(target: CausalLM, batch: Batch, params: SamplingParams, seeds: tor
         start = time.perf_counter()
         tokens = sample_tokens(logits, params, seeds, step)
         stats.verify_seconds += time.perf_counter() - start
-        finished = batch.emit([[t] for t in tokens.tolist()])
+        finished, _ = batch.emit([[t] for t in tokens.tolist()])
         survivors = batch.drop(finished)
         if survivors is not None:
             if not batch.rows:

@@ -10,6 +10,7 @@ costs 2.4x one over 1, and long ones on a GPU, where it costs about the same.
 from __future__ import annotations
 
 _EMA = 0.3  # weight of a new measurement
+_PROBE_EVERY = 8  # plain steps between one-draft probes of the acceptance rate
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -33,6 +34,7 @@ class DraftLength:
         self.step_cost: float | None = None  # seconds per step outside forwards
         self.accepted = 1.0  # Beta(1, 1) prior on the acceptance rate
         self.rejected = 1.0
+        self.plain_steps = 0  # consecutive steps without drafts
 
     @property
     def acceptance(self) -> float:
@@ -88,6 +90,11 @@ class DraftLength:
         if any(r is None for r in rates.values()):
             return self.current
         best = max(rates, key=rates.get)
+        # Plain decoding measures no acceptance: probe one draft now and then, or an unlucky start would
+        # lock decoding into K = 0 for good.
+        self.plain_steps = self.plain_steps + 1 if best == 0 else 0
+        if best == 0 and self.plain_steps % _PROBE_EVERY == 0:
+            return 1
         # Measure an unmeasured neighbour before settling: extrapolated costs can mislead.
         for k in (best - 1, best + 1):
             if 0 <= k <= self.max_drafts and k + 1 not in self.target_cost:

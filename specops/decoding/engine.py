@@ -3,8 +3,10 @@ stopping, streaming and statistics. A method module only says how to propose and
 
 Ragged batches: each model keeps one KV cache for the whole batch. Prompts are left-padded; when rows
 accept different numbers of drafts, the rejected positions stay in the cache as holes, masked out by
-the 2-D attention mask, and position ids count only valid tokens, so every row computes exactly what
-it would alone. Positions that are invalid for every row are cropped from the cache.
+the attention mask, and position ids count only valid tokens, so every row computes exactly what it
+would alone. Positions that are invalid for every row are cropped from the cache. Models with
+sliding-window layers get masks built here from position ids (a window counts tokens, not cache
+slots, so holes must not count) over a cache that keeps every slot.
 """
 
 from __future__ import annotations
@@ -29,22 +31,50 @@ class CausalLM:
         self.name = name
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        self.layer_types = sorted(set(getattr(config, "layer_types", None) or []))
+        window = getattr(config, "sliding_window", None)
+        self.window = window if window and "sliding_attention" in self.layer_types else None
+        self.eager = getattr(config, "_attn_implementation", None) == "eager"
         self.calls = 0
         self.seconds = 0.0
 
     def new_cache(self):
         from transformers import DynamicCache
 
+        if self.window is not None:
+            return DynamicCache()  # keeps every slot: the masks below do the windowing
         try:
             return DynamicCache(config=self.model.config)
         except TypeError:  # older transformers: no config argument
             return DynamicCache()
 
+    def _masks(self, valid: torch.Tensor, positions: torch.Tensor, new: int):
+        """Per-layer-type 4-D masks [B, 1, new, L] from slot validity and position ids: a query sees the
+        valid keys at positions <= its own (and, in sliding layers, within the window), and always its
+        own slot, so padding and hole queries never attend to nothing."""
+        total = valid.shape[1]
+        delta = positions[:, -new:, None] - positions[:, None, :]
+        own = torch.arange(total, device=valid.device)[None, :] == torch.arange(total - new, total,
+                                                                                 device=valid.device)[:, None]
+        full = (valid.bool()[:, None, :] & (delta >= 0)) | own
+        masks = {"full_attention": full, "sliding_attention": (full & (delta < self.window)) | own}
+        for name, mask in masks.items():
+            mask = mask.unsqueeze(1)
+            if self.eager:  # eager attention adds the mask to its scores
+                mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=mask.device).masked_fill(
+                    ~mask, torch.finfo(self.model.dtype).min)
+            masks[name] = mask
+        return {t: masks[t] for t in self.layer_types} if len(self.layer_types) > 1 else masks[self.layer_types[0]]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache,
-                keep: int) -> torch.Tensor:
-        """Logits [B, keep, V] (float32) of the last `keep` inputs, appending the inputs to `cache`."""
+                keep: int, all_positions: torch.Tensor) -> torch.Tensor:
+        """Logits [B, keep, V] (float32) of the last `keep` inputs, appending the inputs to `cache`.
+        attention_mask [B, L] marks valid slots (cache and inputs); all_positions [B, L] their positions."""
         start = time.perf_counter()
         past = cache.get_seq_length()
+        if self.window is not None:
+            attention_mask = self._masks(attention_mask, all_positions, input_ids.shape[1])
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True, logits_to_keep=keep,
                          cache_position=torch.arange(past, past + input_ids.shape[1], device=input_ids.device))
@@ -70,6 +100,7 @@ class KVState:
         self.lm = lm
         self.cache = lm.new_cache()
         self.mask = torch.zeros(batch, 0, dtype=torch.long, device=lm.device)
+        self.positions = torch.zeros(batch, 0, dtype=torch.long, device=lm.device)
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=lm.device)
 
     def append(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, keep: int = 1) -> torch.Tensor:
@@ -80,8 +111,9 @@ class KVState:
         valid = valid.long()
         positions = self.next_pos.unsqueeze(1) + valid.cumsum(1) - valid
         self.mask = torch.cat([self.mask, valid], dim=1)
+        self.positions = torch.cat([self.positions, positions], dim=1)
         self.next_pos = self.next_pos + valid.sum(1)
-        return self.lm.forward(tokens, self.mask, positions, self.cache, keep)
+        return self.lm.forward(tokens, self.mask, positions, self.cache, keep, self.positions)
 
     def rollback(self, appended: int, keep: torch.Tensor) -> None:
         """Of the last `appended` positions, keep the first keep[b] of each row; the rest become holes
@@ -95,12 +127,14 @@ class KVState:
         tail = appended - (int(kept_any.nonzero().max()) + 1 if bool(kept_any.any()) else 0)
         if tail:
             self.mask = self.mask[:, : length - tail]
+            self.positions = self.positions[:, : length - tail]
             _crop(self.cache, length - tail)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` of the batch (finished requests leave)."""
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
+        self.positions = self.positions[rows]
         self.next_pos = self.next_pos[rows]
 
 
@@ -194,39 +228,53 @@ class Batch:
         """[rows] tokens each running request may still emit."""
         return torch.tensor([self.max_new_tokens - len(self.generated[i]) for i in self.index])
 
-    def emit(self, row_tokens: list[list[int]]) -> list[int]:
-        """Append each row's new tokens (cut at EOS, a stop string or the token budget), stream them, and
-        return the rows that finished."""
-        finished = []
+    def emit(self, row_tokens: list[list[int]]) -> tuple[list[int], list[int]]:
+        """Append each row's new tokens one at a time, stopping at EOS, at the token that completes a
+        stop string, or at the token budget (so every method stops at the same token); stream the new
+        text. Returns the rows that finished and how many of each row's tokens were used."""
+        finished, used = [], []
         for row, tokens in enumerate(row_tokens):
             request = self.index[row]
             out = self.generated[request]
             done = False
+            count = 0
             for token in tokens:
                 out.append(token)
-                if token in self.eos_ids or len(out) >= self.max_new_tokens:
-                    done = True
+                count += 1
+                done = token in self.eos_ids or len(out) >= self.max_new_tokens or self._stopped(request)
+                if done:
                     break
-            if self.stop or self.stream is not None:
-                done = self._text_events(request) or done
+            if self.stream is not None:
+                self._stream(request, done)
+            used.append(count)
             if done:
                 finished.append(row)
-        return finished
+        return finished, used
 
-    def _text_events(self, request: int) -> bool:
+    def _stopped(self, request: int) -> bool:
+        """Whether the request's text now contains a stop string; if so its text ends before the first."""
+        if not self.stop:
+            return False
         text = self.tokenizer.decode(self.generated[request], skip_special_tokens=True)
-        stopped = False
-        for stop in self.stop:
-            at = text.find(stop)
-            if at >= 0:
-                text, stopped = text[:at], True
-                self.stop_text[request] = text
-        # Hold back a trailing replacement character: the next token may complete that UTF-8 sequence.
-        ready = len(text) if stopped or not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
-        if self.stream is not None and ready > self.text_sent[request]:
+        hits = [at for at in (text.find(stop) for stop in self.stop) if at >= 0]
+        if hits:
+            self.stop_text[request] = text[: min(hits)]
+        return bool(hits)
+
+    def _stream(self, request: int, done: bool) -> None:
+        text = self.stop_text[request]
+        if text is None:
+            text = self.tokenizer.decode(self.generated[request], skip_special_tokens=True)
+        ready = len(text)
+        if not done:
+            # Hold back what the next tokens may still change: a trailing replacement character (an
+            # incomplete UTF-8 sequence) and a suffix that could begin a stop string.
+            ready = len(text.rstrip("\ufffd"))
+            ready -= max((size for stop in self.stop for size in range(1, min(len(stop), ready + 1))
+                          if text[ready - size:ready] == stop[:size]), default=0)
+        if ready > self.text_sent[request]:
             self.stream(request, text[self.text_sent[request]:ready])
             self.text_sent[request] = ready
-        return stopped
 
     def drop(self, finished: list[int]) -> torch.Tensor | None:
         """Remove finished rows; returns the surviving row indices (None if nothing changed)."""

@@ -47,7 +47,7 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
     stats.drafter_calls += 1
     last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
     pending = [[t] for t in last.tolist()]  # emitted, not yet seen by the drafter
-    finished = batch.emit([[t] for t in last.tolist()])
+    finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     while True:
         survivors = batch.drop(finished)
@@ -108,11 +108,11 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
         else:  # a plain decoding step: the drafter saw nothing and catches up later
             pending = [pending[row] + [out_list[row][0]] for row in range(batch.rows)]
         last = out[torch.arange(batch.rows, device=device), accepted]
+        finished, used = batch.emit(new_tokens)
         stats.drafted += int(num_draft.sum())
-        stats.accepted += sum(accepted_list)
+        stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))  # drafts emitted, not cut at EOS
         stats.steps += 1
         stats.draft_lengths.append(k)
-        finished = batch.emit(new_tokens)
         step_seconds = time.perf_counter() - step_start
         outside = step_seconds - (target.seconds + drafter.seconds - forwards_before)
         draft_length.observe(k, target_seconds, drafter_seconds, outside, accepted_list, num_draft.tolist())

@@ -1,0 +1,190 @@
+"""Tiny models and tokenizers for the decoder tests; nothing here touches the model hub.
+
+- `byte_tokenizer()`: a byte-level tokenizer (every byte one token, ids 2..257) with <pad> = 0 and
+  <eos> = 1, built with the `tokenizers` library.
+- `tiny_llama()` / `tiny_gemma3()`: randomly initialised transformers causal LMs over that vocabulary,
+  small enough that a forward costs a few milliseconds on a CPU.
+- `TableLM`: a table-defined toy language model whose next-token distribution is known exactly: it
+  depends on the last two *valid* tokens of the context (a trigram table), which the model reads back
+  from its own KV cache through the attention mask. So cache holes, rollback, cropping and row
+  selection by the engine all change its output if they are wrong, and its exact sequence
+  distribution is a product of table rows. It also checks, on every call, that the position ids the
+  engine passes count only valid tokens.
+- `letter_tokenizer()`: one token per letter of `LETTERS`, plus <pad>, for `TableLM` prompts.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig,
+                          LlamaForCausalLM, PretrainedConfig, PreTrainedTokenizerFast)
+
+PAD_ID, EOS_ID = 0, 1
+BYTE_VOCAB = 258  # <pad>, <eos>, 256 bytes
+
+
+def _byte_level_tokenizer(vocab: dict[str, int], eos: str | None) -> PreTrainedTokenizerFast:
+    # BPE with no merges over ByteLevel symbols: every byte of the text is one token.
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token=eos,
+                                   padding_side="left")
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": PAD_ID, "<eos>": EOS_ID}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    return _byte_level_tokenizer(vocab, "<eos>")
+
+
+def tiny_llama(layers: int = 4, seed: int = 0, vocab: int = BYTE_VOCAB, hidden: int = 64) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+                         bos_token_id=None)
+    with torch.random.fork_rng():  # the same weights for the same seed, without touching the global RNG
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).eval()
+
+
+def tiny_gemma3(layers: int = 4, seed: int = 0, vocab: int = BYTE_VOCAB, sliding_window: int = 4096
+                ) -> Gemma3ForCausalLM:
+    config = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=1,
+                              head_dim=16, max_position_embeddings=2048, sliding_window=sliding_window,
+                              pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Gemma3ForCausalLM(config).eval()
+
+
+# ---- table-defined toy LM ----
+
+LETTERS = "abcd"  # token ids 0..3; <pad> is id 4 and is never generated (probability 0)
+TOY_PAD = len(LETTERS)
+TOY_VOCAB = len(LETTERS) + 1
+START = len(LETTERS)  # table row used as "previous token" when the context has a single token
+
+
+def letter_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {ch: i for i, ch in enumerate(LETTERS)}
+    vocab["<pad>"] = TOY_PAD
+    return _byte_level_tokenizer(vocab, None)
+
+
+def random_table(seed: int, zeros: int = 6) -> torch.Tensor:
+    """Probabilities [len(LETTERS)+1, len(LETTERS), TOY_VOCAB] (float64): row [prev2, prev1] is the
+    next-token distribution (prev2 = START for a context of one token). `zeros` entries are exactly 0,
+    never a whole row; the <pad> column is always 0."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(LETTERS)
+    probs = torch.rand(n + 1, n, n, generator=g, dtype=torch.float64) + 0.05
+    flat = probs.view(-1, n)
+    for i in torch.randperm(flat.shape[0], generator=g)[:zeros].tolist():
+        flat[i, int(torch.randint(n, (), generator=g))] = 0.0
+    probs = probs / probs.sum(-1, keepdim=True)
+    return torch.cat([probs, torch.zeros(n + 1, n, 1, dtype=torch.float64)], dim=-1)
+
+
+class TableLM(torch.nn.Module):
+    """A causal LM over `letter_tokenizer()` whose next-token probabilities are `table[prev2, prev1]`.
+
+    Speaks the interface the engine uses: forward(input_ids, attention_mask, position_ids,
+    past_key_values, use_cache, logits_to_keep, cache_position) -> .logits [B, n, V]. The token ids
+    themselves are stored as the cache's keys ([B, 1, n, 1]), so the model sees exactly what the
+    engine kept in its cache, and the attention mask says which of those positions are valid."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.register_buffer("log_table", table.log().float())  # log 0 = -inf: impossible tokens
+        self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=TOY_VOCAB)
+        self.generation_config = GenerationConfig()  # eos_token_id None: sequences end by length only
+        self.lm_head = torch.nn.Linear(1, TOY_VOCAB, bias=False)  # only its shape is used
+        self.calls = 0
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache=True,
+                logits_to_keep=0, cache_position=None, **kwargs):
+        self.calls += 1
+        batch, n = input_ids.shape
+        ids = input_ids.to(torch.float32).view(batch, 1, n, 1)
+        keys, _ = past_key_values.update(ids, ids, 0)
+        tokens = keys[:, 0, :, 0].long()  # [B, L]: every position the cache holds, holes included
+        length = tokens.shape[1]
+        if attention_mask.shape != (batch, length):
+            raise AssertionError(f"TableLM: attention mask {tuple(attention_mask.shape)} does not cover "
+                                 f"the cache ({batch}, {length})")
+        if cache_position is not None and cache_position.tolist() != list(range(length - n, length)):
+            raise AssertionError(f"TableLM: cache_position {cache_position.tolist()} != "
+                                 f"{length - n}..{length - 1}")
+        valid = attention_mask.bool()
+        expected_pos = valid.long().cumsum(1) - 1
+        new_valid = valid[:, -n:]
+        if not torch.equal(position_ids[new_valid], expected_pos[:, -n:][new_valid]):
+            raise AssertionError("TableLM: position ids do not count the valid tokens before each input")
+        if bool((tokens[valid] >= len(LETTERS)).any()):
+            raise AssertionError("TableLM: a valid cache position holds <pad>")
+        # For every position i: the index of the last valid position <= i (-1 if none).
+        index = torch.arange(length, device=tokens.device).expand(batch, length)
+        last_valid = torch.where(valid, index, -1).cummax(1).values
+        prev_index = torch.cat([torch.full_like(last_valid[:, :1], -1), last_valid[:, :-1]], dim=1)
+        prev2 = torch.where(prev_index >= 0, tokens.gather(1, prev_index.clamp(min=0)), START)
+        prev1 = tokens.clamp(max=len(LETTERS) - 1)  # holes / pads get some row; their logits are never used
+        logits = self.log_table[prev2[:, -n:], prev1[:, -n:]]  # [B, n, V]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits)
+
+
+def sequence_distribution(table: torch.Tensor, context: str, length: int, temperature: float = 1.0,
+                          top_k: int = 0) -> dict[str, float]:
+    """Exact probability of every continuation of `length` letters after `context` (>= 2 letters) under
+    `table`, sampled at `temperature` with top-k filtering (ties at the k-th value kept)."""
+    logits = table.log()
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k:
+        kth = logits.sort(-1, descending=True).values[..., top_k - 1:top_k]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    out = {"": 1.0}
+    for _ in range(length):
+        grown = {}
+        for seq, p in out.items():
+            full = context + seq
+            row = probs[LETTERS.index(full[-2]), LETTERS.index(full[-1])]
+            for t, ch in enumerate(LETTERS):
+                grown[seq + ch] = p * float(row[t])
+        out = grown
+    return out
+
+
+def cycle_table(peak: float = 0.85) -> torch.Tensor:
+    """A table whose greedy continuation is known: after two equal letters the letter repeats
+    ("aa" -> "aaaa..."), otherwise the next letter of the cycle a -> b -> c -> d -> a follows
+    ("ab" -> "cdab..."). The greedy choice has probability `peak`; every other letter shares the rest."""
+    n = len(LETTERS)
+    probs = torch.full((n + 1, n, TOY_VOCAB), (1 - peak) / (n - 1), dtype=torch.float64)
+    probs[..., TOY_PAD] = 0.0
+    for prev2 in range(n + 1):
+        for prev1 in range(n):
+            probs[prev2, prev1, :n] = (1 - peak) / (n - 1)
+            probs[prev2, prev1, prev1 if prev2 == prev1 else (prev1 + 1) % n] = peak
+    return probs
+
+
+def greedy_cycle(context: str, length: int) -> str:
+    """The greedy continuation of `context` under `cycle_table()`."""
+    text = context
+    for _ in range(length):
+        prev1 = text[-1]
+        same = len(text) >= 2 and text[-2] == prev1
+        text += prev1 if same else LETTERS[(LETTERS.index(prev1) + 1) % len(LETTERS)]
+    return text[len(context):]
