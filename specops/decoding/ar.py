@@ -10,15 +10,17 @@ import torch
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
 
 
-def prefill(target: CausalLM, batch: Batch) -> tuple[KVState, torch.Tensor]:
-    """Run the prompts through the target; returns its state and the logits [B, V] at the last position."""
-    state = KVState(target, batch.rows)
+def prefill(lm: CausalLM, batch: Batch, stats: Stats) -> tuple[KVState, torch.Tensor]:
+    """Run the prompts through a model; returns its state and the logits [B, V] at the last position."""
+    start = time.perf_counter()
+    state = KVState(lm, batch.rows)
     logits = state.append(batch.prompt_ids, batch.prompt_mask.bool(), keep=1)
+    stats.prefill_seconds += time.perf_counter() - start
     return state, logits[:, -1]
 
 
 def decode_ar(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor, stats: Stats) -> None:
-    state, logits = prefill(target, batch)
+    state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
     step = 0
     while batch.rows:

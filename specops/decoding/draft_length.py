@@ -80,6 +80,13 @@ class DraftLength:
         expected = (1 - a ** (k + 1)) / (1 - a)
         return expected / (k * (self.draft_cost or 0.0) + target + (self.step_cost or 0.0))
 
+    def _could_pay(self) -> bool:
+        """Whether one draft would beat plain decoding even if it were always accepted."""
+        plain = self.rate(0)
+        single = self._target(2)
+        return plain is None or single is None or 2.0 / (
+            (self.draft_cost or 0.0) + single + (self.step_cost or 0.0)) > plain
+
     def choose(self) -> int:
         if self.fixed is not None:
             return self.fixed
@@ -93,7 +100,7 @@ class DraftLength:
         # Plain decoding measures no acceptance: probe one draft now and then, or an unlucky start would
         # lock decoding into K = 0 for good.
         self.plain_steps = self.plain_steps + 1 if best == 0 else 0
-        if best == 0 and self.plain_steps % _PROBE_EVERY == 0:
+        if best == 0 and self.plain_steps % _PROBE_EVERY == 0 and self._could_pay():
             return 1
         # Measure an unmeasured neighbour before settling: extrapolated costs can mislead.
         for k in (best - 1, best + 1):

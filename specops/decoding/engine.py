@@ -160,6 +160,7 @@ class Stats:
     accepted: int = 0
     steps: int = 0
     seconds: float = 0.0
+    prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     forward_seconds: float = 0.0
@@ -179,7 +180,7 @@ class Stats:
 
     @property
     def other_seconds(self) -> float:
-        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+        return max(0.0, self.seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
 
     @property
     def overhead_fraction(self) -> float:
@@ -192,8 +193,9 @@ class Stats:
         if self.drafted:
             text += (f", drafter calls {self.drafter_calls}, accepted {self.accepted}/{self.drafted} "
                      f"({self.acceptance:.0%})")
-        text += (f", time: draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s, "
-                 f"other {self.other_seconds:.2f} s, outside forwards {self.overhead_fraction:.1%}")
+        text += (f", time: prefill {self.prefill_seconds:.2f} s, draft {self.draft_seconds:.2f} s, "
+                 f"verify {self.verify_seconds:.2f} s, other {self.other_seconds:.2f} s, "
+                 f"outside forwards {self.overhead_fraction:.1%}")
         return text
 
 

@@ -12,7 +12,7 @@ import torch
 from specops import ops, reference
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
-from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
+from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
 
 
 def draft_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -40,10 +40,9 @@ def _left_aligned(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Te
 def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor,
               stats: Stats, draft_length: DraftLength, generator: torch.Generator) -> None:
     device = target.device
-    target_state, logits = prefill(target, batch)
+    target_state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
-    drafter_state = KVState(drafter, batch.rows)
-    drafter_state.append(batch.prompt_ids, batch.prompt_mask.bool(), keep=1)
+    drafter_state, _ = prefill(drafter, batch, stats)
     stats.drafter_calls += 1
     last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
     pending = [[t] for t in last.tolist()]  # emitted, not yet seen by the drafter

@@ -289,6 +289,22 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
 
 
 @triton.jit
+def _stop_tile_weights(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr,
+                       num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, b64, tile,
+                       stride_lb, stride_lj, stride_db, stride_pb, stride_pj, V,
+                       HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """`_tile_weights` of one tile of request b's row at its sampling position, as `_chain_kernel` left it."""
+    j = tl.load(num_accepted_ptr + b64)
+    bonus = j == tl.load(num_draft_ptr + b64)
+    draft = tl.load(draft_tokens_ptr + b64 * stride_db + j, mask=bonus == 0, other=-1)
+    row_ptr = logits_ptr + b64 * stride_lb + j * stride_lj
+    probs_ptr = draft_probs_ptr + b64 * stride_pb + j * stride_pj
+    return _tile_weights(row_ptr, probs_ptr, draft, bonus, tile, tl.load(temperature_ptr + b64),
+                         tl.load(row_max_ptr + b64), tl.load(row_z_ptr + b64), tl.load(row_cut_ptr + b64), V,
+                         HAS_PROBS, BLOCK_V)
+
+
+@triton.jit
 def _residual_partials_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr,
                               num_accepted_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_emitted_ptr,
                               mass_r_ptr, mass_p_ptr,
@@ -301,15 +317,10 @@ def _residual_partials_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num
     tile = tl.program_id(1)
     if tl.load(row_emitted_ptr + b) == 0:
         b64 = b.to(tl.int64)
-        j = tl.load(num_accepted_ptr + b)
-        bonus = j == tl.load(num_draft_ptr + b)
-        draft = tl.load(draft_tokens_ptr + b64 * stride_db + j, mask=bonus == 0, other=-1)
-        temperature = tl.load(temperature_ptr + b)
-        row_ptr = logits_ptr + b64 * stride_lb + j * stride_lj
-        probs_ptr = draft_probs_ptr + b64 * stride_pb + j * stride_pj
-        offs, in_row, p, residual = _tile_weights(
-            row_ptr, probs_ptr, draft, bonus, tile, temperature, tl.load(row_max_ptr + b), tl.load(row_z_ptr + b),
-            tl.load(row_cut_ptr + b), V, HAS_PROBS, BLOCK_V)
+        offs, in_row, p, residual = _stop_tile_weights(
+            logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, num_accepted_ptr,
+            row_max_ptr, row_z_ptr, row_cut_ptr, b64, tile, stride_lb, stride_lj, stride_db, stride_pb, stride_pj,
+            V, HAS_PROBS, BLOCK_V)
         slot = b64 * n_tiles + tile
         tl.store(mass_r_ptr + slot, tl.sum(residual.to(tl.float64), 0))
         tl.store(mass_p_ptr + slot, tl.sum(p.to(tl.float64), 0))
@@ -330,7 +341,6 @@ def _sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr,
     if tl.load(row_emitted_ptr + b) == 0:
         b64 = b.to(tl.int64)
         j = tl.load(num_accepted_ptr + b)
-        bonus = j == tl.load(num_draft_ptr + b)
         seed = tl.load(seed_ptr + b)
         tiles = tl.arange(0, BLOCK_T)
         tile_ok = tiles < n_tiles
@@ -349,13 +359,10 @@ def _sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr,
         tile = tl.where(found, hit_tile, last_tile)
         prefix = tl.sum(tl.where(tiles < tile, mass, 0.0), 0)
 
-        draft = tl.load(draft_tokens_ptr + b64 * stride_db + j, mask=bonus == 0, other=-1)
-        temperature = tl.load(temperature_ptr + b)
-        row_ptr = logits_ptr + b64 * stride_lb + j * stride_lj
-        probs_ptr = draft_probs_ptr + b64 * stride_pb + j * stride_pj
-        offs, in_row, p, residual = _tile_weights(
-            row_ptr, probs_ptr, draft, bonus, tile, temperature, tl.load(row_max_ptr + b), tl.load(row_z_ptr + b),
-            tl.load(row_cut_ptr + b), V, HAS_PROBS, BLOCK_V)
+        offs, in_row, p, residual = _stop_tile_weights(
+            logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, num_accepted_ptr,
+            row_max_ptr, row_z_ptr, row_cut_ptr, b64, tile, stride_lb, stride_lj, stride_db, stride_pb, stride_pj,
+            V, HAS_PROBS, BLOCK_V)
         w = tl.where(use_r, residual, p).to(tl.float64)
         cum = prefix + tl.cumsum(w, 0)
         hit = tl.min(tl.where(in_row & (cum > target), offs, V), 0)

@@ -1,0 +1,148 @@
+"""The `specops` command line.
+
+    specops generate "def fibonacci(n):"                       # target gemma-3-270m, method auto
+    specops generate "def f(x):" --drafter self:6 --compare    # speculative, against autoregressive
+    echo "def f(x):" | specops generate -                      # prompt from stdin
+
+The generated text streams to stdout as tokens are accepted; statistics go to stderr, so stdout holds
+only the text. Bad settings exit with status 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+_MODELS = "gemma-3-270m, smollm2-135m"  # specops.models.names(), without importing transformers for --help
+
+
+def _draft_tokens(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer, got {value!r}") from None
+
+
+def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("prompt", nargs="?",
+                        help="the prompt; '-' or none reads it from stdin")
+    parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
+    parser.add_argument("--method", choices=("auto", "ar", "sd"), default="auto",
+                        help="decoding method: auto (sd with a drafter, else ar), ar (autoregressive) or sd "
+                             "(speculative decoding)")
+    parser.add_argument("--target", default="gemma-3-270m", help=f"target model, an embedded name ({_MODELS})")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter: an embedded model name with the target's vocabulary, or 'self:N' (the "
+                             "target's first N layers); none means autoregressive decoding")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 keeps all")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps all")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (sampling); none draws one")
+    parser.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="{auto,N}",
+                        help="drafts per step: an integer, or auto (chosen from measured costs)")
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="stop when this text appears (repeatable); it is not printed")
+    parser.add_argument("--echo", action="store_true", help="print the prompt before the generated text")
+    parser.add_argument("--compare", action="store_true",
+                        help="also decode with method ar and the same settings; print the speedup (tok/s "
+                             "ratio) and, when greedy, whether the outputs are identical")
+    return parser
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("specops")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _parser() -> argparse.ArgumentParser:
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    generate = _generate_parser(argparse.ArgumentParser(prog="specops generate", formatter_class=formatter))
+    parser = argparse.ArgumentParser(
+        prog="specops", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Speculative decoding for PyTorch: generate text with the embedded models.",
+        epilog=generate.format_help())
+    parser.add_argument("--version", action="version", version=f"specops {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate}")
+    _generate_parser(commands.add_parser("generate", formatter_class=formatter,
+                                         help="generate a continuation of a prompt",
+                                         description="Generate a continuation of a prompt; the text streams to "
+                                                     "stdout, one statistics line goes to stderr."))
+    return parser
+
+
+def _read_prompt(args) -> str:
+    if args.prompt_file is not None:
+        if args.prompt not in (None, "-"):
+            raise ValueError("give the prompt either as an argument or with --prompt-file, not both")
+        with open(args.prompt_file, encoding="utf-8") as f:
+            return f.read()
+    if args.prompt is None or args.prompt == "-":
+        if args.prompt is None and sys.stdin.isatty():
+            raise ValueError("no prompt: give one as an argument, with --prompt-file, or on stdin")
+        return sys.stdin.read()
+    return args.prompt
+
+
+def _stream(request: int, text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _generate(args) -> int:
+    import torch
+
+    import specops
+
+    prompt = _read_prompt(args)
+    target, tokenizer = specops.models.load(args.target)
+    drafter, drafter_tokenizer = args.drafter, None
+    if drafter is not None and not drafter.startswith("self:"):
+        drafter, drafter_tokenizer = specops.models.load(drafter)
+    # --compare needs both runs on the same random numbers, so a missing seed is drawn here, once.
+    seed = args.seed if args.seed is not None else int(torch.randint(0, 2**31, ()))
+    settings = dict(target=target, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
+    method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,
+                  num_draft_tokens=args.num_draft_tokens)
+    if args.compare:  # the first forwards of a process are slow: keep them out of both timings
+        specops.decode(prompt, **method, **{**settings, "max_new_tokens": min(4, args.max_new_tokens)})
+    if args.echo:
+        _stream(0, prompt)
+    result = specops.decode(prompt, **method, stream=_stream, **settings)
+    if not result.text.endswith("\n"):
+        _stream(0, "\n")
+    print(result.stats.summary(), file=sys.stderr, flush=True)
+    if args.compare:
+        baseline = specops.decode(prompt, method="ar", **settings)
+        print(f"ar: {baseline.stats.summary()}", file=sys.stderr)
+        ratio = (result.stats.tokens_per_second / baseline.stats.tokens_per_second
+                 if baseline.stats.tokens_per_second else float("nan"))
+        line = (f"compare: {result.stats.tokens_per_second:.1f} tok/s vs ar {baseline.stats.tokens_per_second:.1f} "
+                f"tok/s, speedup {ratio:.2f}x")
+        if args.temperature == 0:
+            line += f"; greedy outputs identical: {'yes' if result.tokens == baseline.tokens else 'no'}"
+        print(line, file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _generate(args)
+    except (ValueError, ImportError, OSError) as error:  # bad settings, a missing package or file
+        print(f"specops: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
