@@ -53,7 +53,7 @@ from _timing import CpuLoad, format_table, machine_info, write_csv
 MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0)}
 WARMUP_TOKENS = 8
 COLUMNS = ["mode", "config", "tokens", "seconds", "tok/s", "vs_peer", "vs_ar", "calls/tok", "drafter_calls",
-           "acceptance", "mean_K", "draft_s", "verify_s", "other_s", "outside_fwd", "same_as_ar", "same_as_hf",
+           "acceptance", "mean_K", "prefill_s", "draft_s", "verify_s", "other_s", "outside_fwd", "same_as_ar", "same_as_hf",
            "others"]
 
 
@@ -72,6 +72,7 @@ class Record:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    prefill_seconds: float | None = None
     draft_seconds: float | None = None
     verify_seconds: float | None = None
     forward_seconds: float = 0.0
@@ -84,6 +85,7 @@ class Record:
         self.drafted += stats.drafted
         self.accepted += stats.accepted
         self.steps += stats.steps
+        self.prefill_seconds = (self.prefill_seconds or 0.0) + stats.prefill_seconds
         self.draft_seconds = (self.draft_seconds or 0.0) + stats.draft_seconds
         self.verify_seconds = (self.verify_seconds or 0.0) + stats.verify_seconds
         self.forward_seconds += stats.forward_seconds
@@ -308,7 +310,8 @@ def rows_of(records: list[Record]) -> list[dict]:
             ar_ref = by_name.get((r.mode, "specops ar (batch)"))
         else:
             ar_ref = ar
-        other = (r.seconds - r.draft_seconds - r.verify_seconds) if r.draft_seconds is not None else None
+        other = (r.seconds - r.prefill_seconds - r.draft_seconds - r.verify_seconds
+                 if r.draft_seconds is not None else None)
         rows.append({
             "mode": r.mode, "config": r.config, "tokens": r.tokens, "seconds": round(r.seconds, 3),
             "tok/s": round(r.tokens_per_second, 2),
@@ -319,6 +322,7 @@ def rows_of(records: list[Record]) -> list[dict]:
             "drafter_calls": r.drafter_calls if r.drafter_calls else None,
             "acceptance": round(r.accepted / r.drafted, 3) if r.drafted else None,
             "mean_K": round(r.drafted / r.steps, 2) if r.drafted and r.steps else None,
+            "prefill_s": round(r.prefill_seconds, 3) if r.prefill_seconds is not None else None,
             "draft_s": round(r.draft_seconds, 3) if r.draft_seconds is not None else None,
             "verify_s": round(r.verify_seconds, 3) if r.verify_seconds is not None else None,
             "other_s": round(other, 3) if other is not None else None,
