@@ -20,4 +20,8 @@ TORCH_LIBRARY(specops, m) {
       "chain_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
       "Tensor num_draft, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
       "SymInt offset, bool validate=True) -> (Tensor, Tensor)");
+  // Context n-gram drafts: top k continuations of earlier matches of each row's last tokens.
+  m.def(
+      "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "
+      "int width, bool validate=True) -> (Tensor, Tensor, Tensor)");
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify"]
+__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -157,3 +157,64 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
             break
         num_accepted[b] = j
     return out, num_accepted
+
+
+# ngram_match ranks a continuation by one int64 key: (level << 56) | (count << 28) | recency, so
+# every backend sorts the same way with one integer comparison. Contexts are shorter than 2**28 tokens.
+NGRAM_KEY_BITS = 28
+
+
+def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor, min_ngram: int, max_ngram: int,
+                num_candidates: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Context n-gram drafts (paper 001, section 4.2), row by row with torch `unfold`.
+
+    Row b's context is ctx = tokens[b, :lengths[b]], n tokens. For each earlier end position e < n - 1,
+    m(e) is the length of the longest common suffix of ctx[:e+1] and ctx, capped at max_ngram (the
+    query, the last q tokens, may overlap the match). e is an occurrence if m(e) >= min_ngram; its
+    continuation is ctx[e+1 : e+1+width], -1 past the end of the context. For every distinct
+    continuation c: level L(c) = the longest match among its occurrences, count N(c) = how many of its
+    occurrences match at that level, recency R(c) = the latest of those. Continuations rank by
+    L, then N, then R, all descending (longest match first, then frequency, ties to the most recent).
+
+    Returns candidates [B, k, width] int64 (-1 where there is no candidate), counts [B, k] int64 and
+    ngram [B, k] int64 (the level L; 0 where there is no candidate), k = num_candidates.
+    """
+    batch = tokens.shape[0]
+    device = tokens.device
+    candidates = torch.full((batch, num_candidates, width), -1, dtype=torch.int64, device=device)
+    counts = torch.zeros(batch, num_candidates, dtype=torch.int64, device=device)
+    ngram = torch.zeros(batch, num_candidates, dtype=torch.int64, device=device)
+    for b in range(batch):
+        n = int(lengths[b])
+        if n < 2:
+            continue
+        ctx = tokens[b, :n].long()
+        # match[q - 1, e]: the q tokens ending at e equal the last q tokens (e < n - 1: earlier ends only).
+        match_len = torch.zeros(n - 1, dtype=torch.int64, device=device)
+        for q in range(1, min(max_ngram, n - 1) + 1):
+            grams = ctx[: n - 1].unfold(0, q, 1)  # grams[s] = ctx[s : s + q], ending at e = s + q - 1
+            hit = (grams == ctx[n - q:]).all(-1)
+            match_len[q - 1:] = torch.where(hit, q, match_len[q - 1:])
+        # Longest common suffix is monotone: a q-match implies every shorter one, so the largest hit
+        # is the length (the loop above writes increasing q last).
+        ends = torch.nonzero(match_len >= min_ngram).flatten()
+        if ends.numel() == 0:
+            continue
+        level_of = match_len[ends]
+        padded = torch.cat([ctx, torch.full((width,), -1, dtype=torch.int64, device=device)])
+        conts = padded[(ends + 1).unsqueeze(1) + torch.arange(width, device=device)]
+        unique, inverse = torch.unique(conts, dim=0, return_inverse=True)
+        groups = unique.shape[0]
+        level = torch.zeros(groups, dtype=torch.int64, device=device).scatter_reduce(
+            0, inverse, level_of, "amax", include_self=False)
+        at_level = level_of == level[inverse]
+        count = torch.zeros(groups, dtype=torch.int64, device=device).scatter_add(0, inverse, at_level.long())
+        recency = torch.full((groups,), -1, dtype=torch.int64, device=device).scatter_reduce(
+            0, inverse, torch.where(at_level, ends, -1), "amax")
+        key = (level << (2 * NGRAM_KEY_BITS)) | (count << NGRAM_KEY_BITS) | recency
+        take = min(num_candidates, groups)
+        order = torch.argsort(key, descending=True)[:take]
+        candidates[b, :take] = unique[order]
+        counts[b, :take] = count[order]
+        ngram[b, :take] = level[order]
+    return candidates, counts, ngram
