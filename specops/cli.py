@@ -20,18 +20,24 @@ def _draft_tokens(value: str):
     if value == "auto":
         return value
     try:
-        return int(value)
+        parts = [int(v) for v in value.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer, got {value!r}") from None
+        parts = []
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return tuple(parts)
+    raise argparse.ArgumentTypeError(f"must be 'auto', an integer N or K,W, got {value!r}")
 
 
 def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("prompt", nargs="?",
                         help="the prompt; '-' or none reads it from stdin")
     parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
-    parser.add_argument("--method", choices=("auto", "ar", "sd"), default="auto",
-                        help="decoding method: auto (sd with a drafter, else ar), ar (autoregressive) or sd "
-                             "(speculative decoding)")
+    parser.add_argument("--method", choices=("auto", "ar", "sd", "ngram"), default="auto",
+                        help="decoding method: auto (sd with a drafter, else ar), ar (autoregressive), sd "
+                             "(speculative decoding with a drafter) or ngram (drafts from the context and the "
+                             "model's own n-grams, no drafter)")
     parser.add_argument("--target", default="gemma-3-270m", help=f"target model, an embedded name ({_MODELS})")
     parser.add_argument("--drafter", default=None,
                         help="drafter: an embedded model name with the target's vocabulary, or 'self:N' (the "
@@ -41,8 +47,12 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 keeps all")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps all")
     parser.add_argument("--seed", type=int, default=None, help="random seed (sampling); none draws one")
-    parser.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="{auto,N}",
-                        help="drafts per step: an integer, or auto (chosen from measured costs)")
+    parser.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="{auto,N,K,W}",
+                        help="drafts per step: auto (chosen from measured costs), an integer, or for ngram K,W "
+                             "(K rows of W tokens)")
+    parser.add_argument("--ngram-tables", choices=("bigram", "unigram", "none"), default="bigram",
+                        help="ngram: model-derived n-grams for rows the context cannot fill; bigram is computed "
+                             "once per model (minutes on a CPU, with a progress bar) and cached")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="stop when this text appears (repeatable); it is not printed")
     parser.add_argument("--echo", action="store_true", help="print the prompt before the generated text")
@@ -110,7 +120,7 @@ def _generate(args) -> int:
     settings = dict(target=target, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
     method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,
-                  num_draft_tokens=args.num_draft_tokens)
+                  num_draft_tokens=args.num_draft_tokens, ngram_tables=args.ngram_tables)
     if args.compare:  # the first forwards of a process are slow: keep them out of both timings
         specops.decode(prompt, **method, **{**settings, "max_new_tokens": min(4, args.max_new_tokens)})
     if args.echo:

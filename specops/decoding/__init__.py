@@ -1,7 +1,8 @@
 """`specops.decode`: the front door to every decoding method, on one shared engine (engine.py).
 
-Methods: "ar" (autoregressive, the baseline) and "sd" (standard speculative decoding with a
-same-vocabulary drafter). "auto" picks "sd" when a drafter is given, else "ar".
+Methods: "ar" (autoregressive, the baseline), "sd" (standard speculative decoding with a
+same-vocabulary drafter) and "ngram" (learning-free drafts from the context and the model's own
+n-grams, no drafter). "auto" picks "sd" when a drafter is given, else "ar".
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import torch
 
 from specops.decoding.ar import decode_ar
 from specops.decoding.draft_length import DraftLength
+from specops.decoding.draft_shape import DraftShape
 from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats
+from specops.decoding.ngram import NgramDrafter, decode_ngram
 from specops.decoding.sd import decode_sd
+from specops.decoding import model_ngrams
 from specops.decoding.self_draft import truncated
 
 __all__ = ["decode", "DecodeResult", "METHODS"]
 
-METHODS = ("auto", "ar", "sd")
+METHODS = ("auto", "ar", "sd", "ngram")
+NGRAM_TABLES = ("bigram", "unigram", "none")
 
 
 @dataclass
@@ -70,13 +75,17 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
 
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None) -> DecodeResult:
+           num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None,
+           ngram_tables: str = "bigram") -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
     "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. method: "auto"
-    (sd with a drafter, else ar), "ar" or "sd". Greedy at temperature 0. num_draft_tokens: an int, or
-    "auto" to choose it each step from measured forward costs and acceptance. seed: makes sampling
+    (sd with a drafter, else ar), "ar", "sd" or "ngram". Greedy at temperature 0. num_draft_tokens: an
+    int, or "auto" to choose it each step from measured costs and acceptance; for "ngram" an int w is one
+    row of w tokens and a tuple (k, w) is k rows of w tokens. ngram_tables: the model-derived n-grams
+    "ngram" fills rows with when the context has too few matches: "bigram" (computed once per model,
+    with a progress bar, and cached on disk), "unigram" (from the embeddings, instant) or "none". seed: makes sampling
     reproducible. stop: strings that end a request (excluded from its text). stream: called as
     stream(request_index, text) with each new piece of text as tokens are accepted.
     """
@@ -94,7 +103,10 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError("decode: stop must be a non-empty string or a list of them")
     if stream is not None and not callable(stream):
         raise TypeError("decode: stream must be callable as stream(request_index, text)")
-    draft_length = DraftLength(num_draft_tokens)
+    if method != "ngram":
+        draft_length = DraftLength(num_draft_tokens)
+    if ngram_tables not in NGRAM_TABLES:
+        raise ValueError(f"decode: ngram_tables must be one of {', '.join(NGRAM_TABLES)}, got {ngram_tables!r}")
 
     target_model, tokenizer = _resolve_model(target, tokenizer, "target")
     if method == "auto":
@@ -125,6 +137,13 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
                          f"has {target_lm.vocab_size}; method 'sd' needs the same vocabulary")
 
+    if method == "ngram":
+        shape = DraftShape(num_draft_tokens, target_model, target_lm.device)
+        bigram = unigram = None  # built (once per model) before the clock starts
+        if ngram_tables == "bigram":
+            bigram = model_ngrams.bigram(target_model, tokenizer, top=max(8, shape.k_max))
+        elif ngram_tables == "unigram":
+            unigram = model_ngrams.unigram(target_model, top=shape.k_max)
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()))
@@ -138,6 +157,8 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         if max_new_tokens > 0:
             if method == "ar":
                 decode_ar(target_lm, batch, params, seeds, stats)
+            elif method == "ngram":
+                decode_ngram(target_lm, batch, params, seeds, stats, NgramDrafter(batch, bigram, unigram), shape)
             else:
                 decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, generator)
     stats.seconds = time.perf_counter() - start

@@ -17,6 +17,45 @@ def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - _EMA) * old + _EMA * new
 
 
+class CostCurve:
+    """Measured seconds per forward (or per step) as a function of the tokens it carries: an EMA per
+    measured size, linear between measured sizes and beyond them."""
+
+    def __init__(self):
+        self.points: dict[int, float] = {}
+
+    def __contains__(self, n: int) -> bool:
+        return n in self.points
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def observe(self, n: int, seconds: float) -> None:
+        self.points[n] = _ema(self.points.get(n), seconds)
+
+    def largest(self) -> int:
+        return max(self.points, default=0)
+
+    def __call__(self, n: int) -> float | None:
+        """Predicted cost at n: measured, or linear between / beyond the nearest measured sizes (flat
+        from a single point); None before any measurement."""
+        if n in self.points:
+            return self.points[n]
+        known = sorted(self.points)
+        if not known:
+            return None
+        below = [m for m in known if m < n]
+        above = [m for m in known if m > n]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif len(known) >= 2:
+            lo, hi = (known[-2], known[-1]) if below else (known[0], known[1])
+        else:
+            return self.points[known[0]]
+        slope = (self.points[hi] - self.points[lo]) / (hi - lo)
+        return max(self.points[lo] + slope * (n - lo), 1e-9)
+
+
 class DraftLength:
     """Chooses the number of drafts per step: fixed, or "auto" from measured costs and acceptance."""
 
@@ -29,7 +68,7 @@ class DraftLength:
             raise ValueError(f"num_draft_tokens must be 'auto' or an int >= 1, got {setting!r}")
         self.max_drafts = max(max_drafts, self.fixed or 0)
         self.current = self.fixed or min(initial, max_drafts)
-        self.target_cost: dict[int, float] = {}  # new tokens -> seconds per target forward
+        self.target_cost = CostCurve()  # new tokens -> seconds per target forward
         self.draft_cost: float | None = None  # seconds per drafter forward
         self.step_cost: float | None = None  # seconds per step outside forwards
         self.accepted = 1.0  # Beta(1, 1) prior on the acceptance rate
@@ -44,7 +83,7 @@ class DraftLength:
                 step_seconds: float, accepted: list[int], num_draft: list[int]) -> None:
         """One step's measurements: K, target forward time, drafter time per call, time outside
         forwards, and per row the accepted count and the number of drafts it could accept."""
-        self.target_cost[drafts + 1] = _ema(self.target_cost.get(drafts + 1), target_seconds)
+        self.target_cost.observe(drafts + 1, target_seconds)
         if draft_seconds_per_call is not None:
             self.draft_cost = _ema(self.draft_cost, draft_seconds_per_call)
         self.step_cost = _ema(self.step_cost, step_seconds)
@@ -52,28 +91,9 @@ class DraftLength:
             self.accepted += n
             self.rejected += 1 if n < k else 0
 
-    def _target(self, n: int) -> float | None:
-        """Predicted target forward cost over n tokens: measured, or linear between / beyond the
-        nearest measured points (flat from a single point)."""
-        if n in self.target_cost:
-            return self.target_cost[n]
-        known = sorted(self.target_cost)
-        if not known:
-            return None
-        below = [m for m in known if m < n]
-        above = [m for m in known if m > n]
-        if below and above:
-            lo, hi = below[-1], above[0]
-        elif len(known) >= 2:
-            lo, hi = (known[-2], known[-1]) if below else (known[0], known[1])
-        else:
-            return self.target_cost[known[0]]
-        slope = (self.target_cost[hi] - self.target_cost[lo]) / (hi - lo)
-        return max(self.target_cost[lo] + slope * (n - lo), 1e-9)
-
     def rate(self, k: int) -> float | None:
         """Predicted tokens per second with k drafts (None while its cost is unknown)."""
-        target = self._target(k + 1)
+        target = self.target_cost(k + 1)
         if target is None or (k > 0 and self.draft_cost is None):
             return None
         a = self.acceptance
@@ -83,7 +103,7 @@ class DraftLength:
     def _could_pay(self) -> bool:
         """Whether one draft would beat plain decoding even if it were always accepted."""
         plain = self.rate(0)
-        single = self._target(2)
+        single = self.target_cost(2)
         return plain is None or single is None or 2.0 / (
             (self.draft_cost or 0.0) + single + (self.step_cost or 0.0)) > plain
 

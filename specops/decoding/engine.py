@@ -12,6 +12,7 @@ slots, so holes must not count) over a cache that keeps every slot.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +20,98 @@ import torch
 from specops import ops
 
 __all__ = ["CausalLM", "KVState", "Batch", "Stats", "SamplingParams"]
+
+
+_CPU_FORWARD_OK: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+
+
+def _stationary(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """rows [n, d] @ weight[out, d]^T computed as weight @ rows^T, which streams the weight once.
+
+    For a few rows, the BLAS path F.linear takes reads the weight about once per row on our CPUs (MKL on
+    AMD EPYC: Gemma-3-270M's 262,144 x 640 output head takes 57 ms for 1 row, 126 ms for 2, 105 ms for
+    4), while weight @ rows^T streams it once (23 ms for 2 rows, 26 ms for 4). One row is padded to two
+    so that it does not fall to GEMV, which is as slow."""
+    n = rows.shape[0]
+    if n == 1:
+        rows = torch.cat([rows, rows])
+    return (weight @ rows.T).T[:n]
+
+
+def _linear_forward(module: torch.nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] > _STATIONARY_ROWS:
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+        out = _stationary(module.weight, rows)
+        if module.bias is not None:
+            out = out + module.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    return forward
+
+
+_STATIONARY_ROWS = 8  # beyond this many rows F.linear's GEMM is as fast
+
+
+class _CpuForward:
+    """Forwards of a CPU float32 model with every linear layer weight-stationary (`_stationary`).
+
+    Decoding feeds 1 to a few tokens per forward, exactly where F.linear is slowest on our CPUs, and
+    verification feeds several: this decides whether speculation can pay on a CPU, and plain decoding
+    gets the same forwards. The model's own modules are routed for the duration of a call only, and the
+    output projection is applied here (then the final soft-cap, if the model has one). Used only after a
+    probe shows the result reproduces the model's own logits."""
+
+    def __init__(self, model):
+        self.base = model.get_decoder()
+        self.weight = model.get_output_embeddings().weight
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.linears = [m for m in self.base.modules() if type(m) is torch.nn.Linear]
+
+    def __call__(self, keep: int, **kwargs) -> torch.Tensor:
+        """Logits [B, keep, V] of the last `keep` inputs of base(**kwargs)."""
+        saved = [module.__dict__.get("forward") for module in self.linears]
+        for module in self.linears:
+            module.forward = _linear_forward(module)
+        try:
+            hidden = self.base(**kwargs).last_hidden_state[:, -keep:]
+        finally:
+            for module, forward in zip(self.linears, saved):
+                if forward is None:
+                    del module.forward
+                else:
+                    module.forward = forward
+        batch, n, dim = hidden.shape
+        logits = _stationary(self.weight, hidden.reshape(batch * n, dim)).reshape(batch, n, -1)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @staticmethod
+    def usable(model) -> bool:
+        """Whether `model` is a CPU float32 causal LM whose logits this path reproduces (probed once)."""
+        known = _CPU_FORWARD_OK.get(model)
+        if known is not None:
+            return known
+        ok = False
+        try:
+            head = model.get_output_embeddings()
+            if (isinstance(head, torch.nn.Linear) and head.bias is None and head.weight.device.type == "cpu"
+                    and head.weight.dtype == torch.float32 and hasattr(model, "get_decoder")):
+                ids = torch.arange(3).unsqueeze(0) % head.weight.shape[0]
+                with torch.inference_mode():
+                    want = model(input_ids=ids, use_cache=False).logits
+                    got = _CpuForward(model)(3, input_ids=ids, use_cache=False)
+                ok = want.shape == got.shape and torch.allclose(want, got, rtol=1e-4, atol=1e-4)
+        except Exception:  # any model that does not fit the pattern keeps its own forward
+            ok = False
+        try:
+            _CPU_FORWARD_OK[model] = ok
+        except TypeError:
+            pass
+        return ok
 
 
 class CausalLM:
@@ -36,6 +129,7 @@ class CausalLM:
         window = getattr(config, "sliding_window", None)
         self.window = window if window and "sliding_attention" in self.layer_types else None
         self.eager = getattr(config, "_attn_implementation", None) == "eager"
+        self.cpu_forward = _CpuForward(model) if _CpuForward.usable(model) else None
         self.calls = 0
         self.seconds = 0.0
 
@@ -49,39 +143,63 @@ class CausalLM:
         except TypeError:  # older transformers: no config argument
             return DynamicCache()
 
-    def _masks(self, valid: torch.Tensor, positions: torch.Tensor, new: int):
+    def _masks(self, valid: torch.Tensor, positions: torch.Tensor, new: int, tree: torch.Tensor | None = None):
         """Per-layer-type 4-D masks [B, 1, new, L] from slot validity and position ids: a query sees the
         valid keys at positions <= its own (and, in sliding layers, within the window), and always its
-        own slot, so padding and hole queries never attend to nothing."""
+        own slot, so padding and hole queries never attend to nothing. With `tree` [B, new, new] (query
+        i may see new slot j), the new slots see each other only along the tree: a draft tree's nodes
+        see their ancestors, not their cousins."""
         total = valid.shape[1]
         delta = positions[:, -new:, None] - positions[:, None, :]
         own = torch.arange(total, device=valid.device)[None, :] == torch.arange(total - new, total,
                                                                                  device=valid.device)[:, None]
-        full = (valid.bool()[:, None, :] & (delta >= 0)) | own
-        masks = {"full_attention": full, "sliding_attention": (full & (delta < self.window)) | own}
+        full = valid.bool()[:, None, :] & (delta >= 0)
+        if tree is not None:
+            full[:, :, total - new:] &= tree
+        full |= own
+        masks = {"full_attention": full}
+        if self.window is not None:
+            masks["sliding_attention"] = (full & (delta < self.window)) | own
         for name, mask in masks.items():
             mask = mask.unsqueeze(1)
             if self.eager:  # eager attention adds the mask to its scores
                 mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=mask.device).masked_fill(
                     ~mask, torch.finfo(self.model.dtype).min)
             masks[name] = mask
-        return {t: masks[t] for t in self.layer_types} if len(self.layer_types) > 1 else masks[self.layer_types[0]]
+        if len(self.layer_types) > 1:
+            return {t: masks[t] for t in self.layer_types}
+        return masks[self.layer_types[0] if self.layer_types else "full_attention"]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache,
-                keep: int, all_positions: torch.Tensor) -> torch.Tensor:
+                keep: int, all_positions: torch.Tensor, tree: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, keep, V] (float32) of the last `keep` inputs, appending the inputs to `cache`.
-        attention_mask [B, L] marks valid slots (cache and inputs); all_positions [B, L] their positions."""
+        attention_mask [B, L] marks valid slots (cache and inputs); all_positions [B, L] their positions;
+        tree [B, n, n] restricts which inputs see each other (default: causal)."""
         start = time.perf_counter()
         past = cache.get_seq_length()
-        if self.window is not None:
-            attention_mask = self._masks(attention_mask, all_positions, input_ids.shape[1])
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, logits_to_keep=keep,
-                         cache_position=torch.arange(past, past + input_ids.shape[1], device=input_ids.device))
-        logits = out.logits[:, -keep:].float()
+        if self.window is not None or tree is not None:
+            attention_mask = self._masks(attention_mask, all_positions, input_ids.shape[1], tree)
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=cache, use_cache=True,
+                      cache_position=torch.arange(past, past + input_ids.shape[1], device=input_ids.device))
+        if self.cpu_forward is not None:
+            logits = self.cpu_forward(keep, **kwargs)
+        else:
+            logits = self.model(logits_to_keep=keep, **kwargs).logits[:, -keep:].float()
         self.seconds += time.perf_counter() - start
         self.calls += 1
         return logits
+
+
+def _cache_tensors(cache) -> list[tuple[torch.Tensor, ...]]:
+    """The (keys, values) tensors [B, H, L, D] of every layer of a transformers cache, for in-place
+    compaction."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers if getattr(layer, "keys", None) is not None]
+    if hasattr(cache, "key_cache"):  # transformers 4.x
+        return list(zip(cache.key_cache, cache.value_cache))
+    raise TypeError(f"cannot compact a {type(cache).__name__}: unknown cache layout")
 
 
 def _crop(cache, length: int) -> None:
@@ -114,6 +232,39 @@ class KVState:
         self.positions = torch.cat([self.positions, positions], dim=1)
         self.next_pos = self.next_pos + valid.sum(1)
         return self.lm.forward(tokens, self.mask, positions, self.cache, keep, self.positions)
+
+    def append_tree(self, tokens: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
+                    tree: torch.Tensor) -> torch.Tensor:
+        """Feed a token tree per row: tokens, valid, depth [B, n] (the root at depth 0 continues the row)
+        and tree [B, n, n] (node i sees node j: j is i or an ancestor of i). Returns logits [B, n, V].
+        The row does not advance until `commit` says which nodes it keeps."""
+        valid = valid.long()
+        positions = self.next_pos.unsqueeze(1) + depth
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        return self.lm.forward(tokens, self.mask, positions, self.cache, tokens.shape[1], self.positions, tree)
+
+    def commit(self, appended: int, slots: torch.Tensor, count: torch.Tensor) -> None:
+        """Of the last `appended` slots (from `append_tree`), row b keeps slots[b, :count[b]] (a root to
+        node path, in order): they move to the front of the block, so the cache stays contiguous, and
+        the rest is cropped or left as holes."""
+        length = self.mask.shape[1]
+        base = length - appended
+        slots = slots[:, :appended]  # a path never holds more slots than were appended
+        width = slots.shape[1]
+        index = slots.clamp(min=0, max=appended - 1)
+        for tensors in _cache_tensors(self.cache):
+            for t in tensors:
+                gather = index[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3])
+                t[:, :, base:base + width] = torch.gather(t[:, :, base:], 2, gather)
+        kept = torch.arange(width, device=slots.device).unsqueeze(0) < count.unsqueeze(1)
+        self.positions[:, base:base + width] = torch.gather(self.positions[:, base:], 1, index)
+        self.mask[:, base:base + width] = kept.long()
+        self.next_pos = self.next_pos + count
+        end = base + (int(count.max()) if count.numel() else 0)  # slots past every row's path go
+        self.mask = self.mask[:, :end]
+        self.positions = self.positions[:, :end]
+        _crop(self.cache, end)
 
     def rollback(self, appended: int, keep: torch.Tensor) -> None:
         """Of the last `appended` positions, keep the first keep[b] of each row; the rest become holes

@@ -1,0 +1,140 @@
+"""Draft shape for n-gram drafting: how many rows k and how many tokens w per row, chosen every step to
+maximize expected tokens per second from measured costs and measured acceptance.
+
+Cost: the wall time of a whole step as a function of the tokens the target forward carries (rows of the
+batch x nodes of the draft tree), measured (`CostCurve`). Sizes never measured are explored with
+optimism, at most doubling the largest measured size per step: a size beyond it is assumed to cost what
+the largest one did. On a CPU the curve climbs fast and the choice settles on one short row or on plain
+decoding; on a GPU it stays flat and the choice grows to wide trees. Costs are kept per model for the
+life of the process, so later decode calls start from what earlier ones measured.
+
+Acceptance: drafts are a deterministic function of the context, so every step's full k_max x w_max draft
+list is kept and, once the tokens that followed are known, scored for every (k, w) at once: a(k, w) =
+min(w, longest prefix any of the first k rows shares with what was emitted). This counterfactual score
+is exact for greedy decoding and unbiased for sampling (the emitted tokens follow the target), needs no
+probing, and keeps learning during plain steps. Scores are kept per source of the first row: the length
+of its context match, or 0 when it came from the model bigram.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from specops.decoding.draft_length import CostCurve
+
+__all__ = ["DraftShape"]
+
+_DECAY = 0.97  # weight of the past per new observation: acceptance drifts within a text
+_PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior
+_PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying while drafting is cheap
+
+_COSTS: "weakref.WeakKeyDictionary[object, dict[str, CostCurve]]" = weakref.WeakKeyDictionary()
+
+
+def _cost_curve(model, device) -> CostCurve:
+    """The step-cost curve of a model on a device, shared by every decode call in this process."""
+    try:
+        per_model = _COSTS.setdefault(model, {})
+    except TypeError:  # not weak-referenceable: measure per call
+        return CostCurve()
+    return per_model.setdefault(str(device), CostCurve())
+
+
+def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
+    """nodes[b, k-1, w-1]: draft-tree nodes (root excluded) of the first k rows of rows [B, K, W] cut to
+    w tokens, i.e. the distinct non-empty prefixes of length <= w among them."""
+    batch, k_max, w_max = rows.shape
+    present = (rows >= 0).long().cumprod(-1).bool()  # a row ends at its first -1
+    # same[b, r, s, j]: rows r and s agree on their first j + 1 tokens
+    same = (rows[:, :, None, :] == rows[:, None, :, :]).long().cumprod(-1).bool()
+    earlier = torch.ones(k_max, k_max, dtype=torch.bool, device=rows.device).tril(-1)  # s < r
+    repeated = (same & earlier[None, :, :, None]).any(2)
+    new = (present & ~repeated).long()  # [B, K, W]: row r adds a node at depth j
+    return new.cumsum(1).cumsum(2)
+
+
+class DraftShape:
+    """Chooses (k, w) each step: fixed, or "auto" (module docstring). (0, 0) is plain decoding."""
+
+    def __init__(self, setting, model, device, k_max: int = 8, w_max: int = 8, sources: int = 8):
+        if setting == "auto":
+            self.fixed = None
+        elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+            self.fixed = (1, setting)
+        elif (isinstance(setting, tuple) and len(setting) == 2 and
+              all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in setting)):
+            self.fixed = setting
+        else:
+            raise ValueError("num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1 (one row of w "
+                             f"tokens) or a tuple (k, w) of rows and tokens per row, got {setting!r}")
+        self.k_max, self.w_max = self.fixed or (k_max, w_max)
+        self.cost = _cost_curve(model, device)
+        self.sources = sources
+        self.accepted = torch.zeros(sources, self.k_max, self.w_max, dtype=torch.float64)
+        self.weight = torch.zeros(sources, dtype=torch.float64)
+        self.pending: list[tuple[int, int, int, torch.Tensor]] = []  # request, at, source, rows
+
+    def expected_accepted(self) -> torch.Tensor:
+        """[sources, k_max, w_max] expected accepted tokens of each shape."""
+        prior = torch.full_like(self.accepted[0], _PRIOR_ACCEPTED)
+        weight = self.weight[:, None, None]
+        return (self.accepted + _PRIOR_WEIGHT * prior) / (weight + _PRIOR_WEIGHT)
+
+    def choose(self, rows: torch.Tensor, source: torch.Tensor) -> tuple[int, int]:
+        """The shape for this step, given its full draft list rows [B, k_max, w_max] and the source of
+        each request's first row [B]."""
+        if self.fixed is not None:
+            return self.fixed
+        batch = rows.shape[0]
+        plain = self.cost(batch)
+        if plain is None:
+            return 0, 0  # measure plain decoding first
+        tokens = self.expected_accepted()[source.cpu().clamp(max=self.sources - 1)].sum(0) + batch  # [k_max, w_max]
+        sizes = batch * (1 + tree_nodes(rows.cpu()).amax(0))  # tokens in flight of each shape
+        limit = 2 * self.cost.largest()
+        best, best_rate = (0, 0), batch / plain
+        for size in sorted(set(sizes.flatten().tolist())):
+            if size > limit:
+                break
+            cost = self.cost(size) if size <= self.cost.largest() else self.cost(self.cost.largest())
+            shapes = sizes == size
+            rate = torch.where(shapes, tokens, float("-inf")) / cost
+            index = int(rate.argmax())
+            if float(rate.flatten()[index]) > best_rate:
+                best, best_rate = (index // self.w_max + 1, index % self.w_max + 1), float(rate.flatten()[index])
+        return best
+
+    def observe_cost(self, size: int, seconds: float) -> None:
+        self.cost.observe(size, seconds)
+
+    def record(self, requests: list[int], at: list[int], source: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keep this step's draft lists: request r's rows predict its tokens from index at[r] on."""
+        rows, source = rows.cpu(), source.tolist()
+        for b, request in enumerate(requests):
+            self.pending.append((request, at[b], source[b], rows[b]))
+
+    def resolve(self, generated: list[list[int]], finished: set[int]) -> None:
+        """Score the draft lists whose continuation is now known (or will never grow)."""
+        ready, rest = [], []
+        for entry in self.pending:
+            request, at, _, _ = entry
+            known = len(generated[request]) - at
+            (ready if known >= self.w_max or request in finished else rest).append(entry)
+        self.pending = rest
+        if not ready or self.fixed is not None:
+            return
+        truth = torch.full((len(ready), self.w_max), -2, dtype=torch.int64)
+        for i, (request, at, _, _) in enumerate(ready):
+            seen = generated[request][at:at + self.w_max]
+            truth[i, :len(seen)] = torch.tensor(seen, dtype=torch.int64)
+        rows = torch.stack([entry[3] for entry in ready])  # [E, k_max, w_max]
+        shared = (rows == truth[:, None, :]).long().cumprod(-1).sum(-1)  # [E, k_max]
+        best = shared.cummax(1).values  # longest over the first k rows
+        width = torch.arange(1, self.w_max + 1)
+        accepted = torch.minimum(best[:, :, None], width[None, None, :]).double()  # [E, k_max, w_max]
+        for i, (_, _, source, _) in enumerate(ready):
+            source = min(source, self.sources - 1)
+            self.accepted[source] = _DECAY * self.accepted[source] + accepted[i]
+            self.weight[source] = _DECAY * self.weight[source] + 1.0

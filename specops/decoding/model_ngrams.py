@@ -1,0 +1,217 @@
+"""N-grams derived from a model's own weights (paper 001, section 4.1): learning-free drafts that need
+no data and no drafter.
+
+- Unigram: tokens ranked by d(x) = ||u_x - mean(u)||_C, the distance of a token's output embedding to
+  the mean output embedding under the covariance C = V^T V / |V| of the input embeddings. The paper
+  prints p(x) ~ e^-d(x), but its appendix code ranks the other way round, and so do the weights: on
+  Gemma-3 the tokens nearest the mean are rare, barely trained ones, the farthest are " ", ",", "\n".
+  So the most likely tokens here are the farthest.
+- Bigram: for every token x, the top-k next tokens of p_M(. | x) (after BOS when the tokenizer adds
+  one), computed once by batched forwards over the whole vocabulary and cached on disk. Only the top-k
+  ids are kept: a full V x V table is impossible at V = 262,144.
+- Extended bigram (w > 1 tokens): continue a bigram draft by chaining the bigram's top-1 (section 4.1,
+  Extensions); a lookup per token, no extra table.
+
+The tables only choose which drafts to propose; verification decides what is emitted, so ranks computed
+in bfloat16 (faster on CPUs with AVX512-BF16) never change an output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+__all__ = ["unigram", "bigram", "extend", "cache_dir"]
+
+
+# Tables already computed or loaded in this process, per model object.
+_IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+
+def _remembered(model, key, compute):
+    """compute(), once per model and key while the embedding weights are unchanged (their version
+    counters move with every in-place update)."""
+    key = (*key, *(w._version for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)))
+    try:
+        tables = _IN_MEMORY.setdefault(model, {})
+    except TypeError:  # not weak-referenceable
+        return compute()
+    if key not in tables:
+        tables[key] = compute()
+    return tables[key]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECOPS_CACHE", Path.home() / ".cache" / "specops")) / "ngrams"
+
+
+def unigram(model, top: int = 64) -> torch.Tensor:
+    """The `top` most likely tokens of the model-derived unigram, most likely first ([top] int64)."""
+    return _remembered(model, ("unigram", top), lambda: _compute_unigram(model, top))
+
+
+def _compute_unigram(model, top: int) -> torch.Tensor:
+    inputs = model.get_input_embeddings().weight.detach().float()
+    outputs = model.get_output_embeddings().weight.detach().float()
+    covariance = inputs.T @ inputs / inputs.shape[0]
+    centered = outputs - outputs.mean(0, keepdim=True)
+    distance = ((centered @ covariance) * centered).sum(-1)  # squared C-norm: same order as the norm
+    return torch.topk(distance, min(top, distance.shape[0])).indices
+
+
+def _fingerprint(model, bos: int | None, top: int) -> str:
+    """A key that changes when the weights, the architecture or the table settings do."""
+    digest = hashlib.sha256()
+    config = getattr(model, "config", None)
+    text = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
+    digest.update(f"{type(model).__name__}|{text}|bos={bos}|top={top}|v1".encode())
+    for weight in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        flat = weight.detach().flatten()
+        sample = flat[:: max(1, flat.numel() // 65536)].float().cpu()
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
+def _bos_of(tokenizer) -> int | None:
+    """The BOS id the tokenizer puts before every prompt, or None if it adds none."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a")["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
+
+
+class _Progress:
+    """tqdm when installed, else a line on stderr every ~10 s."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = None
+        self.enabled = enabled
+        self.total, self.done, self.desc = total, 0, desc
+        self.start = self.last = time.perf_counter()
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="tok", file=sys.stderr)
+            except ImportError:
+                pass
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and time.perf_counter() - self.last > 10:
+            self.last = time.perf_counter()
+            rate = self.done / (self.last - self.start)
+            print(f"{self.desc}: {self.done}/{self.total} tokens, {(self.total - self.done) / rate:.0f} s left",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+_SAVE_EVERY = 120.0  # seconds between checkpoints of a table being built
+
+
+def _compute_bigram(model, bos: int | None, top: int, chunk: int, progress: bool,
+                    checkpoint: Path | None = None) -> torch.Tensor:
+    """The table, one batched forward per chunk. With `checkpoint`, the rows done so far are saved there
+    every couple of minutes and a later call resumes from them (a CPU build takes a while)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    table = torch.empty(vocab, top, dtype=torch.int32)
+    done = 0
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=True)
+        if saved["table"].shape == table.shape:
+            table, done = saved["table"], int(saved["done"])
+    saved_at = time.perf_counter()
+    # fp32 models rank in bfloat16 on CPU: ~2x faster with AVX512-BF16, and ranks need no more precision.
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if (
+        device.type == "cpu" and next(model.parameters()).dtype == torch.float32) else torch.autocast(
+        device.type, enabled=False)
+    bar = _Progress(vocab, "specops: model bigram", progress)
+    bar.update(done)
+    with torch.inference_mode(), autocast:
+        bos_kv = None
+        if bos is not None:  # run BOS once and share its keys and values with every chunk
+            cache = DynamicCache()
+            model(input_ids=torch.tensor([[bos]], device=device), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+            bos_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        for start in range(done, vocab, chunk):
+            ids = torch.arange(start, min(start + chunk, vocab), device=device).unsqueeze(1)
+            rows = ids.shape[0]
+            kwargs = {"use_cache": False}
+            if bos_kv is not None:
+                cache = DynamicCache()
+                for layer, (keys, values) in enumerate(bos_kv):
+                    cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+                kwargs = {"use_cache": True, "past_key_values": cache,
+                          "position_ids": torch.ones_like(ids),
+                          "cache_position": torch.ones(1, dtype=torch.long, device=device)}
+            logits = model(input_ids=ids, logits_to_keep=1, **kwargs).logits[:, -1]
+            table[start:start + rows] = torch.topk(logits.float(), top, dim=-1).indices.to(torch.int32).cpu()
+            bar.update(rows)
+            if checkpoint is not None and time.perf_counter() - saved_at > _SAVE_EVERY:
+                _save({"table": table, "done": start + rows}, checkpoint)
+                saved_at = time.perf_counter()
+    bar.close()
+    return table
+
+
+def bigram(model, tokenizer, top: int = 8, chunk: int = 512, progress: bool = True,
+           cache: bool = True) -> torch.Tensor:
+    """[V, top] int32: row x holds the `top` most likely tokens after x under the model, most likely
+    first. Computed once per model (one batched forward per `chunk` tokens, with a progress bar) and
+    cached under $SPECOPS_CACHE/ngrams (default ~/.cache/specops/ngrams); later calls load the file."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"bigram: top must be an int >= 1, got {top!r}")
+    bos = _bos_of(tokenizer)
+    return _remembered(model, ("bigram", top, bos, cache), lambda: _load_or_build(model, bos, top, chunk, progress, cache))
+
+
+def _load_or_build(model, bos: int | None, top: int, chunk: int, progress: bool, cache: bool) -> torch.Tensor:
+    path = cache_dir() / f"bigram-{_fingerprint(model, bos, top)}.pt"
+    if cache and path.exists():
+        return torch.load(path, weights_only=True)
+    checkpoint = path.with_suffix(".checkpoint") if cache else None
+    if checkpoint is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    table = _compute_bigram(model, bos, top, chunk, progress, checkpoint)
+    if cache:
+        _save(table, path)
+        checkpoint.unlink(missing_ok=True)
+        with open(path.with_suffix(".json"), "w") as f:
+            json.dump({"model": getattr(model.config, "_name_or_path", type(model).__name__), "top": top,
+                       "bos": bos, "vocab": table.shape[0]}, f)
+    return table
+
+
+def _save(obj, path: Path) -> None:
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    torch.save(obj, partial)
+    os.replace(partial, path)  # atomic: a concurrent reader sees the whole file or none
+
+
+def extend(first: torch.Tensor, table: torch.Tensor, width: int) -> torch.Tensor:
+    """Extended bigram: drafts [..., width] that start with `first` [...] (int64) and continue with the
+    bigram's top-1 after each token (-1 stays -1)."""
+    out = torch.full((*first.shape, width), -1, dtype=torch.int64, device=first.device)
+    out[..., 0] = first
+    top1 = table[:, 0].long()
+    for j in range(1, width):
+        prev = out[..., j - 1]
+        out[..., j] = torch.where(prev >= 0, top1[prev.clamp(min=0)], -1)
+    return out
