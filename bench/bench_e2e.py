@@ -2,28 +2,42 @@
 and settings, in one run.
 
     python bench/bench_e2e.py [--prompts 6] [--first 0] [--new-tokens 64] [--modes greedy,sample]
-                              [--early-exit 6] [--fixed-k K] [--no-batched] [--threads 2] [--csv PATH]
+                              [--configs ar,sd,ngram,hf-generate,hf-assisted,hf-lookup] [--early-exit 6]
+                              [--fixed-k K] [--hf-assistant-tokens N] [--hf-lookup-tokens 10]
+                              [--ngram-shape K,W] [--ngram-tables bigram] [--no-batched] [--threads 2]
+                              [--csv PATH]
 
 Target Gemma-3-270M (float32, the embedded model), prompts HumanEval/<first>..<first+prompts-1>
 (problems 0-99 are for tuning), batch size 1 per prompt. Each mode (greedy; sampling at temperature 1,
-top-k 0, top-p 1) runs these configurations:
+top-k 0, top-p 1) runs these configurations (--configs names in brackets select them; default all):
 
-  hf generate        transformers `generate`, autoregressive (greedy: do_sample=False; sample:
-                     do_sample=True, top_k=0)
-  specops ar         `specops.decode(method="ar")`
-  hf assisted        transformers assisted generation with `assistant_early_exit=N`: the target's first
-                     N layers draft (transformers' layer-truncated self-drafter), with transformers'
-                     default draft schedule (num_assistant_tokens 20, "constant", and drafting stops
-                     early when the drafter's top probability falls below assistant_confidence_threshold
-                     0.4); --hf-assistant-tokens overrides the number
-  specops sd         `specops.decode(method="sd", drafter="self:N")`, num_draft_tokens "auto"
-  specops sd K=k     the same with a fixed draft length (--fixed-k)
-  ... (batch)        specops ar / sd and transformers `generate` on all prompts as one batch
-                     (transformers' assisted generation is batch-1 only)
+  hf generate        [hf-generate] transformers `generate`, autoregressive (greedy: do_sample=False;
+                     sample: do_sample=True, top_k=0)
+  specops ar         [ar] `specops.decode(method="ar")`
+  hf assisted        [hf-assisted] transformers assisted generation with `assistant_early_exit=N`: the
+                     target's first N layers draft (transformers' layer-truncated self-drafter), with
+                     transformers' default draft schedule (num_assistant_tokens 20, "constant", and
+                     drafting stops early when the drafter's top probability falls below
+                     assistant_confidence_threshold 0.4); --hf-assistant-tokens overrides the number
+  specops sd         [sd] `specops.decode(method="sd", drafter="self:N")`, num_draft_tokens "auto"
+  specops sd K=k     [sd] the same with a fixed draft length (--fixed-k)
+  hf prompt lookup   [hf-lookup] transformers prompt lookup decoding, `prompt_lookup_num_tokens=N`
+                     (--hf-lookup-tokens, default 10 as in /work/shared/baselines/hf_baseline.py), with
+                     transformers' default max_matching_ngram_size 2: the draft is what followed the
+                     first earlier occurrence of the last 2 (else 1) tokens
+  specops ngram      [ngram] `specops.decode(method="ngram", num_draft_tokens="auto",
+                     ngram_tables=T)` (--ngram-tables, default "bigram")
+  specops ngram k,w  [ngram] the same with a fixed draft shape, k rows of w tokens (--ngram-shape K,W)
+  ... (batch)        specops ar / sd / ngram and transformers `generate` on all prompts as one batch
+                     (transformers' assisted generation and prompt lookup are batch-1 only)
 
 Both libraries stop at EOS or after --new-tokens tokens (no min_new_tokens, unlike
 /work/shared/baselines/hf_baseline.py, so that both decode the same sequences). Every configuration
-does one untimed warm-up generation first. Configurations run round-robin, prompt by prompt, so that
+does one untimed warm-up generation first; for ngram with bigram tables that is where the model's
+bigram table is built if it is not cached yet (~15 min for Gemma on a 2-core CPU), while the timed
+calls include whatever each `decode` call spends on getting its tables. ngram "auto" keeps the step
+costs it measured for the life of the process (draft_shape.py), so they carry over from the warm-up
+and the earlier prompts, as in a serving process. Configurations run round-robin, prompt by prompt, so that
 load from other processes on a shared machine spreads over all of them; `others` reports how many
 cores other processes kept busy meanwhile. Seeds: prompt i samples with seed --seed + i in both
 libraries.
@@ -31,11 +45,14 @@ libraries.
 Reported per configuration: new tokens, tok/s (total new tokens / total wall time of the generate or
 decode calls), target forward calls per generated token (transformers: a forward hook on the model,
 whose drafting calls are told apart by the truncated layer count), drafter calls, acceptance (accepted
-/ drafted; transformers' from its candidate generator), mean draft length, the time split (specops
-stats; transformers: time inside model forwards from hooks), the share of time outside model forwards,
-and for greedy whether every prompt's token ids equal specops `ar`'s and transformers `generate`'s.
-Ratios: vs_peer is tok/s against transformers' counterpart (ar: generate, sd: assisted, batch:
-batched generate); vs_ar is tok/s against specops ar in the same mode.
+/ drafted; transformers' from its candidate generator; ngram: drafts of the row each step verified),
+mean draft length mean_K (draft tokens per request per target call: sd the draft length K; ngram the
+draft tree's nodes, i.e. the tokens in flight, with prefixes the rows share counted once; transformers
+the candidate length), the time split (specops stats; transformers: time inside model forwards from
+hooks), the share of time outside model forwards, and for greedy whether every prompt's token ids
+equal specops `ar`'s and transformers `generate`'s. Ratios: vs_peer is tok/s against transformers'
+counterpart (ar: generate, sd: assisted, ngram: prompt lookup, batch: batched generate); vs_ar is tok/s
+against specops ar in the same mode (batch rows: specops ar (batch)).
 """
 
 from __future__ import annotations
@@ -51,10 +68,22 @@ import torch
 from _timing import CpuLoad, format_table, machine_info, write_csv
 
 MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0)}
+GROUPS = ("ar", "sd", "ngram", "hf-generate", "hf-assisted", "hf-lookup")  # --configs names
 WARMUP_TOKENS = 8
 COLUMNS = ["mode", "config", "tokens", "seconds", "tok/s", "vs_peer", "vs_ar", "calls/tok", "drafter_calls",
            "acceptance", "mean_K", "prefill_s", "draft_s", "verify_s", "other_s", "outside_fwd", "same_as_ar", "same_as_hf",
            "others"]
+
+
+@dataclass
+class Config:
+    """One configuration: what runs it and what it is compared with."""
+
+    name: str
+    family: str  # "hf" or "specops"
+    group: str  # the --configs name that selects it
+    peer: str | None  # the transformers configuration it is compared with
+    kwargs: dict  # hf: extra `generate` arguments; specops: `specops.decode` arguments
 
 
 @dataclass
@@ -72,6 +101,7 @@ class Record:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    in_flight: int = 0  # draft tokens per request summed over target calls (mean_K = in_flight / steps)
     prefill_seconds: float | None = None
     draft_seconds: float | None = None
     verify_seconds: float | None = None
@@ -85,6 +115,7 @@ class Record:
         self.drafted += stats.drafted
         self.accepted += stats.accepted
         self.steps += stats.steps
+        self.in_flight += sum(stats.draft_lengths)  # sd: K per step; ngram: draft tree nodes per step
         self.prefill_seconds = (self.prefill_seconds or 0.0) + stats.prefill_seconds
         self.draft_seconds = (self.draft_seconds or 0.0) + stats.draft_seconds
         self.verify_seconds = (self.verify_seconds or 0.0) + stats.verify_seconds
@@ -127,29 +158,36 @@ class ForwardCounter:
 
 
 class CandidateCounter:
-    """Drafted and accepted tokens of transformers' early-exit assisted generation, read where the
-    candidate generator is told each step's outcome."""
+    """Drafted and accepted tokens of transformers' early-exit assisted generation and prompt lookup
+    decoding, read where the candidate generator is told each step's outcome (a prompt lookup step that
+    found no match drafts 0 tokens)."""
 
     def __init__(self):
-        from transformers.generation.candidate_generator import EarlyExitCandidateGenerator
+        from transformers.generation.candidate_generator import (EarlyExitCandidateGenerator,
+                                                                 PromptLookupCandidateGenerator)
 
         self.drafted = self.accepted = self.steps = 0
-        self.schedule = None
-        original = EarlyExitCandidateGenerator.update_candidate_strategy
+        self.settings: dict[str, str] = {}  # generator kind -> the settings it ran with, as first seen
+        self._count(EarlyExitCandidateGenerator, "assisted generation", lambda generator: (
+            f"num_assistant_tokens {generator.num_assistant_tokens}, schedule "
+            f"{generator.assistant_generation_config.num_assistant_tokens_schedule!r}, "
+            f"assistant_confidence_threshold {generator.generation_config.assistant_confidence_threshold}"))
+        self._count(PromptLookupCandidateGenerator, "prompt lookup", lambda generator: (
+            f"prompt_lookup_num_tokens {generator.num_output_tokens}, "
+            f"max_matching_ngram_size {generator.max_matching_ngram_size}"))
+
+    def _count(self, generator_class, kind: str, describe) -> None:
+        original = generator_class.update_candidate_strategy
         counter = self
 
         def update_candidate_strategy(generator, input_ids, scores, num_matches):
-            if counter.schedule is None:
-                config = generator.assistant_generation_config
-                counter.schedule = (f"num_assistant_tokens {generator.num_assistant_tokens}, schedule "
-                                    f"{config.num_assistant_tokens_schedule!r}, assistant_confidence_threshold "
-                                    f"{generator.generation_config.assistant_confidence_threshold}")
+            counter.settings.setdefault(kind, describe(generator))
             counter.drafted += scores.shape[1] - 1
             counter.accepted += int(num_matches)
             counter.steps += 1
             return original(generator, input_ids, scores, num_matches)
 
-        EarlyExitCandidateGenerator.update_candidate_strategy = update_candidate_strategy
+        generator_class.update_candidate_strategy = update_candidate_strategy
 
     def snapshot(self) -> tuple[int, int, int]:
         return self.drafted, self.accepted, self.steps
@@ -176,20 +214,32 @@ class Bench:
         self.forwards = ForwardCounter(model)
         self.candidates = CandidateCounter()
 
+    def generate(self, config: Config, prompts, mode: str, seed: int, new_tokens: int):
+        """One untimed generation (warm-up): a prompt string for batch 1, a list for a batch."""
+        if config.family == "hf":
+            self.hf_generate([prompts] if isinstance(prompts, str) else prompts, mode, seed, new_tokens,
+                             config.kwargs)
+        else:
+            self.decode(prompts, mode, seed, new_tokens, config.kwargs)
+
+    def run(self, config: Config, record: Record, index: int, prompts) -> None:
+        """One timed generation, added to `record`; prompt `index` is the first of `prompts`."""
+        if config.family == "hf":
+            self.run_hf(record, index, [prompts] if isinstance(prompts, str) else prompts, config.kwargs)
+        else:
+            self.run_specops(record, index, prompts, config.kwargs)
+
     # transformers
 
-    def hf_generate(self, prompts: list[str], mode: str, seed: int, new_tokens: int, early_exit: int | None):
-        """transformers generate on one prompt or a left-padded batch; returns generated ids per prompt."""
+    def hf_generate(self, prompts: list[str], mode: str, seed: int, new_tokens: int, assist: dict):
+        """transformers generate on one prompt or a left-padded batch, with `assist` (assisted generation or
+        prompt lookup arguments) added; returns generated ids per prompt."""
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(self.model.device)
         settings = MODES[mode]
         kwargs = dict(max_new_tokens=new_tokens, do_sample=settings["temperature"] > 0,
-                      pad_token_id=self.tokenizer.pad_token_id)
+                      pad_token_id=self.tokenizer.pad_token_id, **assist)
         if kwargs["do_sample"]:
             kwargs.update(temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"])
-        if early_exit is not None:
-            kwargs.update(assistant_early_exit=early_exit)
-            if self.args.hf_assistant_tokens:
-                kwargs.update(num_assistant_tokens=self.args.hf_assistant_tokens)
         torch.manual_seed(seed)
         with torch.inference_mode():
             out = self.model.generate(**encoded, **kwargs)
@@ -202,11 +252,11 @@ class Bench:
             rows.append(row)
         return rows
 
-    def run_hf(self, record: Record, index: int, prompts: list[str], early_exit: int | None):
+    def run_hf(self, record: Record, index: int, prompts: list[str], assist: dict):
         calls, load = self.forwards.snapshot(), CpuLoad().start()
         drafts = self.candidates.snapshot()
         start = time.perf_counter()
-        rows = self.hf_generate(prompts, record.mode, self.args.seed + index, self.args.new_tokens, early_exit)
+        rows = self.hf_generate(prompts, record.mode, self.args.seed + index, self.args.new_tokens, assist)
         record.seconds += time.perf_counter() - start
         record.others.append(load.stop())
         target_calls, drafter_calls, seconds = (a - b for a, b in zip(self.forwards.snapshot(), calls))
@@ -217,22 +267,21 @@ class Bench:
         record.drafted += drafted
         record.accepted += accepted
         record.steps += steps
+        record.in_flight += drafted  # batch 1: every drafted token is in its step's forward
         for offset, row in enumerate(rows):
             record.outputs[index + offset] = row
             record.tokens += len(row)
 
     # specops
 
-    def decode(self, prompts, mode: str, seed: int, new_tokens: int, drafter: str | None, k):
-        method = "sd" if drafter else "ar"
-        return self.specops.decode(prompts, target=self.model, tokenizer=self.tokenizer, method=method,
-                                   drafter=drafter, max_new_tokens=new_tokens, num_draft_tokens=k, seed=seed,
-                                   **MODES[mode])
+    def decode(self, prompts, mode: str, seed: int, new_tokens: int, kwargs: dict):
+        return self.specops.decode(prompts, target=self.model, tokenizer=self.tokenizer, max_new_tokens=new_tokens,
+                                   seed=seed, **kwargs, **MODES[mode])
 
-    def run_specops(self, record: Record, index: int, prompts, drafter: str | None, k):
+    def run_specops(self, record: Record, index: int, prompts, kwargs: dict):
         load = CpuLoad().start()
         start = time.perf_counter()
-        result = self.decode(prompts, record.mode, self.args.seed + index, self.args.new_tokens, drafter, k)
+        result = self.decode(prompts, record.mode, self.args.seed + index, self.args.new_tokens, kwargs)
         record.seconds += time.perf_counter() - start
         record.others.append(load.stop())
         record.add_stats(result.stats)
@@ -242,52 +291,61 @@ class Bench:
             record.tokens += len(row)
 
 
-def configurations(args) -> list[tuple[str, str, str | None, dict]]:
-    """(name, family, peer, settings) per configuration, in run order."""
+def _specops_kwargs(args) -> tuple[dict, dict]:
+    """specops.decode arguments of sd and ngram with automatic draft sizes."""
+    sd = dict(method="sd", drafter=f"self:{args.early_exit}", num_draft_tokens="auto")
+    ngram = dict(method="ngram", num_draft_tokens="auto", ngram_tables=args.ngram_tables)
+    return sd, ngram
+
+
+def configurations(args) -> list[Config]:
+    """The batch-1 configurations --configs selects, in run order."""
     n = args.early_exit
-    configs = [("hf generate", "hf", None, dict(early_exit=None)),
-               ("specops ar", "specops", "hf generate", dict(drafter=None, k="auto")),
-               (f"hf assisted early_exit={n}", "hf", None, dict(early_exit=n)),
-               (f"specops sd self:{n}", "specops", f"hf assisted early_exit={n}", dict(drafter=f"self:{n}", k="auto"))]
+    sd, ngram = _specops_kwargs(args)
+    assisted = f"hf assisted early_exit={n}"
+    assist = dict(assistant_early_exit=n)
+    if args.hf_assistant_tokens:
+        assist.update(num_assistant_tokens=args.hf_assistant_tokens)
+    configs = [Config("hf generate", "hf", "hf-generate", None, {}),
+               Config("specops ar", "specops", "ar", "hf generate", dict(method="ar")),
+               Config(assisted, "hf", "hf-assisted", None, assist),
+               Config(f"specops sd self:{n}", "specops", "sd", assisted, sd)]
     if args.fixed_k:
-        configs.append((f"specops sd self:{n} K={args.fixed_k}", "specops", f"hf assisted early_exit={n}",
-                        dict(drafter=f"self:{n}", k=args.fixed_k)))
-    return configs
+        configs.append(Config(f"specops sd self:{n} K={args.fixed_k}", "specops", "sd", assisted,
+                              {**sd, "num_draft_tokens": args.fixed_k}))
+    configs += [Config("hf prompt lookup", "hf", "hf-lookup", None,
+                       dict(prompt_lookup_num_tokens=args.hf_lookup_tokens)),
+                Config("specops ngram", "specops", "ngram", "hf prompt lookup", ngram)]
+    if args.ngram_shape:
+        k, w = args.ngram_shape
+        configs.append(Config(f"specops ngram {k},{w}", "specops", "ngram", "hf prompt lookup",
+                              {**ngram, "num_draft_tokens": (k, w)}))
+    return [c for c in configs if c.group in args.configs]
 
 
-def batched_configurations(args) -> list[tuple[str, str, str | None, dict]]:
-    n = args.early_exit
-    return [("hf generate (batch)", "hf", None, dict(early_exit=None)),
-            ("specops ar (batch)", "specops", "hf generate (batch)", dict(drafter=None, k="auto")),
-            (f"specops sd self:{n} (batch)", "specops", "hf generate (batch)", dict(drafter=f"self:{n}", k="auto"))]
+def batched_configurations(args) -> list[Config]:
+    sd, ngram = _specops_kwargs(args)
+    configs = [Config("hf generate (batch)", "hf", "hf-generate", None, {}),
+               Config("specops ar (batch)", "specops", "ar", "hf generate (batch)", dict(method="ar")),
+               Config(f"specops sd self:{args.early_exit} (batch)", "specops", "sd", "hf generate (batch)", sd),
+               Config("specops ngram (batch)", "specops", "ngram", "hf generate (batch)", ngram)]
+    return [c for c in configs if c.group in args.configs]
 
 
 def run_mode(bench: Bench, mode: str, prompts: list[str], args) -> list[Record]:
-    records = []
     single = configurations(args)
-    for name, family, peer, settings in single:  # warm-up, untimed
-        record = Record(mode, name, family, peer)
-        if family == "hf":
-            bench.hf_generate(prompts[:1], mode, 0, WARMUP_TOKENS, settings["early_exit"])
-        else:
-            bench.decode(prompts[0], mode, 0, WARMUP_TOKENS, settings["drafter"], settings["k"])
-        records.append(record)
+    records = [Record(mode, c.name, c.family, c.peer) for c in single]
+    for config in single:  # warm-up, untimed
+        bench.generate(config, prompts[0], mode, 0, WARMUP_TOKENS)
     for index, prompt in enumerate(prompts):
-        for record, (name, family, peer, settings) in zip(records, single):
-            if family == "hf":
-                bench.run_hf(record, index, [prompt], settings["early_exit"])
-            else:
-                bench.run_specops(record, index, prompt, settings["drafter"], settings["k"])
+        for record, config in zip(records, single):
+            bench.run(config, record, index, prompt)
         print(f"  {mode}: prompt {index + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     if args.batched:
-        for name, family, peer, settings in batched_configurations(args):
-            record = Record(mode, name, family, peer)
-            if family == "hf":
-                bench.hf_generate(prompts, mode, 0, WARMUP_TOKENS, settings["early_exit"])
-                bench.run_hf(record, 0, prompts, settings["early_exit"])
-            else:
-                bench.decode(prompts, mode, 0, WARMUP_TOKENS, settings["drafter"], settings["k"])
-                bench.run_specops(record, 0, prompts, settings["drafter"], settings["k"])
+        for config in batched_configurations(args):
+            record = Record(mode, config.name, config.family, config.peer)
+            bench.generate(config, prompts, mode, 0, WARMUP_TOKENS)
+            bench.run(config, record, 0, prompts)
             records.append(record)
     return records
 
@@ -321,7 +379,7 @@ def rows_of(records: list[Record]) -> list[dict]:
             "calls/tok": round(r.target_calls / r.tokens, 3) if r.tokens else None,
             "drafter_calls": r.drafter_calls if r.drafter_calls else None,
             "acceptance": round(r.accepted / r.drafted, 3) if r.drafted else None,
-            "mean_K": round(r.drafted / r.steps, 2) if r.drafted and r.steps else None,
+            "mean_K": round(r.in_flight / r.steps, 2) if r.in_flight and r.steps else None,
             "prefill_s": round(r.prefill_seconds, 3) if r.prefill_seconds is not None else None,
             "draft_s": round(r.draft_seconds, 3) if r.draft_seconds is not None else None,
             "verify_s": round(r.verify_seconds, 3) if r.verify_seconds is not None else None,
@@ -333,7 +391,17 @@ def rows_of(records: list[Record]) -> list[dict]:
     return rows
 
 
-def must_reach(records: list[Record]) -> list[str]:
+def _same_outputs(records: list[Record], reference: Record) -> tuple[int, int]:
+    """Prompts whose token ids equal `reference`'s, and prompts compared, summed over `records`."""
+    same = total = 0
+    for r in records:
+        for i, tokens in reference.outputs.items():
+            same += r.outputs.get(i) == tokens
+            total += 1
+    return same, total
+
+
+def must_reach(records: list[Record], args) -> list[str]:
     by_name = {(r.mode, r.config): r for r in records}
     lines = []
     for mode in MODES:
@@ -346,30 +414,67 @@ def must_reach(records: list[Record]) -> list[str]:
         if r.family == "specops" and " sd " in f" {r.config} ":
             lines.append(f"sd time outside forwards = {r.outside_forwards:.1%} (goal <= 10%)  [{r.mode}, {r.config}]")
     greedy_ar = by_name.get(("greedy", "specops ar"))
+    ngram, lookup = by_name.get(("greedy", "specops ngram")), by_name.get(("greedy", "hf prompt lookup"))
+    if ngram:
+        # The goals are set for the model bigram tables; say so when a run used others.
+        tables = "" if args.ngram_tables == "bigram" else f"  [ngram_tables={args.ngram_tables}]"
+        if greedy_ar:
+            lines.append(f"specops ngram / specops ar, greedy = "
+                         f"{ngram.tokens_per_second / greedy_ar.tokens_per_second:.3f} (goal >= 1.2){tables}")
+        if lookup:
+            lines.append(f"specops ngram / transformers prompt lookup, greedy = "
+                         f"{ngram.tokens_per_second / lookup.tokens_per_second:.3f} (goal >= 2){tables}")
+        if ngram.tokens:
+            lines.append(f"specops ngram target calls per token, greedy = {ngram.target_calls / ngram.tokens:.3f} "
+                         f"(goal <= 0.85){tables}")
+        if greedy_ar:
+            same, total = _same_outputs([ngram], greedy_ar)
+            lines.append(f"specops ngram greedy outputs identical to ar: {same}/{total} (goal {total}/{total})")
     if greedy_ar:
-        same = total = 0
-        for r in records:
-            if r.mode == "greedy" and r.family == "specops" and r is not greedy_ar:
-                for i, tokens in greedy_ar.outputs.items():
-                    same += r.outputs.get(i) == tokens
-                    total += 1
+        others = [r for r in records if r.mode == "greedy" and r.family == "specops" and r is not greedy_ar]
+        same, total = _same_outputs(others, greedy_ar)
         lines.append(f"greedy outputs identical to ar: {same}/{total} (every greedy specops configuration x prompt)")
     return lines
 
 
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        k, w = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K,W (rows, tokens per row), got {text!r}") from None
+    if k < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"K and W must be >= 1, got {text!r}")
+    return k, w
+
+
 def main() -> None:
+    from specops.decoding import NGRAM_TABLES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--prompts", type=int, default=6, help="number of HumanEval prompts")
     parser.add_argument("--first", type=int, default=0, help="first HumanEval problem")
     parser.add_argument("--new-tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
+    parser.add_argument("--configs", default=",".join(GROUPS),
+                        help="comma-separated configurations to run (module docstring), or all")
     parser.add_argument("--target", default="gemma-3-270m", help="embedded target model")
     parser.add_argument("--early-exit", type=int, default=6,
                         help="drafter layers: transformers assistant_early_exit=N and specops drafter self:N")
     parser.add_argument("--fixed-k", type=int, default=0, help="also run specops sd with this fixed K (0: skip)")
     parser.add_argument("--hf-assistant-tokens", type=int, default=0,
                         help="transformers num_assistant_tokens (0: transformers' default)")
+    parser.add_argument("--hf-lookup-tokens", type=int, default=10,
+                        help="transformers prompt_lookup_num_tokens (hf prompt lookup)")
+    parser.add_argument("--ngram-shape", type=_shape, default=None, metavar="K,W",
+                        help="also run specops ngram with a fixed shape of K rows of W tokens (with bigram tables, "
+                             "K > 8 needs a bigram table of its own, built on first use)")
+    parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
+                        help="specops ngram_tables: model n-grams that fill rows the context does not")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
@@ -377,9 +482,17 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--csv", default=None, help="CSV path (default bench/results/e2e_<device>.csv)")
     args = parser.parse_args()
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = _names(args.modes)
     if any(m not in MODES for m in modes):
         parser.error(f"--modes: choose from {', '.join(MODES)}")
+    args.configs = list(GROUPS) if _names(args.configs) == ["all"] else _names(args.configs)
+    if not args.configs or any(c not in GROUPS for c in args.configs):
+        parser.error(f"--configs: choose from {', '.join(GROUPS)} (or all)")
+    if args.hf_lookup_tokens < 1:
+        parser.error("--hf-lookup-tokens must be >= 1")
+    if args.ngram_shape and args.ngram_shape[0] > 8 and args.ngram_tables == "bigram" and "ngram" in args.configs:
+        print(f"note: --ngram-shape {args.ngram_shape[0]},{args.ngram_shape[1]} needs a bigram table of the top "
+              f"{args.ngram_shape[0]} tokens; the warm-up builds it if it is not cached", file=sys.stderr)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -389,12 +502,13 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer = specops.models.load(args.target, device=args.device)
     layers = model.config.num_hidden_layers
-    if not 1 <= args.early_exit < layers:
+    if {"sd", "hf-assisted"} & set(args.configs) and not 1 <= args.early_exit < layers:
         parser.error(f"--early-exit must be in 1..{layers - 1} ({args.target} has {layers} layers)")
     prompts = load_prompts(args.first, args.prompts)
     print(f"{args.target}: {layers} layers, loaded in {time.perf_counter() - start:.1f} s; "
           f"{len(prompts)} prompts (HumanEval/{args.first}..{args.first + len(prompts) - 1}), "
-          f"{args.new_tokens} new tokens, {torch.get_num_threads()} threads", file=sys.stderr, flush=True)
+          f"{args.new_tokens} new tokens, {torch.get_num_threads()} threads; configs {','.join(args.configs)}",
+          file=sys.stderr, flush=True)
 
     bench = Bench(specops, model, tokenizer, args)
     records = []
@@ -409,17 +523,20 @@ def main() -> None:
           f"torch {info['torch']}; run took {time.perf_counter() - run_start:.0f} s")
     print(format_table(rows, COLUMNS))
     print("\nvs_peer: tok/s over transformers' counterpart; vs_ar: over specops ar (batch rows: over specops ar "
-          "(batch)); calls/tok: target forwards per new token; outside_fwd: time outside model forwards; "
-          "others: cores kept busy by other processes.")
-    if bench.candidates.schedule:
-        print(f"transformers assisted generation used: {bench.candidates.schedule} (its defaults unless "
-              f"--hf-assistant-tokens)")
+          "(batch)); calls/tok: target forwards per new token; mean_K: draft tokens per request per target call "
+          "(ngram: draft tree nodes in flight); outside_fwd: time outside model forwards; others: cores kept busy "
+          "by other processes.")
+    for kind, settings in bench.candidates.settings.items():
+        print(f"transformers {kind} used: {settings}")
+    if "ngram" in args.configs:
+        print(f"specops ngram used: ngram_tables {args.ngram_tables!r}")
     print()
-    for line in must_reach(records):
+    for line in must_reach(records, args):
         print(line)
     path = Path(args.csv or Path(__file__).parent / "results" / f"e2e_{args.device}.csv")
     write_csv(path, rows, {**info, "target": args.target, "prompts": f"{args.first}+{len(prompts)}",
-                           "new_tokens": str(args.new_tokens)})
+                           "new_tokens": str(args.new_tokens), "early_exit": str(args.early_exit),
+                           "hf_lookup_tokens": str(args.hf_lookup_tokens), "ngram_tables": args.ngram_tables})
     print(f"\nwrote {path}")
 
 

@@ -104,7 +104,9 @@ class _CpuForward:
                 with torch.inference_mode():
                     want = model(input_ids=ids, use_cache=False).logits
                     got = _CpuForward(model)(3, input_ids=ids, use_cache=False)
-                ok = want.shape == got.shape and torch.allclose(want, got, rtol=1e-4, atol=1e-4)
+                # Summation order differs (about 1e-5 of the logit scale after 18 layers); a missing
+                # scale or soft-cap would differ by percents.
+                ok = want.shape == got.shape and bool((want - got).abs().max() <= 1e-3 * want.abs().max())
         except Exception:  # any model that does not fit the pattern keeps its own forward
             ok = False
         try:
