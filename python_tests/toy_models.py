@@ -1,7 +1,8 @@
 """Tiny models and tokenizers for the decoder tests; nothing here touches the model hub.
 
 - `byte_tokenizer()`: a byte-level tokenizer (every byte one token, ids 2..257) with <pad> = 0 and
-  <eos> = 1, built with the `tokenizers` library.
+  <eos> = 1, built with the `tokenizers` library; with bos=True it also puts <bos> = 258 before every
+  text (models for it need vocab=BYTE_VOCAB + 1).
 - `tiny_llama()` / `tiny_gemma3()`: randomly initialised transformers causal LMs over that vocabulary,
   small enough that a forward costs a few milliseconds on a CPU.
 - `TableLM`: a table-defined toy language model whose next-token distribution is known exactly: it
@@ -9,7 +10,8 @@
   from its own KV cache through the attention mask. So cache holes, rollback, cropping and row
   selection by the engine all change its output if they are wrong, and its exact sequence
   distribution is a product of table rows. It also checks, on every call, that the position ids the
-  engine passes count only valid tokens.
+  engine passes count only valid tokens. It reads draft trees too: given the engine's 4-D boolean mask
+  [B, 1, n, L], a query's previous token is the latest key it may see, so a node reads its parent.
 - `letter_tokenizer()`: one token per letter of `LETTERS`, plus <pad>, for `TableLM` prompts.
 """
 
@@ -18,28 +20,35 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig,
                           LlamaForCausalLM, PretrainedConfig, PreTrainedTokenizerFast)
 
 PAD_ID, EOS_ID = 0, 1
 BYTE_VOCAB = 258  # <pad>, <eos>, 256 bytes
+BOS_ID = BYTE_VOCAB  # only in byte_tokenizer(bos=True)
 
 
-def _byte_level_tokenizer(vocab: dict[str, int], eos: str | None) -> PreTrainedTokenizerFast:
+def _byte_level_tokenizer(vocab: dict[str, int], eos: str | None, bos: str | None = None
+                          ) -> PreTrainedTokenizerFast:
     # BPE with no merges over ByteLevel symbols: every byte of the text is one token.
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token=eos,
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                           special_tokens=[(bos, vocab[bos])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token=eos, bos_token=bos,
                                    padding_side="left")
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
+def byte_tokenizer(bos: bool = False) -> PreTrainedTokenizerFast:
     vocab = {"<pad>": PAD_ID, "<eos>": EOS_ID}
     for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[ch] = len(vocab)
-    return _byte_level_tokenizer(vocab, "<eos>")
+    if bos:
+        vocab["<bos>"] = BOS_ID
+    return _byte_level_tokenizer(vocab, "<eos>", "<bos>" if bos else None)
 
 
 def tiny_llama(layers: int = 4, seed: int = 0, vocab: int = BYTE_VOCAB, hidden: int = 64) -> LlamaForCausalLM:
@@ -52,12 +61,15 @@ def tiny_llama(layers: int = 4, seed: int = 0, vocab: int = BYTE_VOCAB, hidden: 
         return LlamaForCausalLM(config).eval()
 
 
-def tiny_gemma3(layers: int = 4, seed: int = 0, vocab: int = BYTE_VOCAB, sliding_window: int = 4096
-                ) -> Gemma3ForCausalLM:
+def tiny_gemma3(layers: int = 4, seed: int = 0, vocab: int = BYTE_VOCAB, sliding_window: int = 4096,
+                layer_types: list[str] | None = None) -> Gemma3ForCausalLM:
+    """layer_types: e.g. ["sliding_attention", "full_attention", ...]; default Gemma-3's pattern (five
+    sliding layers, then a full one), so up to 5 layers are all sliding."""
     config = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=1,
                               head_dim=16, max_position_embeddings=2048, sliding_window=sliding_window,
-                              pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=None)
+                              layer_types=layer_types, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+                              bos_token_id=None)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return Gemma3ForCausalLM(config).eval()
@@ -112,18 +124,33 @@ class TableLM(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache=True,
                 logits_to_keep=0, cache_position=None, **kwargs):
+        """attention_mask: [B, L] valid slots (the previous token is the latest valid slot before a
+        query), or [B, 1, n, L] bool, query i sees key j (the latest key a query sees before its own
+        slot holds its previous token: a draft-tree node reads its parent)."""
         self.calls += 1
         batch, n = input_ids.shape
         ids = input_ids.to(torch.float32).view(batch, 1, n, 1)
         keys, _ = past_key_values.update(ids, ids, 0)
         tokens = keys[:, 0, :, 0].long()  # [B, L]: every position the cache holds, holes included
         length = tokens.shape[1]
-        if attention_mask.shape != (batch, length):
-            raise AssertionError(f"TableLM: attention mask {tuple(attention_mask.shape)} does not cover "
-                                 f"the cache ({batch}, {length})")
         if cache_position is not None and cache_position.tolist() != list(range(length - n, length)):
             raise AssertionError(f"TableLM: cache_position {cache_position.tolist()} != "
                                  f"{length - n}..{length - 1}")
+        if attention_mask.dim() == 4:
+            prev2, prev1 = self._tree_context(tokens, attention_mask, position_ids, n)
+        else:
+            prev2, prev1 = self._chain_context(tokens, attention_mask, position_ids, n)
+        logits = self.log_table[prev2, prev1]  # [B, n, V]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits)
+
+    @staticmethod
+    def _chain_context(tokens, attention_mask, position_ids, n):
+        batch, length = tokens.shape
+        if attention_mask.shape != (batch, length):
+            raise AssertionError(f"TableLM: attention mask {tuple(attention_mask.shape)} does not cover "
+                                 f"the cache ({batch}, {length})")
         valid = attention_mask.bool()
         expected_pos = valid.long().cumsum(1) - 1
         new_valid = valid[:, -n:]
@@ -137,10 +164,29 @@ class TableLM(torch.nn.Module):
         prev_index = torch.cat([torch.full_like(last_valid[:, :1], -1), last_valid[:, :-1]], dim=1)
         prev2 = torch.where(prev_index >= 0, tokens.gather(1, prev_index.clamp(min=0)), START)
         prev1 = tokens.clamp(max=len(LETTERS) - 1)  # holes / pads get some row; their logits are never used
-        logits = self.log_table[prev2[:, -n:], prev1[:, -n:]]  # [B, n, V]
-        if logits_to_keep:
-            logits = logits[:, -logits_to_keep:]
-        return SimpleNamespace(logits=logits)
+        return prev2[:, -n:], prev1[:, -n:]
+
+    @staticmethod
+    def _tree_context(tokens, attention_mask, position_ids, n):
+        batch, length = tokens.shape
+        if attention_mask.shape != (batch, 1, n, length) or attention_mask.dtype != torch.bool:
+            raise AssertionError(f"TableLM: 4-D attention mask {tuple(attention_mask.shape)} "
+                                 f"{attention_mask.dtype} is not a bool [{batch}, 1, {n}, {length}]")
+        sees = attention_mask[:, 0]  # [B, n, L]
+        slot = torch.arange(length, device=tokens.device)
+        own = torch.arange(length - n, length, device=tokens.device)  # each query's own slot
+        if not bool(sees[:, torch.arange(n), own].all()):
+            raise AssertionError("TableLM: a query does not see its own slot")
+        if bool((sees & (slot[None, None, :] > own[None, :, None])).any()):
+            raise AssertionError("TableLM: a query sees a slot after its own")
+        before = sees & (slot[None, None, :] < own[None, :, None])
+        if not torch.equal(position_ids, before.sum(-1)):
+            raise AssertionError("TableLM: position ids do not count the keys each query sees before itself")
+        if bool((tokens[:, None, :].expand_as(sees)[sees] >= len(LETTERS)).any()):
+            raise AssertionError("TableLM: a query sees a slot holding <pad>")
+        latest = torch.where(before, slot, -1).amax(-1)  # [B, n]: the previous token's slot, -1 if none
+        prev2 = torch.where(latest >= 0, tokens.gather(1, latest.clamp(min=0)), START)
+        return prev2, tokens[:, -n:]
 
 
 def sequence_distribution(table: torch.Tensor, context: str, length: int, temperature: float = 1.0,

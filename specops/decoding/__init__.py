@@ -138,7 +138,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
                          f"has {target_lm.vocab_size}; method 'sd' needs the same vocabulary")
 
     if method == "ngram":
-        shape = DraftShape(num_draft_tokens, target_model, target_lm.device)
+        shape = DraftShape(num_draft_tokens, target_model, target_lm.device, greedy=temperature == 0)
         bigram = unigram = None  # built (once per model) before the clock starts
         if ngram_tables == "bigram":
             bigram = model_ngrams.bigram(target_model, tokenizer, top=max(8, shape.k_max))

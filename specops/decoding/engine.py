@@ -87,19 +87,21 @@ class _CpuForward:
         logits = _stationary(self.weight, hidden.reshape(batch * n, dim)).reshape(batch, n, -1)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return logits.float()
 
     @staticmethod
     def usable(model) -> bool:
         """Whether `model` is a CPU float32 causal LM whose logits this path reproduces (probed once)."""
+        head = model.get_output_embeddings()
+        if not (isinstance(head, torch.nn.Linear) and head.weight.device.type == "cpu"
+                and head.weight.dtype == torch.float32):  # checked on every call: a model may move
+            return False
         known = _CPU_FORWARD_OK.get(model)
         if known is not None:
             return known
         ok = False
         try:
-            head = model.get_output_embeddings()
-            if (isinstance(head, torch.nn.Linear) and head.bias is None and head.weight.device.type == "cpu"
-                    and head.weight.dtype == torch.float32 and hasattr(model, "get_decoder")):
+            if head.bias is None and hasattr(model, "get_decoder"):
                 ids = torch.arange(3).unsqueeze(0) % head.weight.shape[0]
                 with torch.inference_mode():
                     want = model(input_ids=ids, use_cache=False).logits

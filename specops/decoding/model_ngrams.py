@@ -36,9 +36,10 @@ _IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionar
 
 
 def _remembered(model, key, compute):
-    """compute(), once per model and key while the embedding weights are unchanged (their version
-    counters move with every in-place update)."""
-    key = (*key, *(w._version for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)))
+    """compute(), once per model and key while its weights are unchanged (their version counters move
+    with every in-place update)."""
+    # Inference tensors keep no version counter; they can only change inside inference mode.
+    key = (*key, *(-1 if w.is_inference() else w._version for w in model.parameters()))
     try:
         tables = _IN_MEMORY.setdefault(model, {})
     except TypeError:  # not weak-referenceable
@@ -72,9 +73,10 @@ def _fingerprint(model, bos: int | None, top: int) -> str:
     config = getattr(model, "config", None)
     text = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
     digest.update(f"{type(model).__name__}|{text}|bos={bos}|top={top}|v1".encode())
-    for weight in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+    for name, weight in model.named_parameters():
         flat = weight.detach().flatten()
-        sample = flat[:: max(1, flat.numel() // 65536)].float().cpu()
+        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu()
+        digest.update(f"{name}{tuple(weight.shape)}".encode())
         digest.update(sample.numpy().tobytes())
     return digest.hexdigest()[:24]
 
@@ -178,6 +180,7 @@ def bigram(model, tokenizer, top: int = 8, chunk: int = 512, progress: bool = Tr
     cached under $SPECOPS_CACHE/ngrams (default ~/.cache/specops/ngrams); later calls load the file."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"bigram: top must be an int >= 1, got {top!r}")
+    top = min(top, int(model.get_output_embeddings().weight.shape[0]))
     bos = _bos_of(tokenizer)
     return _remembered(model, ("bigram", top, bos, cache), lambda: _load_or_build(model, bos, top, chunk, progress, cache))
 

@@ -94,7 +94,7 @@ def choose_path(tree: DraftTree, logits: torch.Tensor, temperature: float) -> to
         hit = (choice[batch, parent] == token) & present
         score = hit.long().cumprod(-1).sum(-1).double()
     else:
-        logp = torch.log_softmax(logits.double() / temperature, dim=-1)  # [B, N, V]
-        step = logp[batch, parent, token].masked_fill(~present, float("-inf"))
-        score = step.cumsum(-1).exp().sum(-1)
+        norm = torch.logsumexp(logits / temperature, dim=-1)  # [B, N]
+        step = (logits[batch, parent, token] / temperature - norm[batch, parent]).double()
+        score = step.masked_fill(~present, float("-inf")).cumsum(-1).exp().sum(-1)
     return score.argmax(-1)  # first row among equals

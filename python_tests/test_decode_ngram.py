@@ -1,0 +1,975 @@
+"""Tests of method "ngram" (specops/decoding/ngram.py) and the pieces it is built from; nothing downloads.
+
+1. Greedy exactness: greedy "ngram" equals greedy "ar" token for token (float32) on ragged batches, on
+   tiny Llama (with and without a BOS-adding tokenizer) and a tiny Gemma3 with a sliding window of 8
+   and mixed layer types, for fixed one-row and k-row shapes and "auto", with each model n-gram table;
+   with EOS, stop strings and budgets that cut a draft row short. Drafting really saves target calls.
+2. Statistics: sampled "ngram" sequences follow the target's exact distribution (chi-square on whole
+   continuations of a table-defined toy LM that reads draft trees through the 4-D mask), at T = 1 and
+   T = 0.7 with top-k; drafts are both accepted and rejected; the check can fail.
+3. Tree pieces on their own: build_tree, choose_path, and KVState.append_tree + commit against fresh
+   runs of the model on the plain token sequence (ragged rows, holes, a sliding window).
+4. DraftShape: tree_nodes, settings, and "auto" driven with synthetic costs and acceptance.
+5. Model n-grams: unigram order, bigram against the model's own logits (with and without BOS), its
+   disk cache and cache key, extend; NgramDrafter's row mix.
+6. Bad input.
+
+Threads: every test here runs torch on one thread. Tiny models gain nothing from two, and on a loaded
+2-core machine OpenMP's waiting threads make a tiny forward 100x slower or worse.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import specops
+from specops.decoding import engine, model_ngrams
+from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, tree_nodes
+from specops.decoding.engine import CausalLM, KVState
+from specops.decoding.ngram import NgramDrafter
+from specops.decoding.tree import build_tree, choose_path
+from test_decode import ALPHA, N_SEQUENCES, STAT_NEW, STAT_PROMPTS, TARGET_TABLE, _assert_powered, _fit
+from toy_models import (BOS_ID, BYTE_VOCAB, EOS_ID, LETTERS, START, TableLM, byte_tokenizer, cycle_table,
+                        greedy_cycle, letter_tokenizer, sequence_distribution, tiny_gemma3, tiny_llama)
+
+NGRAM_TABLES = ("bigram", "unigram", "none")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ngram_cache(tmp_path_factory):
+    """Model bigrams built by decode() go to a temporary cache, never to ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("specops-cache")
+        patch.setenv("SPECOPS_CACHE", str(path))
+        yield path
+
+
+# ---- 1. greedy exactness ----
+
+# Ragged (1 to 33 bytes, multi-byte UTF-8): two repeat themselves, so context n-grams hit at once; the
+# others only match once the (repetitive) greedy text of a random tiny model has grown.
+PROMPTS = ["abcabcabcabc abc", "Hello", "the cat sat; the cat sat; the cat", "ünï ✓ 42", "a"]
+MAX_NEW = 16
+MIXED = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+
+
+def _gemma_sw8():
+    return tiny_gemma3(layers=4, seed=0, sliding_window=8, layer_types=MIXED)
+
+
+TARGETS = {  # name: (model factory, tokenizer factory); the same weights for the same name
+    "llama": (lambda: tiny_llama(layers=4, seed=0), byte_tokenizer),
+    "llama-bos": (lambda: tiny_llama(layers=4, seed=0, vocab=BYTE_VOCAB + 1),
+                  lambda: byte_tokenizer(bos=True)),
+    "gemma-sw8": (_gemma_sw8, byte_tokenizer),
+}
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {name: (model(), tok()) for name, (model, tok) in TARGETS.items()}
+
+
+@pytest.fixture(scope="module")
+def ar_reference(targets):
+    """Greedy autoregressive results of PROMPTS, decoded as one batch, per target."""
+    return {name: specops.decode(PROMPTS, target=model, tokenizer=tok, method="ar", max_new_tokens=MAX_NEW)
+            for name, (model, tok) in targets.items()}
+
+
+def check_ngram_stats(result, k: int, w: int):
+    """Invariants of an ngram result's statistics; k, w bound the tree size (nodes <= k * w)."""
+    s = result.stats
+    assert s.new_tokens == sum(len(t) for t in result.tokens)
+    assert s.drafter_calls == 0
+    assert 0 <= s.accepted <= s.drafted
+    assert s.target_calls == s.steps + 1  # the prefill, then one forward per step
+    assert len(s.draft_lengths) == s.steps
+    assert all(0 <= n <= k * w for n in s.draft_lengths)
+    assert s.draft_seconds >= 0 and s.verify_seconds >= 0 and s.forward_seconds <= s.seconds * 1.001 + 1e-6
+
+
+GREEDY_SHAPES = [(1, 3), (4, 4), 2, "auto"]
+
+
+def _bounds(shape) -> tuple[int, int]:
+    if shape == "auto":
+        return 8, 8
+    return (1, shape) if isinstance(shape, int) else shape
+
+
+@pytest.mark.parametrize("tables", NGRAM_TABLES)
+@pytest.mark.parametrize("shape", GREEDY_SHAPES, ids=str)
+@pytest.mark.parametrize("name", ["llama", "gemma-sw8"])
+def test_greedy_ngram_equals_ar(targets, ar_reference, name, shape, tables):
+    model, tok = targets[name]
+    result = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                            num_draft_tokens=shape, ngram_tables=tables)
+    assert result.tokens == ar_reference[name].tokens
+    assert result.text == ar_reference[name].text
+    check_ngram_stats(result, *_bounds(shape))
+    if shape != "auto":  # a fixed shape drafts every step (except where the budget leaves no room)
+        assert result.stats.drafted > 0 and result.stats.accepted > 0
+
+
+@pytest.mark.parametrize("shape", [(4, 4), "auto"], ids=str)
+def test_greedy_ngram_equals_ar_with_bos(targets, ar_reference, shape):
+    """A tokenizer that puts BOS before every prompt: the bigram is taken after BOS, and the context
+    n-grams see it."""
+    model, tok = targets["llama-bos"]
+    assert tok(PROMPTS[0])["input_ids"][0] == BOS_ID
+    result = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                            num_draft_tokens=shape)
+    assert result.tokens == ar_reference["llama-bos"].tokens
+
+
+def test_greedy_batched_equals_alone(targets, ar_reference):
+    model, tok = targets["gemma-sw8"]
+    for i, prompt in enumerate(PROMPTS):
+        alone = specops.decode(prompt, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                               num_draft_tokens=(4, 4))
+        assert alone.tokens == ar_reference["gemma-sw8"].tokens[i], prompt
+
+
+@pytest.mark.parametrize("tables", NGRAM_TABLES)
+def test_drafts_cut_target_calls(targets, tables):
+    """Plain decoding needs one target forward per token; where the drafts hit, "ngram" needs fewer."""
+    model, tok = targets["llama"]
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    new = 24
+    ar = specops.decode(prompts, target=model, tokenizer=tok, method="ar", max_new_tokens=new)
+    assert ar.stats.target_calls == new
+    result = specops.decode(prompts, target=model, tokenizer=tok, method="ngram", max_new_tokens=new,
+                            num_draft_tokens=(4, 4), ngram_tables=tables)
+    assert result.tokens == ar.tokens
+    assert result.stats.target_calls <= new - 4, result.stats.summary()
+    assert result.stats.accepted >= 4
+
+
+class _Emitted:
+    """One row of one Batch.emit call: the request, how many tokens it had before, the tokens offered
+    (what verification produced for it) and how many of them were used."""
+
+    def __init__(self, request: int, before: int, offered: list[int], used: int):
+        self.request, self.before, self.offered, self.used = request, before, offered, used
+
+
+def _spy_emit(monkeypatch) -> list[_Emitted]:
+    seen = []
+    emit = engine.Batch.emit
+
+    def spy(self, row_tokens):
+        requests = list(self.index)
+        before = [len(self.generated[r]) for r in requests]
+        finished, used = emit(self, row_tokens)
+        seen.extend(map(_Emitted, requests, before, row_tokens, used))
+        return finished, used
+
+    monkeypatch.setattr(engine.Batch, "emit", spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma-sw8"])
+def test_greedy_stops_like_ar(targets, ar_reference, monkeypatch, name):
+    """max_new_tokens, stop strings and EOS end a request at the same token as in "ar", also when a stop
+    string or EOS falls inside an accepted draft row (the rest of the row is dropped)."""
+    model, tok = targets[name]
+    reference = ar_reference[name]
+    seen = _spy_emit(monkeypatch)
+    for max_new in (1, 2, 3, 6):
+        result = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=max_new,
+                                num_draft_tokens=(4, 4))
+        assert result.tokens == [t[:max_new] for t in reference.tokens]
+    # The budget cuts rows before verification (4 drafts when 2 tokens are left), so nothing verified is
+    # thrown away; and some step did emit several tokens.
+    assert all(e.used == len(e.offered) for e in seen) and max(len(e.offered) for e in seen) > 1
+
+    # Stop strings: printable characters of the reference texts, 4 or more tokens in.
+    stops = sorted({c for text in reference.text for c in text[4:] if c.isascii() and c.isprintable()})[:3]
+    ar = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ar", max_new_tokens=MAX_NEW, stop=stops)
+    assert any(len(t) < MAX_NEW for t in ar.tokens)  # precondition: the stop strings end some requests
+    result = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                            num_draft_tokens=(4, 4), stop=stops)
+    assert result.tokens == ar.tokens and result.text == ar.text
+
+    # A request that ends inside an accepted draft row: take a step that emitted several tokens at once
+    # and end the request at one of them other than the last, by EOS (a token new to the request), and
+    # by a stop string (the request's whole text up to there, where that is plain ASCII).
+    del seen[:]
+    specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                   num_draft_tokens=(4, 4))
+    inside = [(e.request, e.before + i) for e in seen for i in range(len(e.offered) - 1)]
+    tokens = reference.tokens
+    eos_case = next(((r, at) for r, at in inside if tokens[r][at] not in tokens[r][:at]), None)
+    stop_case = next(((r, at) for r, at in inside if _plain(tok.decode(tokens[r][:at + 1]))), None)
+    assert eos_case or stop_case
+    if eos_case:
+        request, at = eos_case
+        eos = reference.tokens[request][at]
+        eos_model = TARGETS[name][0]()  # the same weights, its own generation config
+        eos_model.generation_config.eos_token_id = [EOS_ID, eos]
+        del seen[:]
+        result = specops.decode(PROMPTS, target=eos_model, tokenizer=tok, method="ngram",
+                                max_new_tokens=MAX_NEW, num_draft_tokens=(4, 4))
+        assert result.tokens == [t[: t.index(eos) + 1] if eos in t else t for t in reference.tokens]
+        assert len(result.tokens[request]) == at + 1
+        assert any(e.request == request and e.used < len(e.offered) for e in seen)
+    if stop_case:
+        request, at = stop_case
+        stop = tok.decode(reference.tokens[request][:at + 1])
+        ar = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ar", max_new_tokens=MAX_NEW,
+                            stop=stop)
+        del seen[:]
+        result = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                                num_draft_tokens=(4, 4), stop=stop)
+        assert result.tokens == ar.tokens and result.text == ar.text
+        assert len(result.tokens[request]) == at + 1 and result.text[request] == ""
+        assert any(e.request == request and e.used < len(e.offered) for e in seen)
+
+
+def _plain(text: str) -> bool:
+    return bool(text) and text.isascii() and text.isprintable()
+
+
+# ---- 2. statistics: sampled sequences follow the target's distribution ----
+
+# TableLM has no bigram of its own (model_ngrams.bigram needs embeddings and at least 8 tokens), so a
+# fixed table stands in: row x ranks the letters by the target's p(. | START, x), the target's own
+# bigram. Drafts from it and from the context are accepted sometimes and rejected sometimes.
+TOY_BIGRAM = torch.cat([torch.argsort(-TARGET_TABLE[START, :, :len(LETTERS)], dim=-1),
+                        torch.arange(len(LETTERS))[None]])  # [TOY_VOCAB, 4]; the <pad> row is never used
+
+NGRAM_STAT_CASES = [
+    # (k, w), tables, temperature, top_k. STAT_NEW = 4 tokens: the first comes from the prefill, so a
+    # step drafts at most 2 (a request's last token always comes from a verification).
+    ((1, 2), "none", 1.0, 0),
+    ((4, 2), "bigram", 1.0, 0),
+    ((4, 2), "bigram", 0.7, 3),  # top-k 2 leaves too few sequences for the power asserted
+]
+
+_samples_cache: dict = {}
+
+
+def _toy_decode(prompts, shape, tables, temperature, top_k, seed, max_new_tokens, table=TARGET_TABLE,
+                bigram=TOY_BIGRAM):
+    target = TableLM(table)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_ngrams, "bigram", lambda model, tokenizer, top: bigram)
+        result = specops.decode(prompts, target=target, tokenizer=letter_tokenizer(), method="ngram",
+                                max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                seed=seed, num_draft_tokens=shape, ngram_tables=tables)
+    assert result.stats.target_calls == target.calls  # the model's real forward count
+    return result
+
+
+def _sample(shape, tables, temperature, top_k, seed=4321):
+    key = (shape, tables, temperature, top_k, seed)
+    if key not in _samples_cache:
+        prompts = [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
+        result = _toy_decode(prompts, shape, tables, temperature, top_k, seed, STAT_NEW)
+        assert all(len(t) == STAT_NEW for t in result.tokens)
+        _samples_cache[key] = result
+    return _samples_cache[key]
+
+
+@pytest.mark.parametrize("shape,tables,temperature,top_k", NGRAM_STAT_CASES,
+                         ids=[f"k{s[0]}w{s[1]}-{t}-T{temp}-topk{tk}" for s, t, temp, tk in NGRAM_STAT_CASES])
+def test_sampled_sequences_follow_target(shape, tables, temperature, top_k):
+    exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, temperature, top_k)
+    _assert_powered(exact)
+    result = _sample(shape, tables, temperature, top_k)
+    pvalue, impossible = _fit(result.text, exact)
+    assert impossible == 0, "sequences with probability 0 under the target were produced"
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+    assert 0 < result.stats.accepted < result.stats.drafted  # drafts accepted and rejected
+    k, w = shape
+    assert max(result.stats.draft_lengths) <= k * w
+    if k > 1:  # some trees held more than one row: the path choice and the tree mask were used
+        assert max(result.stats.draft_lengths) > w
+
+
+def test_chisquare_can_fail():
+    """The check rejects the ngram samples against a target with 1% of mass moved between its two
+    likeliest sequences, and against the same target at another temperature."""
+    exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW)
+    samples = _sample((4, 2), "bigram", 1.0, 0).text
+    assert _fit(samples, exact)[0] > ALPHA
+    shifted = dict(exact)
+    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
+    shifted[first] -= 0.01
+    shifted[second] += 0.01
+    assert _fit(samples, shifted)[0] < ALPHA
+    assert _fit(samples, sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, 0.9))[0] < ALPHA
+
+
+def test_sampling_reproducible_and_batch_invariant():
+    """A request's tokens depend on its seed and its context, not on the batch it is decoded in."""
+    prompts = STAT_PROMPTS * 4
+
+    def run(batch, seed):
+        return _toy_decode(batch, (4, 2), "bigram", 1.0, 0, seed, 12).tokens
+
+    assert run(prompts, 7) == run(prompts, 7)
+    assert run(prompts, 7) != run(prompts, 8)
+    assert run(prompts[:1], 7) == run(prompts, 7)[:1]
+
+
+def test_greedy_cycle_table():
+    """The toy model's greedy text is known (toy_models.greedy_cycle); context n-grams predict it, so
+    drafts of 3 are accepted and a step emits up to 4 tokens."""
+    prompts = ["ab", "aa", "bcd", "c"]
+    result = _toy_decode(prompts, (2, 3), "none", 0.0, 0, 0, 20, table=cycle_table())
+    assert result.text == [greedy_cycle(p, 20) for p in prompts]
+    assert result.stats.target_calls < 10 and result.stats.accepted > 0
+
+
+# ---- 3. tree pieces ----
+
+def test_build_tree():
+    rows = torch.tensor([
+        [[5, 6, 7], [5, 6, 8], [9, -1, -1], [5, 6, 7]],  # shared prefixes, a short row, a repeated row
+        [[5, -1, 4], [-1, -1, -1], [5, 7, -1], [2, -1, -1]],  # a row ends at its first -1; an empty row
+    ])
+    tree = build_tree(torch.tensor([11, 12]), rows)
+    assert tree.nodes == 6  # request 1 has 4 nodes and 2 padding nodes
+    assert tree.tokens.tolist() == [[11, 5, 6, 7, 8, 9], [12, 5, 7, 2, 0, 0]]
+    assert tree.parent.tolist() == [[0, 0, 1, 2, 2, 0], [0, 0, 1, 0, 0, 0]]
+    assert tree.depth.tolist() == [[0, 1, 2, 3, 3, 1], [0, 1, 2, 1, 0, 0]]
+    assert tree.valid.tolist() == [[True] * 6, [True] * 4 + [False] * 2]
+    assert tree.paths.tolist() == [
+        [[1, 2, 3], [1, 2, 4], [5, -1, -1], [1, 2, 3]],
+        [[1, -1, -1], [-1, -1, -1], [1, 2, -1], [3, -1, -1]],
+    ]
+    # visible: ancestor-or-self; a padding node sees only itself.
+    for b in range(2):
+        for i in range(tree.nodes):
+            ancestors = {i}
+            node = i
+            while tree.valid[b, i] and node != 0:
+                node = int(tree.parent[b, node])
+                ancestors.add(node)
+            assert tree.visible[b, i].nonzero().flatten().tolist() == sorted(ancestors), (b, i)
+    # Every path's tokens are its row's tokens up to the row's first -1.
+    for b in range(2):
+        for r in range(rows.shape[1]):
+            path = [n for n in tree.paths[b, r].tolist() if n >= 0]
+            row = rows[b, r].tolist()
+            length = row.index(-1) if -1 in row else len(row)
+            assert [int(tree.tokens[b, n]) for n in path] == row[:length]
+
+
+def test_build_tree_root_only():
+    tree = build_tree(torch.tensor([3, 4, 5]), torch.full((3, 2, 2), -1))
+    assert tree.nodes == 1 and tree.tokens.tolist() == [[3], [4], [5]]
+    assert tree.visible.tolist() == [[[True]]] * 3 and (tree.paths == -1).all()
+
+
+def _one_hot_logits(tree, argmax: dict[tuple[int, int], int], vocab: int = 16) -> torch.Tensor:
+    """Logits [B, N, vocab] whose argmax at node (b, i) is argmax[(b, i)] (else token 0)."""
+    logits = torch.zeros(tree.tokens.shape[0], tree.nodes, vocab)
+    for (b, i), token in argmax.items():
+        logits[b, i, token] = 5.0
+    logits[..., 0] += 1.0  # the default winner elsewhere
+    return logits
+
+
+def test_choose_path_greedy():
+    rows = torch.tensor([
+        [[5, 6, 7], [5, 6, 8], [9, 3, -1]],
+        [[5, 6, 7], [5, 9, -1], [4, 4, 4]],
+        [[1, 2, -1], [3, 4, -1], [1, 2, 3]],
+    ])
+    tree = build_tree(torch.tensor([11, 12, 13]), rows)
+    p = tree.paths  # node ids come from build_tree: look them up from the paths
+    argmax = {
+        # request 0: 5, 6 then 8 match (row 1: 3 tokens), row 0 stops after 2 -> row 1
+        (0, 0): 5, (0, int(p[0, 0, 0])): 6, (0, int(p[0, 0, 1])): 8,
+        # request 1: 5 matches, then 9 (row 1: 2 tokens) beats row 0 (1 token) -> row 1
+        (1, 0): 5, (1, int(p[1, 0, 0])): 9,
+        # request 2: rows 0 and 2 share 1, 2 (2 tokens each), then 3 is not the argmax -> the first, row 0
+        (2, 0): 1, (2, int(p[2, 0, 0])): 2, (2, int(p[2, 0, 1])): 5,
+    }
+    chosen = choose_path(tree, _one_hot_logits(tree, argmax), 0.0)
+    assert chosen.tolist() == [1, 1, 0]
+    # Nothing matches: the first row.
+    assert choose_path(tree, _one_hot_logits(tree, {}), 0.0).tolist() == [0, 0, 0]
+
+
+def _expected_length(tree, logits, b: int, r: int, temperature: float) -> float:
+    """sum_j prod_{i <= j} p(d_i | its parent), written out node by node."""
+    total, prob = 0.0, 1.0
+    for node in tree.paths[b, r].tolist():
+        if node < 0:
+            break
+        parent = int(tree.parent[b, node])
+        p = torch.softmax(logits[b, parent].double() / temperature, -1)[int(tree.tokens[b, node])]
+        prob *= float(p)
+        total += prob
+    return total
+
+
+def test_choose_path_sampling():
+    """Row 0's first token is the likelier one, but row 1 continues with a near-certain token: by
+    expected accepted length row 1 wins at T = 1, row 0 at a low temperature (which sharpens row 0's
+    first token to near certainty and row 1's to near zero)."""
+    rows = torch.tensor([[[1, 2], [3, 4]]])
+    tree = build_tree(torch.tensor([0]), rows)  # nodes: 0 root, 1 = 1, 2 = 2, 3 = 3, 4 = 4
+    logits = torch.full((1, tree.nodes, 8), -10.0)
+    logits[0, 0, 1], logits[0, 0, 3] = 1.0, 0.7  # p(1) > p(3) at the root
+    logits[0, 1, 2:] = 0.0  # after 1: token 2 is one of 6 equally likely...
+    logits[0, 3, 4] = 10.0  # ... after 3: token 4 is near certain
+    scores = {t: [_expected_length(tree, logits, 0, r, t) for r in range(2)] for t in (1.0, 0.2)}
+    assert scores[1.0][1] > scores[1.0][0] and scores[0.2][0] > scores[0.2][1]  # the premise
+    assert choose_path(tree, logits, 1.0).tolist() == [1]
+    assert choose_path(tree, logits, 0.2).tolist() == [0]
+    # Greedy ignores probabilities: row 0 matches the argmax twice (1, then 2, the first of the tied
+    # tokens after 1), row 1 not at all.
+    assert choose_path(tree, logits, 0.0).tolist() == [0]
+
+
+def test_choose_path_sampling_ragged_batch():
+    """Random logits over a ragged batch: the chosen row maximizes the expected accepted length."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 4, (3, 5, 3), generator=g)
+    rows[0, 2, 1:] = -1
+    rows[1, :, 2] = -1
+    rows[2, 1:] = -1
+    tree = build_tree(torch.tensor([0, 1, 2]), rows)
+    logits = torch.randn(3, tree.nodes, 4, generator=g) * 2
+    for temperature in (1.0, 0.6):
+        chosen = choose_path(tree, logits, temperature).tolist()
+        for b in range(3):
+            scores = [_expected_length(tree, logits, b, r, temperature) for r in range(5)]
+            best = max(scores)
+            assert chosen[b] == min(r for r in range(5) if scores[r] > best - 1e-12), (b, scores)
+
+
+# KVState.append_tree + commit: after any sequence of tree steps, the cache must hold exactly what a fresh
+# run over each row's plain token sequence computes. Tolerance: float32 with batched, masked attention
+# against an unbatched one reorders sums; logits here are O(1), so 1e-5 absolute is ~100 ulp.
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def _fresh_logits(model, sequence: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([sequence])).logits[0, -1].float()
+
+
+def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        valid[b, width - len(p):] = True
+    return ids, valid
+
+
+def _check_tree_step(model, state, sequences, roots, rows, chosen, keep):
+    """One verification step: feed the tree, compare every node's logits with a fresh run, keep
+    row chosen[b]'s first keep[b] drafts. Returns the kept tokens per request (root included)."""
+    tree = build_tree(torch.tensor(roots), rows)
+    with torch.inference_mode():
+        logits = state.append_tree(tree.tokens, tree.valid, tree.depth, tree.visible)
+    for b, sequence in enumerate(sequences):
+        for node in range(tree.nodes):
+            if not tree.valid[b, node]:
+                continue
+            chain, at = [], node
+            while at != 0:
+                chain.append(int(tree.tokens[b, at]))
+                at = int(tree.parent[b, at])
+            expected = _fresh_logits(model, sequence + [roots[b]] + chain[::-1])
+            assert torch.allclose(logits[b, node], expected, atol=ATOL, rtol=RTOL), (b, node)
+    path = tree.paths[torch.arange(len(roots)), torch.tensor(chosen)]
+    slots = torch.cat([torch.zeros_like(path[:, :1]), path.clamp(min=0)], dim=1)
+    with torch.inference_mode():
+        state.commit(tree.nodes, slots, torch.tensor(keep) + 1)
+    kept = []
+    for b in range(len(roots)):
+        assert keep[b] <= int((path[b] >= 0).sum())
+        kept.append([roots[b]] + [int(tree.tokens[b, n]) for n in path[b, :keep[b]].tolist()])
+    return kept
+
+
+TREE_MODELS = {
+    "llama": lambda: tiny_llama(layers=2, seed=5),
+    "gemma-sw4": lambda: tiny_gemma3(layers=4, seed=5, sliding_window=4, layer_types=MIXED),
+    "gemma-sw4-eager": lambda: tiny_gemma3(layers=2, seed=5, sliding_window=4),
+}
+
+
+@pytest.mark.parametrize("name", list(TREE_MODELS))
+def test_append_tree_and_commit_match_fresh_runs(name):
+    model = TREE_MODELS[name]()
+    if name.endswith("eager"):
+        model.set_attn_implementation("eager")  # the engine's masks become additive float masks
+    lm = CausalLM(model)
+    sequences = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34]]  # ragged: left padding
+    state = KVState(lm, len(sequences))
+    ids, valid = _left_padded(sequences)
+    with torch.inference_mode():
+        prefill = state.append(ids, valid, keep=1)[:, -1]
+    for b, sequence in enumerate(sequences):
+        assert torch.allclose(prefill[b], _fresh_logits(model, sequence), atol=ATOL, rtol=RTOL)
+
+    steps = [  # roots, rows [3, k, w], chosen row, drafts kept: different per request (holes)
+        ([40, 41, 42],
+         [[[50, 51, 52], [50, 53, 54], [55, -1, -1]],
+          [[60, -1, -1], [-1, -1, -1], [-1, -1, -1]],
+          [[70, 71, 72], [73, 74, 75], [70, 71, 76]]],
+         [1, 0, 2], [2, 0, 3]),
+        ([43, 44, 45],
+         [[[80, 81, -1], [82, -1, -1], [80, 83, -1]],
+          [[90, 91, 92], [90, 91, 93], [94, 95, 96]],
+          [[-1, -1, -1], [-1, -1, -1], [-1, -1, -1]]],  # nothing drafted: the root alone
+         [2, 1, 0], [1, 3, 0]),
+        ([46, 47, 48],
+         [[[100, 101, 102], [100, 101, 103], [104, 105, 106]],
+          [[110, 111, 112], [113, 114, 115], [116, 117, 118]],
+          [[120, 121, 122], [120, 123, 124], [125, 126, 127]]],
+         [0, 2, 1], [3, 1, 2]),
+    ]
+    for roots, rows, chosen, keep in steps:
+        kept = _check_tree_step(model, state, sequences, roots, torch.tensor(rows), chosen, keep)
+        sequences = [s + k for s, k in zip(sequences, kept)]
+        assert state.next_pos.tolist() == [len(s) for s in sequences]
+    # A plain forward after the last commit sees each row's plain sequence.
+    last = [130, 131, 132]
+    with torch.inference_mode():
+        logits = state.append(torch.tensor(last)[:, None])[:, -1]
+    for b, sequence in enumerate(sequences):
+        assert torch.allclose(logits[b], _fresh_logits(model, sequence + [last[b]]), atol=ATOL, rtol=RTOL), b
+    assert min(len(s) for s in sequences) > 8  # every row crossed the sliding window of 4
+
+
+def test_commit_crops_slots_no_row_keeps():
+    """Slots past every row's kept path leave the cache: it grows by the longest kept path."""
+    model = tiny_llama(layers=1, seed=6)
+    state = KVState(CausalLM(model), 2)
+    ids, valid = _left_padded([[5, 6, 7], [8, 9]])
+    with torch.inference_mode():
+        state.append(ids, valid)
+        rows = torch.tensor([[[10, 11, 12], [13, 14, 15]], [[16, 17, 18], [19, 20, 21]]])
+        tree = build_tree(torch.tensor([1, 2]), rows)
+        state.append_tree(tree.tokens, tree.valid, tree.depth, tree.visible)
+    assert state.mask.shape[1] == 3 + tree.nodes
+    path = tree.paths[:, 1]
+    slots = torch.cat([torch.zeros_like(path[:, :1]), path], dim=1)
+    with torch.inference_mode():
+        state.commit(tree.nodes, slots, torch.tensor([2, 1]))
+    assert state.mask.shape[1] == 3 + 2 and state.cache.get_seq_length() == 3 + 2
+    assert state.mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]]
+    assert state.positions[:, 3:].tolist() == [[3, 4], [2, 3]]
+
+
+def test_cpu_forward_used_and_restored():
+    """CPU float32 models run through the engine's weight-stationary forward (engine._CpuForward; the
+    fresh-run comparisons above go through it), and the model's own layers are untouched afterwards."""
+    model = tiny_llama(layers=1, seed=7)
+    lm = CausalLM(model)
+    assert lm.cpu_forward is not None
+    state = KVState(lm, 2)
+    ids, valid = _left_padded([[5, 6, 7], [8]])
+    with torch.inference_mode():
+        logits = state.append(ids, valid, keep=1)[:, -1]
+    assert logits.dtype == torch.float32
+    assert torch.allclose(logits[1], _fresh_logits(model, [8]), atol=ATOL, rtol=RTOL)
+    assert all("forward" not in m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_cpu_forward_follows_dtype_change():
+    """CausalLM promises float32 logits. The probe's verdict is cached per model object, so a model that
+    passed it in float32 and is then converted in place (model.to(torch.bfloat16)) must not keep the
+    float32-only CPU path, or at least must still return float32 logits."""
+    model = tiny_llama(layers=1, seed=7)
+    assert CausalLM(model).cpu_forward is not None
+    model.to(torch.bfloat16)
+    lm = CausalLM(model)
+    with torch.inference_mode():
+        logits = KVState(lm, 1).append(torch.tensor([[5, 6, 7]]))
+    assert logits.dtype == torch.float32, f"CausalLM returned {logits.dtype} logits"
+
+
+# ---- 4. DraftShape ----
+
+class _ModelKey:
+    """A fresh weak-referenceable stand-in for a model: DraftShape keeps step costs per model object for
+    the life of the process, so every test gets its own."""
+
+
+def test_tree_nodes_hand_made():
+    rows = torch.tensor([[[5, 6, 7], [5, 6, 8], [5, 9, -1], [-1, -1, -1]]])
+    nodes = tree_nodes(rows)[0]
+    assert nodes.tolist() == [[1, 2, 3], [1, 2, 4], [1, 3, 5], [1, 3, 5]]
+
+
+def test_tree_nodes_matches_build_tree():
+    """tree_nodes(rows)[b, k-1, w-1] == build_tree of the first k rows cut to w tokens, minus the root."""
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randint(0, 3, (6, 5, 4), generator=g)  # 3 tokens: many shared prefixes
+    rows[torch.rand(rows.shape, generator=g) < 0.15] = -1
+    nodes = tree_nodes(rows)
+    for b in range(rows.shape[0]):
+        for k in range(1, 6):
+            for w in range(1, 5):
+                tree = build_tree(torch.tensor([0]), rows[b:b + 1, :k, :w])
+                assert int(nodes[b, k - 1, w - 1]) == tree.nodes - 1, (b, k, w)
+
+
+@pytest.mark.parametrize("setting", [0, -1, 2.5, "x", "", None, True, (0, 2), (2, 0), (2,), (1, 2, 3), [2, 2],
+                                     (True, 2), (2, 1.5), "8"])
+def test_draft_shape_bad_setting(setting):
+    with pytest.raises(ValueError, match="num_draft_tokens for method 'ngram'"):
+        DraftShape(setting, _ModelKey(), "cpu")
+
+
+@pytest.mark.parametrize("setting,shape", [(1, (1, 1)), (3, (1, 3)), ((4, 2), (4, 2)), ((12, 1), (12, 1))])
+def test_draft_shape_fixed(setting, shape):
+    draft_shape = DraftShape(setting, _ModelKey(), "cpu")
+    assert (draft_shape.k_max, draft_shape.w_max) == shape
+    rows = torch.full((2, *shape), 3)
+    for seconds in (0.01, 10.0):  # costs never change a fixed shape
+        assert draft_shape.choose(rows, torch.zeros(2, dtype=torch.long)) == shape
+        draft_shape.observe_cost(2, seconds)
+
+
+def _distinct_rows(batch: int, k: int, w: int) -> torch.Tensor:
+    """Draft lists [batch, k, w] with no shared prefixes: shape (k, w) has k * w tree nodes."""
+    return (torch.arange(k * w).view(1, k, w) + 100 * torch.arange(1, k + 1).view(1, k, 1)).expand(
+        batch, k, w).clone()
+
+
+def _drive(shape: DraftShape, cost, truth_row, steps: int, batch: int = 2):
+    """Run `steps` steps of the decoder's DraftShape protocol on synthetic data: choose, pay cost(size),
+    record the draft lists, then learn that the tokens that followed were row truth_row(step) of the
+    list (or never drafted tokens when it is None). Returns the chosen shapes and their sizes, checking
+    that no step explores beyond twice the largest size measured before it."""
+    rows = _distinct_rows(batch, shape.k_max, shape.w_max)
+    source = torch.zeros(batch, dtype=torch.long)
+    nodes = tree_nodes(rows).amax(0)
+    generated = [[] for _ in range(batch)]
+    chosen = []
+    for step in range(steps):
+        largest = shape.cost.largest()
+        k, w = shape.choose(rows, source)
+        size = batch * (1 + (int(nodes[k - 1, w - 1]) if k else 0))
+        if largest:
+            assert size <= 2 * largest, (step, (k, w), size, largest)
+        else:
+            assert (k, w) == (0, 0)  # nothing measured yet: plain decoding first
+        chosen.append(((k, w), size))
+        shape.observe_cost(size, cost(size))
+        shape.record(list(range(batch)), [len(g) for g in generated], source, rows)
+        row = truth_row(step)
+        for g in generated:
+            g.extend(rows[0, row].tolist() if row is not None else [7] * shape.w_max)
+        shape.resolve(generated, set())
+    return chosen
+
+
+def test_draft_shape_auto_plain_when_drafting_cannot_pay():
+    """A CPU-like steep step cost and drafts that never match: after some optimistic exploration it
+    settles on plain decoding."""
+    shape = DraftShape("auto", _ModelKey(), "cpu")
+    chosen = _drive(shape, lambda size: 0.05 * size, lambda step: None, steps=40)
+    assert any(k for (k, _), _ in chosen[:10]), chosen[:10]  # it did try drafting
+    assert all(s == (0, 0) for s, _ in chosen[-15:]), chosen
+
+
+def test_draft_shape_auto_wide_when_drafting_is_free():
+    """A GPU-like flat cost and drafts that match fully, but by turns from rows 0, 1 and 2: it grows
+    by doubling to three full-width rows (a(3, 8) = 8 tokens, fewer rows accept less)."""
+    shape = DraftShape("auto", _ModelKey(), "cpu")
+    chosen = _drive(shape, lambda size: 0.05, lambda step: step % 3, steps=40)
+    sizes = [size for _, size in chosen]
+    assert sizes[0] == 2 and max(sizes[:3]) <= 8  # 2 rows: plain, then at most doubling per step
+    assert chosen[-1][0] == (3, 8), chosen
+    assert all(s == (3, 8) for s, _ in chosen[-10:])
+
+
+def test_draft_shape_costs_shared_per_model():
+    """A later decode call on the same model starts from the costs earlier ones measured."""
+    key = _ModelKey()
+    first = DraftShape("auto", key, "cpu")
+    first.observe_cost(1, 0.05)
+    second = DraftShape("auto", key, "cpu")
+    assert second.cost(1) == 0.05
+    assert DraftShape("auto", _ModelKey(), "cpu").cost(1) is None
+
+
+def test_draft_shape_resolve_scores_counterfactually():
+    shape = DraftShape("auto", _ModelKey(), "cpu", k_max=3, w_max=3, sources=3)
+    prior = torch.full((3, 3), _PRIOR_ACCEPTED, dtype=torch.float64)
+    assert torch.equal(shape.expected_accepted()[1], prior)
+    rows = torch.tensor([[[1, 2, 3], [1, 4, 5], [6, 7, 8]]])
+    shape.record([0], [2], torch.tensor([1]), rows)  # request 0's drafts for its tokens 2, 3, 4
+    generated = [[9, 9, 1, 4]]
+    shape.resolve(generated, set())
+    assert len(shape.pending) == 1  # only 2 of 3 tokens known: not scored yet
+    assert torch.equal(shape.expected_accepted()[1], prior)
+    generated[0] += [5, 0]
+    shape.resolve(generated, set())
+    assert not shape.pending
+    # a(k, w) = min(w, longest prefix any of the first k rows shares with 1, 4, 5): row 0 shares 1,
+    # row 1 shares 3, row 2 none.
+    a = torch.tensor([[1, 1, 1], [1, 2, 3], [1, 2, 3]], dtype=torch.float64)
+    expected = (a + _PRIOR_WEIGHT * _PRIOR_ACCEPTED) / (1 + _PRIOR_WEIGHT)
+    assert torch.allclose(shape.expected_accepted()[1], expected)
+    assert torch.equal(shape.expected_accepted()[0], prior)  # other sources untouched
+    # A request that finished early is scored on what it emitted: 6 matches row 2's first token only.
+    shape.record([1], [0], torch.tensor([7]), rows)  # sources past the last share the last
+    shape.resolve([[], [6]], {1})
+    later = shape.expected_accepted()[2]
+    assert (later[2] > _PRIOR_ACCEPTED).all() and (later[:2] < _PRIOR_ACCEPTED).all()
+    # Expected acceptance moves the right way: full matches raise it, misses lower it.
+    before = shape.expected_accepted()[1].clone()
+    for _ in range(5):
+        shape.record([0], [len(generated[0])], torch.tensor([1]), rows)
+        generated[0] += [6, 7, 8]
+        shape.resolve(generated, set())
+    after = shape.expected_accepted()[1]
+    assert after[2, 2] > before[2, 2] and after[0, 2] < before[0, 2]
+
+
+# ---- 5. model n-grams ----
+
+class _Embeddings(torch.nn.Module):
+    def __init__(self, inputs, outputs):
+        super().__init__()
+        self.inputs = torch.nn.Embedding.from_pretrained(inputs)
+        self.outputs = torch.nn.Linear(outputs.shape[1], outputs.shape[0], bias=False)
+        self.outputs.weight.data.copy_(outputs)
+
+    def get_input_embeddings(self):
+        return self.inputs
+
+    def get_output_embeddings(self):
+        return self.outputs
+
+
+def test_unigram_order():
+    """d(x)^2 = (u_x - mean u)^T C (u_x - mean u), C = V^T V / |V| = diag(4.5, 0.5) here; centered
+    outputs (1.25, -0.25), (0.25, 2.75), (0.25, -2.25), (-1.75, -0.25) give d^2 = 7.06, 4.06, 2.81,
+    13.81: farthest first is 3, 0, 1, 2 (Euclidean order would be 1, 2, 3, 0; nearest first 2, 1, 0, 3)."""
+    inputs = torch.tensor([[3.0, 0.0], [-3.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    outputs = torch.tensor([[1.0, 0.0], [0.0, 3.0], [0.0, -2.0], [-2.0, 0.0]])
+    model = _Embeddings(inputs, outputs)
+    assert model_ngrams.unigram(model, top=4).tolist() == [3, 0, 1, 2]
+    assert model_ngrams.unigram(model, top=2).tolist() == [3, 0]
+    assert model_ngrams.unigram(model, top=100).tolist() == [3, 0, 1, 2]  # distinct ids, at most V
+
+
+def test_unigram_distinct_on_a_model():
+    model = tiny_llama(layers=1, seed=2)
+    top = model_ngrams.unigram(model, top=32)
+    assert top.dtype == torch.int64 and len(set(top.tolist())) == 32
+    assert all(0 <= t < BYTE_VOCAB for t in top.tolist())
+
+
+# The bigram ranks in bfloat16 (model_ngrams docstring), so it is compared with the float32 logits up to
+# bfloat16 rounding: its j-th token's logit must be within BF16_TOL of the j-th largest logit. The tiny
+# models' logits are below 1 in magnitude; bfloat16 keeps 8 bits, ~0.004 each, summed over a few layers.
+BF16_TOL = 0.02
+
+
+def _next_logits(model, vocab: int, bos: int | None) -> torch.Tensor:
+    ids = torch.arange(vocab)[:, None]
+    if bos is not None:
+        ids = torch.cat([torch.full_like(ids, bos), ids], dim=1)
+    with torch.inference_mode():
+        return model(input_ids=ids).logits[:, -1].float()
+
+
+def _bigram_error(table: torch.Tensor, logits: torch.Tensor) -> float:
+    top = logits.topk(table.shape[1], dim=-1).values
+    return float((logits.gather(1, table.long()) - top).abs().max())
+
+
+@pytest.mark.parametrize("bos", [False, True], ids=["no-bos", "bos"])
+def test_bigram_is_the_model_top_k(monkeypatch, tmp_path, bos):
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    vocab = BYTE_VOCAB + bos
+    model, tok = tiny_llama(layers=2, seed=3, vocab=vocab), byte_tokenizer(bos=bos)
+    table = model_ngrams.bigram(model, tok, top=6, chunk=100, progress=False)
+    assert table.shape == (vocab, 6) and table.dtype == torch.int32
+    assert all(len(set(row)) == 6 for row in table.tolist())
+    # After BOS when the tokenizer adds one, else after nothing; a context with another first token
+    # (no BOS, or <eos>) gives another table, and the check tells them apart.
+    assert _bigram_error(table, _next_logits(model, vocab, BOS_ID if bos else None)) < BF16_TOL
+    assert _bigram_error(table, _next_logits(model, vocab, None if bos else EOS_ID)) > 5 * BF16_TOL
+
+
+def _count_forwards(model) -> list[int]:
+    calls = [0]
+    model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_bigram_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    tok = byte_tokenizer()
+    model = tiny_llama(layers=1, seed=4)
+    calls = _count_forwards(model)
+    first = model_ngrams.bigram(model, tok, top=4, progress=False)
+    assert calls[0] > 0
+    assert len(list((tmp_path / "ngrams").glob("*.pt"))) == 1
+    made = calls[0]
+    assert torch.equal(model_ngrams.bigram(model, tok, top=4, progress=False), first)
+    assert calls[0] == made  # the same model object: not recomputed
+    twin = tiny_llama(layers=1, seed=4)  # the same weights in another object: loaded from disk
+    twin_calls = _count_forwards(twin)
+    assert torch.equal(model_ngrams.bigram(twin, tok, top=4, progress=False), first)
+    assert twin_calls[0] == 0
+    model_ngrams.bigram(model, tok, top=5, progress=False)  # other settings: another table
+    assert calls[0] > made and len(list((tmp_path / "ngrams").glob("*.pt"))) == 2
+    made = calls[0]
+    with torch.no_grad():
+        model.lm_head.weight.neg_()  # reverses every ranking
+    changed = model_ngrams.bigram(model, tok, top=4, progress=False)
+    assert calls[0] > made, "new output weights, yet the cached table was used"
+    assert not torch.equal(changed, first)
+    assert not list((tmp_path / "ngrams").glob("*.partial"))
+    assert not list((tmp_path / "ngrams").glob("*.checkpoint"))
+
+
+def _scaled_layer(model):
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(50.0)
+    return model
+
+
+def test_bigram_cache_key_covers_every_weight(monkeypatch, tmp_path):
+    """The cache must not serve a table computed for other weights when only non-embedding weights
+    differ (a model fine-tuned with frozen embeddings, e.g. LoRA on the attention layers): neither for
+    another model object with such weights (the disk key), nor for the same object changed in place
+    (the in-memory copy)."""
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    tok = byte_tokenizer()
+    original = model_ngrams.bigram(tiny_llama(layers=1, seed=4), tok, top=4, progress=False)
+    expected = model_ngrams.bigram(_scaled_layer(tiny_llama(layers=1, seed=4)), tok, top=4, progress=False,
+                                   cache=False)
+    assert not torch.equal(expected, original)  # the model's bigram did change
+    other = _scaled_layer(tiny_llama(layers=1, seed=4))
+    other_object = model_ngrams.bigram(other, tok, top=4, progress=False)
+    model = tiny_llama(layers=1, seed=4)
+    model_ngrams.bigram(model, tok, top=4, progress=False)
+    in_place = model_ngrams.bigram(_scaled_layer(model), tok, top=4, progress=False)
+    assert torch.equal(other_object, expected), "the disk cache returned the table of other weights"
+    assert torch.equal(in_place, expected), "the in-memory cache returned the table of other weights"
+
+
+@pytest.mark.parametrize("tables", ["bigram", "unigram"])
+def test_ngram_tables_for_model_built_in_inference_mode(monkeypatch, tmp_path, tables):
+    """A model created under torch.inference_mode (its weights are inference tensors, which have no
+    version counter) decodes with "ar"; it must decode with "ngram" too."""
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    tok = byte_tokenizer()
+    with torch.inference_mode():
+        model = tiny_llama(layers=1, seed=8)
+    ar = specops.decode(PROMPTS[:2], target=model, tokenizer=tok, method="ar", max_new_tokens=6)
+    result = specops.decode(PROMPTS[:2], target=model, tokenizer=tok, method="ngram", max_new_tokens=6,
+                            ngram_tables=tables)
+    assert result.tokens == ar.tokens
+
+
+def test_bigram_small_vocabulary(monkeypatch, tmp_path):
+    """decode() asks for max(8, k) bigram entries per token; a vocabulary smaller than that must still
+    work (at most V distinct next tokens exist), not fail inside torch.topk."""
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    tok = letter_tokenizer()  # 5 tokens
+    model = tiny_llama(layers=1, seed=4, vocab=len(tok))
+    result = specops.decode(["abcab", "dd"], target=model, tokenizer=tok, method="ngram", max_new_tokens=6)
+    ar = specops.decode(["abcab", "dd"], target=model, tokenizer=tok, method="ar", max_new_tokens=6)
+    assert result.tokens == ar.tokens
+
+
+def test_extend():
+    table = torch.tensor([[1, 0], [2, 0], [0, 1], [5, 0], [4, 0], [3, 0]], dtype=torch.int32)
+    first = torch.tensor([[0, -1], [3, 2]])
+    out = model_ngrams.extend(first, table, 4)
+    assert out.dtype == torch.int64
+    assert out.tolist() == [[[0, 1, 2, 0], [-1, -1, -1, -1]], [[3, 5, 3, 5], [2, 0, 1, 2]]]
+    assert model_ngrams.extend(first, table, 1).tolist() == [[[0], [-1]], [[3], [2]]]
+
+
+def _drafter(prompts: list[list[int]], bigram=None, unigram=None, max_new_tokens: int = 8) -> NgramDrafter:
+    ids, valid = _left_padded(prompts)
+    batch = SimpleNamespace(prompt_ids=ids, prompt_mask=valid.long(), rows=len(prompts),
+                            max_new_tokens=max_new_tokens)
+    return NgramDrafter(batch, bigram, unigram)
+
+
+def test_ngram_drafter_rows():
+    """Context matches first (a match cut off by the end of the context continues with the bigram's
+    top-1), then the extended bigram from its top entry on; -1 where nothing is left."""
+    bigram = torch.tensor([[1, 2], [2, 0], [3, 1], [1, 0]], dtype=torch.int32)  # V = 4, top1 = 1, 2, 3, 1
+    prompts = [[1, 2, 3, 1, 2], [3, 0, 3]]
+    drafter = _drafter(prompts, bigram)
+    rows, source = drafter.propose(3, 4)
+    # Request 0: "1 2" occurred before, followed by 3 1 2 | end -> 3 1 2 then top1(2) = 3; then the
+    # bigram after 2 (3, 1), extended: 3 1 2 3 and 1 2 3 1.
+    # Request 1: "3" occurred before, followed by 0 3 | end -> 0 3 1 2; then 1 2 3 1 and 0 1 2 3.
+    assert rows.tolist() == [[[3, 1, 2, 3], [3, 1, 2, 3], [1, 2, 3, 1]],
+                             [[0, 3, 1, 2], [1, 2, 3, 1], [0, 1, 2, 3]]]
+    assert source.tolist() == [2, 1]  # the length of the context match
+    # Without model n-grams, only the context rows; with the unigram, one-token rows after them.
+    rows, source = _drafter(prompts).propose(3, 4)
+    assert rows.tolist() == [[[3, 1, 2, -1]] + [[-1] * 4] * 2, [[0, 3, -1, -1]] + [[-1] * 4] * 2]
+    rows, _ = _drafter(prompts, unigram=torch.tensor([2, 0])).propose(3, 4)
+    assert rows[0].tolist() == [[3, 1, 2, -1], [2, -1, -1, -1], [0, -1, -1, -1]]
+    # No context match at all: the bigram rows, source 0.
+    rows, source = _drafter([[0, 1, 2, 3]], bigram).propose(2, 2)
+    assert rows.tolist() == [[[1, 2], [0, 1]]] and source.tolist() == [0]
+    # The contexts grow with what is emitted, ragged across requests.
+    drafter.extend_contexts([[3], [1, 0]])
+    assert drafter.lengths.tolist() == [6, 5]
+    assert drafter.contexts[1, :5].tolist() == [3, 0, 3, 1, 0]
+
+
+# ---- 6. bad input ----
+
+@pytest.fixture(scope="module")
+def llama(targets):
+    return targets["llama"]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(drafter="self:2"), "method 'ngram' does not use a drafter"),
+    (dict(ngram_tables="trigram"), "ngram_tables must be one of bigram, unigram, none, got 'trigram'"),
+    (dict(ngram_tables=None), "ngram_tables must be one of"),
+    (dict(num_draft_tokens=0), "num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1"),
+    (dict(num_draft_tokens=(0, 3)), "num_draft_tokens for method 'ngram'"),
+    (dict(num_draft_tokens=(2, 2, 2)), "num_draft_tokens for method 'ngram'"),
+    (dict(num_draft_tokens="x"), "num_draft_tokens for method 'ngram'"),
+    (dict(num_draft_tokens=1.5), "num_draft_tokens for method 'ngram'"),
+])
+def test_bad_arguments(llama, kwargs, match):
+    model, tok = llama
+    with pytest.raises(ValueError, match=match):
+        specops.decode("hi", target=model, tokenizer=tok, method="ngram", max_new_tokens=2, **kwargs)
+
+
+def test_drafter_model_rejected(llama):
+    model, tok = llama
+    with pytest.raises(ValueError, match="method 'ngram' does not use a drafter"):
+        specops.decode("hi", target=model, tokenizer=tok, drafter=model, drafter_tokenizer=tok,
+                       method="ngram", max_new_tokens=2)
+
+
+def test_tuple_shape_only_for_ngram(llama):
+    model, tok = llama
+    with pytest.raises(ValueError, match="num_draft_tokens must be 'auto' or an int >= 1"):
+        specops.decode("hi", target=model, tokenizer=tok, drafter="self:2", max_new_tokens=2,
+                       num_draft_tokens=(2, 2))
