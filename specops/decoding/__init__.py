@@ -86,7 +86,9 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     row of w tokens and a tuple (k, w) is k rows of w tokens. ngram_tables: the model-derived n-grams
     "ngram" fills rows with when the context has too few matches: "bigram" (computed once per model,
     with a progress bar, and cached on disk), "unigram" (from the embeddings, instant) or "none". seed: makes sampling
-    reproducible. stop: strings that end a request (excluded from its text). stream: called as
+    reproducible for a fixed num_draft_tokens (with "auto", draft lengths follow measured timings, and
+    the steps they make decide which random numbers each token uses; the distribution is the target's
+    either way). stop: strings that end a request (excluded from its text). stream: called as
     stream(request_index, text) with each new piece of text as tokens are accepted.
     """
     single = isinstance(prompt, str)
