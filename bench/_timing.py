@@ -139,3 +139,17 @@ def _cell(value) -> str:
             return f"{value:.1f}"
         return f"{value:.2f}"
     return str(value)
+
+
+def report(rows: list[dict], columns: Sequence[str], info: dict[str, str], csv_path, other_load: float,
+           device: str) -> None:
+    """Write the CSV, then print the table, the machine line and how busy other processes kept it."""
+    write_csv(csv_path, rows, info)
+    print(format_table(rows, columns))
+    print()
+    print("machine: " + ", ".join(f"{key}={value}" for key, value in info.items()))
+    print(f"other processes kept {other_load:.2f} of {info['cpu_cores']} cores busy during the run "
+          "(per case: others)"
+          + ("  <-- shared machine: CPU times are pessimistic" if other_load > 0.3 else "")
+          + ("; --threads 1 avoids waiting on a descheduled worker thread"
+             if other_load > 0.3 and device == "cpu" and torch.get_num_threads() > 1 else ""))

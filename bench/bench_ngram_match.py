@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _timing import CpuLoad, cuda_median_time, format_table, machine_info, median_time, write_csv
+from _timing import CpuLoad, cuda_median_time, machine_info, median_time, report
 from bench_chain_verify import cuda_graph_of, import_specops
 
 VOCAB = 32000
@@ -246,16 +246,7 @@ def main() -> int:
     info["other_cpu_load"] = f"{other_load:.2f}"
     info["bench_seconds"] = f"{elapsed:.0f}"
     add_ratios(rows)
-    write_csv(csv_path, rows, info)
-
-    print(format_table(rows, COLUMNS))
-    print()
-    print("machine: " + ", ".join(f"{key}={value}" for key, value in info.items()))
-    print(f"other processes kept {other_load:.2f} of {info['cpu_cores']} cores busy during the run "
-          "(per case: others)"
-          + ("  <-- shared machine: CPU times are pessimistic" if other_load > 0.3 else "")
-          + ("; --threads 1 avoids waiting on a descheduled worker thread"
-             if other_load > 0.3 and args.device == "cpu" and torch.get_num_threads() > 1 else ""))
+    report(rows, COLUMNS, info, csv_path, other_load, args.device)
     print("Mtok/s: context tokens (B*L) per second. vs_ref: reference time / this time. found: mean "
           "candidates per row. agree: outputs equal to the reference's.")
     if args.device == "cuda":

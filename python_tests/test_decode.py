@@ -226,15 +226,20 @@ STAT_CASES = [
 ]
 
 
+def assert_follows_target(texts: list[str], temperature: float, top_k: int) -> None:
+    """Chi-square of sampled continuations against the exact sequence distribution of TARGET_TABLE."""
+    exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, temperature, top_k)
+    _assert_powered(exact)
+    pvalue, impossible = _fit(texts, exact)
+    assert impossible == 0, "sequences with probability 0 under the target were produced"
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+
+
 @pytest.mark.parametrize("method,k,temperature,top_k", STAT_CASES,
                          ids=[f"{m}-k{k}-T{t}-topk{tk}" for m, k, t, tk in STAT_CASES])
 def test_sampled_sequences_follow_target(method, k, temperature, top_k):
-    exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, temperature, top_k)
-    _assert_powered(exact)
     result = _sample(method, k, temperature, top_k)
-    pvalue, impossible = _fit(result.text, exact)
-    assert impossible == 0, "sequences with probability 0 under the target were produced"
-    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+    assert_follows_target(result.text, temperature, top_k)
     if method == "sd":  # the drafter was really used, and rejected sometimes
         assert 0 < result.stats.accepted < result.stats.drafted
 
