@@ -346,7 +346,8 @@ class Stats:
         text = (f"{self.new_tokens} tokens in {self.seconds:.2f} s ({self.tokens_per_second:.1f} tok/s), "
                 f"target calls {self.target_calls} ({self.target_calls_per_token:.2f}/token)")
         if self.drafted:
-            text += (f", drafter calls {self.drafter_calls}, accepted {self.accepted}/{self.drafted} "
+            text += (f", drafter calls {self.drafter_calls}" if self.drafter_calls else "")
+            text += (f", accepted {self.accepted}/{self.drafted} "
                      f"({self.acceptance:.0%})")
         text += (f", time: prefill {self.prefill_seconds:.2f} s, draft {self.draft_seconds:.2f} s, "
                  f"verify {self.verify_seconds:.2f} s, other {self.other_seconds:.2f} s, "
