@@ -23,6 +23,7 @@ __all__ = ["CausalLM", "KVState", "Batch", "Stats", "SamplingParams"]
 
 
 _CPU_FORWARD_OK: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+_STATIONARY_ROWS = 8  # beyond this many rows F.linear's GEMM is as fast
 
 
 def _stationary(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -49,9 +50,6 @@ def _linear_forward(module: torch.nn.Linear):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     return forward
-
-
-_STATIONARY_ROWS = 8  # beyond this many rows F.linear's GEMM is as fast
 
 
 class _CpuForward:

@@ -22,7 +22,7 @@ import torch
 from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_shape import DraftShape
-from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats
+from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
 from specops.decoding.model_ngrams import extend
 from specops.decoding.tree import build_tree, choose_path
 
@@ -100,10 +100,7 @@ def decode_ngram(target: CausalLM, batch: Batch, params: SamplingParams, seeds: 
     device = target.device
     state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
-    out, _ = ops.chain_verify(logits.unsqueeze(1), torch.empty(batch.rows, 0, dtype=torch.long, device=device),
-                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                              seed=seeds, offset=0, validate=False)
-    last = out[:, 0]  # emitted, not yet seen by the target
+    last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
     first = [[t] for t in last.tolist()]
     drafter.extend_contexts(first)
     finished, _ = batch.emit(first)
