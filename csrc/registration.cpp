@@ -24,4 +24,10 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "
       "int width, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  // Heterogeneous drafters (TLI): the drafter's distribution restricted to the tokens it shares with
+  // the target, renormalized, in target ids, and a draft sampled from it.
+  // Returns (probs [N, target_vocab], tokens in target ids, tokens in drafter ids).
+  m.def(
+      "vocab_project(Tensor draft_logits, Tensor target_ids, int target_vocab, Tensor temperature, "
+      "Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor, Tensor)");
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["chain_verify", "ngram_match"]
+__all__ = ["chain_verify", "ngram_match", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Row b of an int seed s gets seed s + b * golden ratio (mod 2**64): distinct, well-spread streams.
@@ -257,3 +257,110 @@ def _ngram_match_fake(tokens, lengths, min_ngram, max_ngram, num_candidates, wid
     counts = tokens.new_empty((batch, num_candidates), dtype=torch.int64)
     ngram = tokens.new_empty((batch, num_candidates), dtype=torch.int64)
     return candidates, counts, ngram
+
+
+def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_vocab: int, *, temperature=1.0,
+                  top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                  validate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A heterogeneous drafter's distribution over the vocabulary it shares with the target, in target
+    ids, and one draft sampled from it (TLI, paper 000 Alg 4): the exact q that chain_verify needs.
+
+    Drafter ids outside the intersection (target_ids < 0) get probability 0; temperature, top-k and
+    top-p then act on the rest, which is renormalized. Temperature 0 is greedy: the first argmax inside
+    the intersection, with a one-hot q. A map that sends every drafter id somewhere (the union of the
+    two vocabularies, paper 000 Alg 1) gives the drafter's unrestricted distribution.
+
+    Shape:
+        draft_logits: [N, V_d] float32, bfloat16 or float16 (rows past the tokenizer's vocabulary
+            included; map them to -1).
+        target_ids: [V_d] int64, the target id of each drafter id, -1 outside the intersection; the
+            mapped ids are distinct and in [0, target_vocab). `specops.vocab.VocabMap` builds it.
+        target_vocab: int >= 1, the width of the output distribution.
+        temperature, top_p: float or [N] tensor. top_k: int or [N] tensor (0 = off).
+        seed: int or [N] int64 per-row seeds (None draws one); offset: int counter (e.g. the step).
+        validate: check the values (NaN / +inf logits, rows with no finite logit inside the
+            intersection, ids out of range or repeated). On CPU the kernel does this as it goes; on
+            accelerators it costs one host sync here. With False no kernel reads out of bounds, but
+            bad values give unspecified results.
+
+    Returns:
+        probs: [N, target_vocab] float32, q in target ids (each row sums to 1).
+        tokens: [N] int64, the sampled drafts in target ids.
+        draft_tokens: [N] int64, the same drafts in drafter ids (what the drafter reads next).
+
+    Randomness: uniform(seed, offset, position 0, stream 2) of the Philox generator chain_verify uses
+    (streams 0 and 1), so a draft and its verification at the same offset draw independent numbers.
+    """
+    if not isinstance(draft_logits, torch.Tensor) or draft_logits.dim() != 2:
+        raise ValueError("vocab_project: draft_logits must be an [N, V_d] tensor")
+    if draft_logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"vocab_project: draft_logits must be float32, bfloat16 or float16, got {draft_logits.dtype}")
+    rows, draft_vocab = draft_logits.shape
+    if draft_vocab < 1:
+        raise ValueError("vocab_project: draft_logits has no columns")
+    device = draft_logits.device
+    if not isinstance(target_ids, torch.Tensor) or target_ids.shape != (draft_vocab,):
+        got = tuple(target_ids.shape) if isinstance(target_ids, torch.Tensor) else type(target_ids).__name__
+        raise ValueError(f"vocab_project: target_ids must be [V_d] = [{draft_vocab}] to match draft_logits, got {got}")
+    if target_ids.dtype != torch.int64:
+        raise TypeError(f"vocab_project: target_ids must be int64, got {target_ids.dtype}")
+    if isinstance(target_vocab, bool) or not isinstance(target_vocab, int) or target_vocab < 1:
+        raise ValueError(f"vocab_project: target_vocab must be an int >= 1, got {target_vocab!r}")
+    tensors = {"target_ids": target_ids}
+    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"vocab_project: {name} is on {t.device} but draft_logits is on {device}")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"vocab_project: offset must be an int, got {type(offset).__name__}")
+    if not 0 <= offset < 2**63:
+        raise ValueError(f"vocab_project: offset must be in [0, 2**63), got {offset}")
+    temperature = _per_row("temperature", temperature, rows, torch.float32, device)
+    top_k = _per_row("top_k", top_k, rows, torch.int64, device)
+    top_p = _per_row("top_p", top_p, rows, torch.float32, device)
+    seeds = _row_seeds(seed, rows, device)
+    if validate and device.type != "cpu":
+        _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p)
+    return torch.ops.specops.vocab_project(draft_logits.contiguous(), target_ids.contiguous(), target_vocab,
+                                           temperature, top_k, top_p, seeds, offset, validate)
+
+
+def _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p) -> None:
+    """Value checks for devices whose kernels cannot raise: one host sync for all of them."""
+    mapped = target_ids >= 0
+    logits = draft_logits.float()
+    inside = torch.where(mapped, logits, float("-inf"))
+    bad = torch.stack([
+        torch.isnan(logits).any() | torch.isposinf(logits).any(),
+        ((target_ids < -1) | (target_ids >= target_vocab)).any(),
+        torch.zeros(target_vocab + 1, dtype=torch.int64, device=target_ids.device).scatter_add_(
+            0, target_ids + 1, torch.ones_like(target_ids))[1:].gt(1).any(),
+        ~(inside > float("-inf")).any(-1).all(),
+        ((temperature < 0) | ~torch.isfinite(temperature)).any(),
+        (top_k < 0).any(),
+        ~((top_p > 0) & (top_p <= 1)).all(),
+    ]).tolist()
+    messages = [
+        "draft_logits contains NaN or +inf",
+        f"target_ids must be -1 or in [0, {target_vocab})",
+        "target_ids maps two drafter ids to the same target id",
+        "draft_logits has a row with no finite logit inside the intersection (target_ids >= 0)",
+        "temperature must be finite and >= 0",
+        "top_k must be >= 0",
+        "top_p must be in (0, 1]",
+    ]
+    for flag, message in zip(bad, messages):
+        if flag:
+            raise ValueError(f"vocab_project: {message}")
+
+
+@torch.library.register_fake("specops::vocab_project")
+def _vocab_project_fake(draft_logits, target_ids, target_vocab, temperature, top_k, top_p, seed, offset,
+                        validate=True):
+    rows = draft_logits.shape[0]
+    probs = draft_logits.new_empty((rows, target_vocab), dtype=torch.float32)
+    tokens = draft_logits.new_empty((rows,), dtype=torch.int64)
+    draft_tokens = draft_logits.new_empty((rows,), dtype=torch.int64)
+    return probs, tokens, draft_tokens

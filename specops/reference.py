@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "NGRAM_KEY_BITS"]
+__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
+           "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -18,6 +19,7 @@ _PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 # Random streams: which draw a uniform is for. Part of the counter, so streams never overlap.
 STREAM_ACCEPT = 0
 STREAM_SAMPLE = 1
+STREAM_DRAFT = 2
 
 
 def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,3 +220,39 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor, min_ngram: int, max
         counts[b, :take] = count[order]
         ngram[b, :take] = level[order]
     return candidates, counts, ngram
+
+
+def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_vocab: int,
+                  temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
+                  offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafter's distribution over the vocabulary intersection, in target ids (paper 000, Alg 4).
+
+    Row n: x = draft_logits[n] with every drafter id v whose target_ids[v] < 0 set to -inf; then
+    filter_logits (temperature, top-k, top-p, all over the intersection); w = softmax. probs[n] holds
+    w[v] at target id target_ids[v] and 0 elsewhere. The draft is the inverse CDF of w in drafter-id
+    order at u = uniform(seed[n], offset, 0, STREAM_DRAFT). Greedy rows (T == 0, or a scaled maximum
+    that overflows float32) take the first argmax of x and a one-hot probs row.
+
+    Shapes: draft_logits [N, V_d]; target_ids [V_d] int64 (-1 = not in the intersection, the others
+    distinct and < target_vocab); temperature, top_p [N] float32; top_k, seed [N] int64.
+    Returns probs [N, target_vocab] float32, tokens [N] int64 (target ids) and draft_tokens [N] int64
+    (drafter ids).
+    """
+    n, _ = draft_logits.shape
+    device = draft_logits.device
+    mapped = target_ids >= 0
+    x = torch.where(mapped, draft_logits.float(), float("-inf"))
+    filtered = filter_logits(x, temperature, top_k, top_p)
+    probs = torch.zeros(n, target_vocab, dtype=torch.float32, device=device)
+    draft_tokens = torch.empty(n, dtype=torch.int64, device=device)
+    for row in range(n):
+        greedy = float(temperature[row]) == 0.0 or bool(x[row].max() / temperature[row] == float("inf"))
+        if greedy:
+            d = torch.argmax(x[row])  # first index of the maximum
+            probs[row, target_ids[d]] = 1.0
+        else:
+            w = torch.softmax(filtered[row], dim=-1)
+            probs[row, target_ids[mapped]] = w[mapped]
+            d = _inverse_cdf(w, uniform(seed[row], offset, 0, STREAM_DRAFT))
+        draft_tokens[row] = d
+    return probs, target_ids[draft_tokens], draft_tokens
