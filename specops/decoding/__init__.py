@@ -18,12 +18,16 @@ from specops.decoding.draft_shape import DraftShape
 from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats
 from specops.decoding.ngram import NgramDrafter, decode_ngram
 from specops.decoding.sd import decode_sd
-from specops.decoding import model_ngrams
+from specops import vocab as vocab_maps
+from specops.decoding import model_ngrams, tli
+from specops.decoding.slem import decode_slem
+from specops.decoding.slrs import decode_slrs
 from specops.decoding.self_draft import truncated
 
 __all__ = ["decode", "DecodeResult", "METHODS"]
 
-METHODS = ("auto", "ar", "sd", "ngram")
+METHODS = ("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram")
+_DRAFTER_METHODS = ("sd", "tli", "union", "slem", "slrs")
 NGRAM_TABLES = ("bigram", "unigram", "none")
 
 
@@ -76,7 +80,7 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None,
-           ngram_tables: str = "bigram") -> DecodeResult:
+           ngram_tables: str = "bigram", slrs_max_nodes: int = 256) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
@@ -111,12 +115,10 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError(f"decode: ngram_tables must be one of {', '.join(NGRAM_TABLES)}, got {ngram_tables!r}")
 
     target_model, tokenizer = _resolve_model(target, tokenizer, "target")
-    if method == "auto":
-        method = "sd" if drafter is not None else "ar"
     drafter_model = None
-    if method == "sd":
-        if drafter is None:
-            raise ValueError("decode: method 'sd' needs a drafter (a model, an embedded model name or 'self:N')")
+    if drafter is not None:
+        if method not in ("auto", *_DRAFTER_METHODS):
+            raise ValueError(f"decode: method {method!r} does not use a drafter")
         if isinstance(drafter, str) and drafter.startswith("self:"):
             layers = drafter[len("self:"):]
             if not layers.isdigit():
@@ -124,20 +126,26 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
             drafter_model, drafter_tokenizer = truncated(target_model, int(layers)), tokenizer
         else:
             drafter_model, drafter_tokenizer = _resolve_model(drafter, drafter_tokenizer, "drafter")
-        if not _same_vocabulary(tokenizer, drafter_tokenizer):
-            raise ValueError("decode: the drafter's vocabulary differs from the target's, and method 'sd' needs "
-                             "the same vocabulary; heterogeneous drafters need method 'tli' (sampling) or 'slem' "
-                             "(greedy), which this version does not provide yet")
-    elif drafter is not None:
-        raise ValueError(f"decode: method {method!r} does not use a drafter")
+    elif method in _DRAFTER_METHODS:
+        raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or 'self:N')")
+    same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
+    if method == "auto":
+        method = "ar" if drafter_model is None else "sd" if same else "tli" if temperature > 0 else "slem"
+    if method == "sd" and not same:
+        raise ValueError("decode: the drafter's vocabulary differs from the target's, and method 'sd' needs "
+                         "the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or 'union' "
+                         "for a drafter with another vocabulary (or 'auto')")
 
     target_lm = CausalLM(target_model, "target")
     drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
-    if drafter_lm is not None and drafter_lm.vocab_size != target_lm.vocab_size:
+    if method == "sd" and drafter_lm.vocab_size != target_lm.vocab_size:
         raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
                          f"has {target_lm.vocab_size}; method 'sd' needs the same vocabulary")
+    vmap = None
+    if method in ("tli", "union", "slem", "slrs"):
+        vmap = vocab_maps.vocab_map(tokenizer, drafter_tokenizer)
 
     if method == "ngram":
         shape = DraftShape(num_draft_tokens, target_model, target_lm.device, greedy=temperature == 0)
@@ -150,7 +158,6 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()))
     seeds = (torch.arange(len(prompts), dtype=torch.long) * 0x9E3779B1 + seed).to(target_lm.device)
-    generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream, _eos_ids(target_model, tokenizer),
                   target_lm.device)
     stats = Stats()
@@ -161,8 +168,19 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
                 decode_ar(target_lm, batch, params, seeds, stats)
             elif method == "ngram":
                 decode_ngram(target_lm, batch, params, seeds, stats, NgramDrafter(batch, bigram, unigram), shape)
+            elif method == "sd":
+                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length)
+            elif method in ("tli", "union"):
+                crossing = tli.intersection if method == "tli" else tli.union
+                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length,
+                          crossing(vmap, drafter_tokenizer, drafter_lm.vocab_size, target_lm.vocab_size,
+                                   target_lm.device), drafter_tokenizer)
+            elif method == "slem":
+                decode_slem(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, vmap,
+                            drafter_tokenizer)
             else:
-                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, generator)
+                decode_slrs(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, vmap,
+                            drafter_tokenizer, max_drafter_nodes=slrs_max_nodes)
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(t) for t in batch.generated)
     stats.forward_seconds = target_lm.seconds + (drafter_lm.seconds if drafter_lm else 0.0)

@@ -10,11 +10,13 @@ import torch
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
 
 
-def prefill(lm: CausalLM, batch: Batch, stats: Stats) -> tuple[KVState, torch.Tensor]:
-    """Run the prompts through a model; returns its state and the logits [B, V] at the last position."""
+def prefill(lm: CausalLM, batch: Batch, stats: Stats, tokenizer=None) -> tuple[KVState, torch.Tensor]:
+    """Run the prompts through a model (encoded by `tokenizer` when it is not the target's); returns its
+    state and the logits [B, V] at the last position."""
     start = time.perf_counter()
     state = KVState(lm, batch.rows)
-    logits = state.append(batch.prompt_ids, batch.prompt_mask.bool(), keep=1)
+    ids, mask = (batch.prompt_ids, batch.prompt_mask) if tokenizer is None else batch.encode(tokenizer)
+    logits = state.append(ids, mask.bool(), keep=1)
     stats.prefill_seconds += time.perf_counter() - start
     return state, logits[:, -1]
 

@@ -268,6 +268,13 @@ class KVState:
         self.positions = self.positions[:, :end]
         _crop(self.cache, end)
 
+    def discard(self, appended: int) -> None:
+        """Drop the last `appended` slots (a tree that was only scored) from every row."""
+        end = self.mask.shape[1] - appended
+        self.mask = self.mask[:, :end]
+        self.positions = self.positions[:, :end]
+        _crop(self.cache, end)
+
     def rollback(self, appended: int, keep: torch.Tensor) -> None:
         """Of the last `appended` positions, keep the first keep[b] of each row; the rest become holes
         (or are cropped where every row drops them). Assumes those positions were all valid."""
@@ -366,15 +373,27 @@ class Batch:
         self.stop = stop or []
         self.stream = stream
         self.eos_ids = eos_ids
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-        self.prompt_ids = encoded["input_ids"].to(device)
-        self.prompt_mask = encoded["attention_mask"].to(device)
-        if bool((self.prompt_mask.sum(1) == 0).any()):
-            raise ValueError("decode: a prompt encodes to no tokens")
+        self.prompts = prompts
+        self.device = device
+        self.index = list(range(len(prompts)))
+        self.prompt_ids, self.prompt_mask = self.encode(tokenizer)
         self.generated: list[list[int]] = [[] for _ in prompts]
         self.text_sent = [0] * len(prompts)
         self.stop_text: list[str | None] = [None] * len(prompts)
-        self.index = list(range(len(prompts)))
+
+    def encode(self, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The running requests' prompts as [rows, L] ids and mask, left-padded, in `tokenizer`'s ids
+        (a drafter with another vocabulary encodes the prompts itself)."""
+        encoded = [tokenizer(self.prompts[i])["input_ids"] for i in self.index]
+        if any(not ids for ids in encoded):
+            raise ValueError("decode: a prompt encodes to no tokens")
+        width = max(len(ids) for ids in encoded)
+        ids = torch.zeros(len(encoded), width, dtype=torch.long)  # holes: any id, the mask hides them
+        mask = torch.zeros(len(encoded), width, dtype=torch.long)
+        for row, row_ids in enumerate(encoded):
+            ids[row, width - len(row_ids):] = torch.tensor(row_ids, dtype=torch.long)
+            mask[row, width - len(row_ids):] = 1
+        return ids.to(self.device), mask.to(self.device)
 
     @property
     def rows(self) -> int:

@@ -9,21 +9,52 @@ import time
 
 import torch
 
-from specops import ops, reference
+from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
 
 
-def draft_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """q [B, V]: the drafter's distribution under the request's temperature / top-k / top-p (the
-    distribution the draft is sampled from, which verification must be given)."""
-    batch = logits.shape[0]
-    filtered = reference.filter_logits(
-        logits, torch.full((batch,), params.temperature, device=logits.device),
-        torch.full((batch,), params.top_k, device=logits.device),
-        torch.full((batch,), params.top_p, device=logits.device))
-    return torch.softmax(filtered, dim=-1)
+# Offsets of the draft random numbers: step << _DRAFT_SHIFT | draft index (drafts per step < 256).
+_DRAFT_SHIFT = 8
+
+
+class DraftVocab:
+    """How drafts cross from the drafter's vocabulary into the target's.
+
+    target_ids [drafter LM-head rows]: each drafter id's id in the verification vocabulary (-1: never
+    drafted), which has `width` >= the target's vocabulary; the columns past it (the union's
+    drafter-only tokens, paper 000 Alg 1) get target logits of -inf. to_drafter: target ids -> the
+    drafter ids that say the same (what the drafter reads after the target emitted them).
+    """
+
+    def __init__(self, target_ids: torch.Tensor, width: int, target_vocab: int, to_drafter):
+        self.target_ids = target_ids
+        self.width = width
+        self.target_vocab = target_vocab
+        self.to_drafter = to_drafter
+
+    @classmethod
+    def same(cls, vocab_size: int, device) -> "DraftVocab":
+        """The target's own vocabulary (standard speculative decoding)."""
+        return cls(torch.arange(vocab_size, device=device), vocab_size, vocab_size, lambda ids: list(ids))
+
+    def draft(self, logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int, index: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One draft per row from drafter logits [B, V_d]: (target ids, drafter ids, q [B, width] or None
+        when greedy), q being exactly the distribution the draft was drawn from."""
+        q, tokens, drafter_tokens = ops.vocab_project(
+            logits, self.target_ids, self.width, temperature=params.temperature, top_k=params.top_k,
+            top_p=params.top_p, seed=seeds, offset=(step << _DRAFT_SHIFT) | index, validate=False)
+        return tokens, drafter_tokens, None if params.greedy else q
+
+    def widen(self, target_logits: torch.Tensor) -> torch.Tensor:
+        """Target logits [..., V] over the verification vocabulary (-inf for drafter-only tokens)."""
+        extra = self.width - self.target_vocab
+        if not extra:
+            return target_logits
+        pad = target_logits.new_full((*target_logits.shape[:-1], extra), float("-inf"))
+        return torch.cat([target_logits, pad], dim=-1)
 
 
 def _left_aligned(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,14 +69,18 @@ def _left_aligned(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Te
 
 
 def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor,
-              stats: Stats, draft_length: DraftLength, generator: torch.Generator) -> None:
+              stats: Stats, draft_length: DraftLength, vocab: DraftVocab | None = None,
+              drafter_tokenizer=None) -> None:
+    """Speculative decoding with a drafter; `vocab` says how its drafts map into the target's vocabulary
+    (TLI and union, tli.py), `drafter_tokenizer` encodes the prompts for it when that differs."""
     device = target.device
+    vocab = vocab or DraftVocab.same(target.vocab_size, device)
     target_state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
-    drafter_state, _ = prefill(drafter, batch, stats)
+    drafter_state, _ = prefill(drafter, batch, stats, drafter_tokenizer)
     stats.drafter_calls += 1
     last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
-    pending = [[t] for t in last.tolist()]  # emitted, not yet seen by the drafter
+    pending = [vocab.to_drafter([t]) for t in last.tolist()]  # emitted, not yet seen by the drafter
     finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     while True:
@@ -63,8 +98,8 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
         num_draft = torch.clamp(batch.remaining() - 1, min=0, max=k)
         k = int(num_draft.max())
         drafts = torch.empty(batch.rows, k, dtype=torch.long, device=device)
-        draft_probs = None if params.greedy or k == 0 else torch.empty(batch.rows, k, target.vocab_size,
-                                                                       device=device)
+        drafter_drafts = torch.empty(batch.rows, k, dtype=torch.long, device=device)
+        draft_probs = None if params.greedy or k == 0 else torch.empty(batch.rows, k, vocab.width, device=device)
         drafter_seconds = None
         if k:
             # Draft: the drafter catches up on the tokens it has not seen, then proposes k tokens.
@@ -73,21 +108,18 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
             tokens, valid = _left_aligned(pending, device)
             draft_logits = drafter_state.append(tokens, valid)[:, -1]
             for i in range(k):
-                if params.greedy:
-                    drafts[:, i] = draft_logits.argmax(-1)
-                else:
-                    q = draft_distribution(draft_logits, params)
+                drafts[:, i], drafter_drafts[:, i], q = vocab.draft(draft_logits, params, seeds, step, i)
+                if q is not None:
                     draft_probs[:, i] = q
-                    drafts[:, i] = torch.multinomial(q, 1, generator=generator)[:, 0]
                 if i + 1 < k:
-                    draft_logits = drafter_state.append(drafts[:, i:i + 1])[:, -1]
+                    draft_logits = drafter_state.append(drafter_drafts[:, i:i + 1])[:, -1]
             stats.drafter_calls += drafter.calls - calls_before
             drafter_seconds = (drafter.seconds - seconds_before) / (drafter.calls - calls_before)
             stats.draft_seconds += time.perf_counter() - start
         # Verify: one target forward over the last emitted token and the drafts.
         start = time.perf_counter()
         target_before = target.seconds
-        verify_logits = target_state.append(torch.cat([last.unsqueeze(1), drafts], dim=1), keep=k + 1)
+        verify_logits = vocab.widen(target_state.append(torch.cat([last.unsqueeze(1), drafts], dim=1), keep=k + 1))
         target_seconds = target.seconds - target_before
         out, accepted = ops.chain_verify(verify_logits, drafts, draft_probs, num_draft=num_draft.to(device),
                                          temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
@@ -98,14 +130,14 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
         target_state.rollback(k + 1, accepted + 1)
         if k:
             drafter_state.rollback(k - 1, torch.clamp(accepted, max=k - 1))
-        accepted_list, out_list, drafts_list = accepted.tolist(), out.tolist(), drafts.tolist()
+        accepted_list, out_list, drafts_list = accepted.tolist(), out.tolist(), drafter_drafts.tolist()
         new_tokens = [out_list[row][: n + 1] for row, n in enumerate(accepted_list)]
         if k:
             # The drafter has seen the accepted drafts up to k-1; all k accepted leaves draft k unseen.
-            pending = [[drafts_list[row][k - 1], out_list[row][n]] if n == k else [out_list[row][n]]
+            pending = [([drafts_list[row][k - 1]] if n == k else []) + vocab.to_drafter([out_list[row][n]])
                        for row, n in enumerate(accepted_list)]
         else:  # a plain decoding step: the drafter saw nothing and catches up later
-            pending = [pending[row] + [out_list[row][0]] for row in range(batch.rows)]
+            pending = [pending[row] + vocab.to_drafter([out_list[row][0]]) for row in range(batch.rows)]
         last = out[torch.arange(batch.rows, device=device), accepted]
         finished, used = batch.emit(new_tokens)
         stats.drafted += int(num_draft.sum())

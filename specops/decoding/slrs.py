@@ -1,0 +1,315 @@
+"""String-level rejection sampling (method "slrs", paper 000 Alg 3): rejection sampling on the strings
+a drafter with another vocabulary writes, so drafts need not be tokens the target shares.
+
+Per target position the drafter samples tokens until its string s determines the next target token:
+until s is no longer a proper prefix of any target token (the paper's lookahead stopping rule). That
+token t is the longest target token that is a prefix of s; its remainder starts the next position's
+string. The proposal probability of t,
+
+    psi(t) = P(the drafter's tokens, sampled until the rule stops, determine t),
+
+is computed exactly by enumerating every drafter token sequence that can occur before the rule stops,
+which takes a drafter distribution at each of its internal nodes. A string no target token begins
+(a drafter special token, a byte the target cannot start with) proposes nothing, which is always
+rejected. `chain_verify` then accepts t with min(1, p(t) / psi(t)) and samples rejections from
+norm(max(0, p - psi)): exact, because psi is exactly the distribution t was drawn from (Theorem 3.2).
+Each position's psi is taken given the drafter's path so far, so a chain of positions is exact too.
+
+The enumeration grows exponentially with the length of target tokens in drafter tokens (Lemma 3.1):
+it suits drafters with short tokens. Above `max_drafter_nodes` drafter positions in one step the
+method raises instead of approximating. Each enumeration level is one drafter forward over the whole
+enumeration tree of every request (tree attention over the drafter's KV cache).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specops import ops
+from specops.decoding.ar import prefill
+from specops.decoding.draft_length import DraftLength
+from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
+from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned
+from specops.decoding.slem import _Text
+from specops.vocab import VocabMap
+
+
+class _Strings:
+    """The target vocabulary as strings: which strings are still undetermined, and which token a
+    determined string proposes."""
+
+    def __init__(self, vmap: VocabMap, eos_ids: set[int]):
+        self.canonical = vmap.target.canonical
+        self.longest = max((len(b) for b in self.canonical), default=0)
+        self.open = {b""}  # proper prefixes of target tokens: strings that do not determine a token yet
+        for data in self.canonical:
+            for i in range(1, len(data)):
+                self.open.add(data[:i])
+        self.draft_bytes = vmap.draft.token_bytes
+        self.target_bytes = vmap.target.token_bytes
+        self.null = vmap.target.size  # "no token": a column with target probability 0
+        eos = sorted(i for i in eos_ids if i < vmap.target.size)
+        self.eos = eos[0] if eos else self.null
+
+    def split(self, s: bytes) -> tuple[int, bytes]:
+        """(the token a determined string proposes, the rest of the string after it)."""
+        t = self.outcome(s)
+        return t, (b"" if t == self.null else s[len(self.target_bytes[t]):])
+
+    def outcome(self, s: bytes) -> int:
+        """The token a determined string proposes: the longest target token that is a prefix of s."""
+        for cut in range(min(len(s), self.longest), 0, -1):
+            t = self.canonical.get(s[:cut])
+            if t is not None:
+                return t
+        return self.null
+
+
+class _Node:
+    __slots__ = ("token", "parent", "depth", "q", "sample", "children")
+
+    def __init__(self, token: int, parent: "_Node | None", depth: int):
+        self.token, self.parent, self.depth = token, parent, depth
+        self.q: torch.Tensor | None = None  # the drafter's distribution after this node
+        self.sample: int | None = None  # the drafter token drawn there (used if the walk reaches it)
+        self.children: dict[int, _Node] = {}
+
+    def path(self) -> list[int]:
+        node, out = self, []
+        while node.parent is not None:
+            out.append(node.token)
+            node = node.parent
+        return out[::-1]
+
+
+class _Enumerator:
+    """The drafter trees of one step, one per request, scored level by level."""
+
+    def __init__(self, drafter: CausalLM, state, strings: _Strings, params: SamplingParams, seeds: torch.Tensor,
+                 step: int, max_nodes: int, stats: Stats):
+        self.drafter, self.state, self.strings = drafter, state, strings
+        self.params, self.seeds, self.step = params, seeds, step
+        self.max_nodes, self.stats = max_nodes, stats
+        self.roots: list[_Node] = []
+        self.nodes: list[list[_Node]] = []  # per request, in creation order (parents first)
+        self.expanded = [0] * seeds.shape[0]
+
+    def start(self, root_logits: torch.Tensor) -> None:
+        self.roots = [_Node(-1, None, -1) for _ in range(root_logits.shape[0])]
+        self.nodes = [[] for _ in self.roots]
+        self._distributions([(row, root) for row, root in enumerate(self.roots)], root_logits)
+
+    def _distributions(self, items: list[tuple[int, _Node]], logits: torch.Tensor) -> None:
+        """Set q and the sample of each (request, node) from its drafter logits [n, V_d]; one draw per
+        request and depth, so the walk (one node per depth) uses independent numbers."""
+        by_depth: dict[int, list[int]] = {}
+        for i, (_, node) in enumerate(items):
+            by_depth.setdefault(node.depth, []).append(i)
+        ids = torch.arange(logits.shape[1], device=logits.device)
+        for depth, index in by_depth.items():
+            rows = torch.tensor([items[i][0] for i in index], device=logits.device)
+            q, _, tokens = ops.vocab_project(
+                logits[index], ids, logits.shape[1], temperature=self.params.temperature,
+                top_k=self.params.top_k, top_p=self.params.top_p, seed=self.seeds[rows],
+                offset=(self.step << _DRAFT_SHIFT) | (depth + 1), validate=False)
+            for i, qi, t in zip(index, q.cpu(), tokens.tolist()):
+                items[i][1].q, items[i][1].sample = qi, t
+
+    def _score(self, wanted: list[tuple[int, _Node]]) -> None:
+        """One drafter forward over every request's tree; q for the wanted nodes."""
+        width = max(len(n) for n in self.nodes)
+        rows = len(self.nodes)
+        device = self.drafter.device
+        tokens = torch.zeros(rows, width, dtype=torch.long)
+        valid = torch.zeros(rows, width, dtype=torch.bool)
+        depth = torch.zeros(rows, width, dtype=torch.long)
+        tree = torch.zeros(rows, width, width, dtype=torch.bool)
+        slot: dict[int, int] = {}
+        for row, nodes in enumerate(self.nodes):
+            for i, node in enumerate(nodes):
+                slot[id(node)] = i
+                tokens[row, i], valid[row, i], depth[row, i] = node.token, True, node.depth
+                tree[row, i, i] = True
+                if node.parent is not None and node.parent.parent is not None:
+                    tree[row, i] |= tree[row, slot[id(node.parent)]]
+        logits = self.state.append_tree(tokens.to(device), valid.to(device), depth.to(device), tree.to(device))
+        self.state.discard(width)
+        self.stats.drafter_calls += 1
+        picked = torch.stack([logits[row, slot[id(node)]] for row, node in wanted])
+        self._distributions(wanted, picked)
+
+    def _child(self, row: int, node: _Node, token: int) -> _Node:
+        child = node.children.get(token)
+        if child is None:
+            child = node.children[token] = _Node(token, node, node.depth + 1)
+            self.nodes[row].append(child)
+        return child
+
+    def _determined(self, s: bytes, token: int) -> bool:
+        return self.strings.draft_bytes[token] is None or s not in self.strings.open
+
+    def proposals(self, starts: dict[int, tuple[_Node, bytes]]) -> dict[int, torch.Tensor]:
+        """psi per request: the distribution of the token proposed from `node` with remainder `s`."""
+        null = self.strings.null
+        psi = {row: torch.zeros(null + 1, dtype=torch.float64) for row in starts}
+        frontier = []
+        for row, (node, s) in starts.items():
+            if s not in self.strings.open:  # the remainder alone determines the token
+                psi[row][self.strings.outcome(s)] = 1.0
+            else:
+                frontier.append((row, node, s, 1.0))
+        while frontier:
+            unscored = [(row, node) for row, node, _, _ in frontier if node.q is None]
+            if unscored:
+                self._score(unscored)
+            grown = []
+            for row, node, s, mass in frontier:
+                self.expanded[row] += 1
+                if self.expanded[row] > self.max_nodes:
+                    raise ValueError(
+                        f"decode: slrs needs more than slrs_max_nodes = {self.max_nodes} drafter positions in "
+                        "one step to compute the proposal probabilities exactly; the drafter's tokens are too "
+                        "long or too many relative to the target's (paper 000, Lemma 3.1). Use 'tli' or 'slem', "
+                        "a drafter with shorter tokens, a smaller top_k, or raise slrs_max_nodes")
+                for token in torch.nonzero(node.q > 0).flatten().tolist():
+                    weight = mass * float(node.q[token])
+                    piece = self.strings.draft_bytes[token]
+                    if piece is None:  # a special token ends the string
+                        psi[row][self.strings.eos if not s else self.strings.outcome(s)] += weight
+                        continue
+                    grown_s = s + piece
+                    if grown_s in self.strings.open:
+                        grown.append((row, self._child(row, node, token), grown_s, weight))
+                    else:
+                        psi[row][self.strings.outcome(grown_s)] += weight
+            frontier = grown
+        return psi
+
+    def walk(self, row: int, node: _Node, s: bytes) -> tuple[_Node, bytes, int, bool]:
+        """Follow the drawn tokens from `node` until the string is determined: (node reached, its
+        remainder after the proposed token, the proposed token, whether the chain must stop)."""
+        if s not in self.strings.open:
+            t, rest = self.strings.split(s)
+            return node, rest, t, t == self.strings.null
+        while True:
+            token = node.sample
+            piece = self.strings.draft_bytes[token]
+            if piece is None:
+                t = self.strings.eos if not s else self.strings.outcome(s)
+                return node, b"", t, True
+            node = self._child(row, node, token)
+            s = s + piece
+            if s not in self.strings.open:
+                t, rest = self.strings.split(s)
+                return node, rest, t, t == self.strings.null
+
+
+def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor,
+                stats: Stats, draft_length: DraftLength, vmap: VocabMap, drafter_tokenizer,
+                max_drafter_nodes: int) -> None:
+    device = target.device
+    text = _Text(vmap, batch.tokenizer, drafter_tokenizer)
+    strings = _Strings(vmap, batch.eos_ids)
+    target_state, logits = prefill(target, batch, stats)
+    stats.target_calls += 1
+    drafter_state, _ = prefill(drafter, batch, stats, drafter_tokenizer)
+    stats.drafter_calls += 1
+    last = sample_tokens(logits, params, seeds, 0)
+    pending = [text.to_drafter(vmap.target.text_bytes([t])) or [text.stand_in] for t in last.tolist()]
+    finished, _ = batch.emit([[t] for t in last.tolist()])
+    step = 1
+    width = vmap.target.size + 1  # the target's ids and "no token"
+    while True:
+        survivors = batch.drop(finished)
+        if survivors is not None:
+            if not batch.rows:
+                return
+            for state in (target_state, drafter_state):
+                state.select(survivors)
+            seeds, last = seeds[survivors], last[survivors]
+            pending = [pending[r] for r in survivors.tolist()]
+        step_start = time.perf_counter()
+        forwards_before = target.seconds + drafter.seconds
+        # The drafter reads the text emitted last step; its distribution there is every tree's root.
+        start = time.perf_counter()
+        calls_before, seconds_before = drafter.calls, drafter.seconds
+        tokens, valid = _left_aligned(pending, device)
+        root_logits = drafter_state.append(tokens, valid)[:, -1]
+        stats.drafter_calls += 1
+        k = draft_length.choose()
+        limit = [max(0, r - 1) for r in batch.remaining().tolist()]
+        enumerator = _Enumerator(drafter, drafter_state, strings, params, seeds, step, max_drafter_nodes, stats)
+        enumerator.start(root_logits)
+        cursor = {row: (enumerator.roots[row], b"") for row in range(batch.rows) if k and limit[row]}
+        drafts = [[] for _ in range(batch.rows)]
+        psis = [[] for _ in range(batch.rows)]
+        walked = [enumerator.roots[row] for row in range(batch.rows)]
+        for _ in range(k):
+            if not cursor:
+                break
+            psi = enumerator.proposals(cursor)
+            advanced = {}
+            for row, (node, s) in cursor.items():
+                node, rest, t, stop = enumerator.walk(row, node, s)
+                drafts[row].append(t)
+                psis[row].append(psi[row])
+                walked[row] = node
+                if not stop and len(drafts[row]) < limit[row]:
+                    advanced[row] = (node, rest)
+            cursor = advanced
+        stats.draft_seconds += time.perf_counter() - start
+        drafter_seconds = (drafter.seconds - seconds_before) / max(1, drafter.calls - calls_before)
+        m = max(len(d) for d in drafts)
+        draft_tensor = torch.tensor([d + [0] * (m - len(d)) for d in drafts], dtype=torch.long).view(batch.rows, m)
+        q = torch.zeros(batch.rows, m, width, dtype=torch.float32)
+        for row, rows_psi in enumerate(psis):
+            for j, p in enumerate(rows_psi):
+                q[row, j] = p.float()
+        num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
+        # Verify: the proposed tokens ("no token" scored with probability 0) in one target forward.
+        start = time.perf_counter()
+        target_before = target.seconds
+        scored = torch.where(draft_tensor.to(device) >= vmap.target.size, 0, draft_tensor.to(device))
+        verify_logits = target_state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=m + 1)
+        target_seconds = target.seconds - target_before
+        columns = verify_logits.shape[-1]
+        if columns < width:
+            verify_logits = torch.cat([verify_logits, verify_logits.new_full(
+                (*verify_logits.shape[:-1], width - columns), float("-inf"))], dim=-1)
+        else:  # an LM head wider than the tokenizer: its extra ids are never proposed
+            q = torch.cat([q[..., :-1], q.new_zeros(*q.shape[:-1], columns - width + 1), q[..., -1:]], dim=-1)
+            verify_logits = torch.cat([verify_logits, verify_logits.new_full(
+                (*verify_logits.shape[:-1], 1), float("-inf"))], dim=-1)
+            draft_tensor = torch.where(draft_tensor >= vmap.target.size, columns, draft_tensor)
+        out, accepted = ops.chain_verify(verify_logits, draft_tensor.to(device), q.to(device), num_draft=num_draft,
+                                         temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                         seed=seeds, offset=step, validate=False)
+        stats.verify_seconds += time.perf_counter() - start
+        stats.target_calls += 1
+        target_state.rollback(m + 1, accepted + 1)
+        accepted_list, out_list = accepted.tolist(), out.tolist()
+        new_tokens = [out_list[row][: n + 1] for row, n in enumerate(accepted_list)]
+        last = out[torch.arange(batch.rows, device=device), accepted]
+        # The drafter keeps the drawn tokens whose text was emitted, and reads the rest in its tokens.
+        pending = []
+        for row, tokens_row in enumerate(new_tokens):
+            emitted = vmap.target.text_bytes(tokens_row)
+            path, covered, kept = walked[row].path(), 0, []
+            for token in path:
+                piece = vmap.draft.token_bytes[token] or b""
+                if not piece or emitted[covered:covered + len(piece)] != piece:
+                    break
+                covered += len(piece)
+                kept.append(token)
+            pending.append((kept + text.to_drafter(emitted[covered:])) or [text.stand_in])
+        finished, used = batch.emit(new_tokens)
+        stats.drafted += int(num_draft.sum())
+        stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))
+        stats.steps += 1
+        stats.draft_lengths.append(k)
+        step_seconds = time.perf_counter() - step_start
+        outside = step_seconds - (target.seconds + drafter.seconds - forwards_before)
+        draft_length.observe(k, target_seconds, drafter_seconds, outside, accepted_list, num_draft.tolist())
+        step += 1
