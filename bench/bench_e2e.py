@@ -2,14 +2,15 @@
 and settings, in one run.
 
     python bench/bench_e2e.py [--prompts 6] [--first 0] [--new-tokens 64] [--modes greedy,sample]
-                              [--configs ar,sd,ngram,hf-generate,hf-assisted,hf-lookup] [--early-exit 6]
-                              [--fixed-k K] [--hf-assistant-tokens N] [--hf-lookup-tokens 10]
-                              [--ngram-shape K,W] [--ngram-tables bigram] [--no-batched] [--threads 2]
-                              [--csv PATH]
+                              [--configs ar,sd,ngram,slem,tli,hf-generate,hf-assisted,hf-lookup,hf-uag]
+                              [--early-exit 6] [--fixed-k K] [--hetero-k K] [--hf-assistant-tokens N]
+                              [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
+                              [--no-batched] [--threads 2] [--csv PATH]
 
 Target Gemma-3-270M (float32, the embedded model), prompts HumanEval/<first>..<first+prompts-1>
 (problems 0-99 are for tuning), batch size 1 per prompt. Each mode (greedy; sampling at temperature 1,
-top-k 0, top-p 1) runs these configurations (--configs names in brackets select them; default all):
+top-k 0, top-p 1) runs these configurations (--configs names in brackets select them; default all but
+union; "all" adds it):
 
   hf generate        [hf-generate] transformers `generate`, autoregressive (greedy: do_sample=False;
                      sample: do_sample=True, top_k=0)
@@ -28,8 +29,30 @@ top-k 0, top-p 1) runs these configurations (--configs names in brackets select 
   specops ngram      [ngram] `specops.decode(method="ngram", num_draft_tokens="auto",
                      ngram_tables=T)` (--ngram-tables, default "bigram")
   specops ngram k,w  [ngram] the same with a fixed draft shape, k rows of w tokens (--ngram-shape K,W)
-  ... (batch)        specops ar / sd / ngram and transformers `generate` on all prompts as one batch
-                     (transformers' assisted generation and prompt lookup are batch-1 only)
+  hf uag             [hf-uag] transformers universal assisted generation with the drafter SmolLM2-135M
+                     and its own tokenizer (`assistant_model=..., tokenizer=..., assistant_tokenizer=...`,
+                     as /work/shared/baselines/hf_baseline.py calls it). Greedy: string-level re-encoding
+                     (AssistedCandidateGeneratorDifferentTokenizers; target_lookbehind 10 and
+                     assistant_lookbehind 10 tokens re-encoded around each draft, aligned by their longest
+                     common run), the baseline of specops slem; sampling: transformers' TLI
+                     (UniversalSpeculativeDecodingGenerator: drafter LM head pruned to the tokens whose
+                     strings both vocabularies have, verified by speculative sampling), the baseline of
+                     specops tli. Both with transformers' defaults, none overridden: num_assistant_tokens
+                     20 drafter tokens, schedule "constant", and drafting stops early when the drafter's
+                     probability of its token falls below assistant_confidence_threshold 0.4 (fixed: the
+                     threshold's adaptation runs only for same-vocabulary assisted generation)
+  specops slem       [slem] `specops.decode(method="slem", drafter=SmolLM2-135M, drafter_tokenizer=its
+                     tokenizer, num_draft_tokens="auto")`: string-level exact match
+  specops tli        [tli] the same with method "tli": token-level intersection
+  specops union      [union] the same with method "union": drafts over the union of both vocabularies,
+                     the baseline tli improves on (not run by default)
+  specops <m> K=k    [slem, tli, union] the same with a fixed draft length (--hetero-k)
+  ... (batch)        specops ar / sd / ngram / slem / tli and transformers `generate` on all prompts as
+                     one batch (transformers' assisted generation, prompt lookup and universal assisted
+                     generation are batch-1 only)
+
+specops and transformers get separate SmolLM2-135M objects: transformers' sampling path prunes the
+assistant's LM head and remaps its embeddings in place, so it gets a copy of its own (and greedy another).
 
 Both libraries stop at EOS or after --new-tokens tokens (no min_new_tokens, unlike
 /work/shared/baselines/hf_baseline.py, so that both decode the same sequences). Every configuration
@@ -44,7 +67,8 @@ libraries.
 
 Reported per configuration: new tokens, tok/s (total new tokens / total wall time of the generate or
 decode calls), target forward calls per generated token (transformers: a forward hook on the model,
-whose drafting calls are told apart by the truncated layer count), drafter calls, acceptance (accepted
+whose drafting calls are told apart by the truncated layer count), drafter calls and drafter calls per
+generated token (hf uag: a forward hook on its drafter), acceptance (accepted
 / drafted; transformers' from its candidate generator; ngram: drafts of the row each step verified),
 mean draft length mean_K (draft tokens per request per target call: sd the draft length K; ngram the
 draft tree's nodes, i.e. the tokens in flight, with prefixes the rows share counted once; transformers
@@ -52,7 +76,10 @@ the candidate length), the time split (specops stats; transformers: time inside 
 hooks), the share of time outside model forwards, and for greedy whether every prompt's token ids
 equal specops `ar`'s and transformers `generate`'s. Ratios: vs_peer is tok/s against transformers'
 counterpart (ar: generate, sd: assisted, ngram: prompt lookup, batch: batched generate); vs_ar is tok/s
-against specops ar in the same mode (batch rows: specops ar (batch)).
+against specops ar in the same mode (batch rows: specops ar (batch)); slem, tli and union are compared
+with hf uag. With a heterogeneous drafter, drafted and accepted count target tokens (after re-encoding:
+slem, hf uag) and mean_K counts drafter tokens per step (hf uag: the candidate's target tokens); the
+header gives the vocabulary intersection (`specops.vocab.vocab_map(...).summary()`).
 """
 
 from __future__ import annotations
@@ -68,11 +95,15 @@ import torch
 from _timing import CpuLoad, format_table, machine_info, write_csv
 
 MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0)}
-GROUPS = ("ar", "sd", "ngram", "hf-generate", "hf-assisted", "hf-lookup")  # --configs names
+HETERO = ("slem", "tli", "union")  # specops methods for a drafter with another vocabulary
+GROUPS = ("ar", "sd", "ngram", *HETERO, "hf-generate", "hf-assisted", "hf-lookup", "hf-uag")  # --configs
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "union")  # union is the baseline tli improves on
+DRAFTER = "smollm2-135m"  # the heterogeneous drafter, with its own tokenizer
+UAG = "hf uag"
 WARMUP_TOKENS = 8
 COLUMNS = ["mode", "config", "tokens", "seconds", "tok/s", "vs_peer", "vs_ar", "calls/tok", "drafter_calls",
-           "acceptance", "mean_K", "prefill_s", "draft_s", "verify_s", "other_s", "outside_fwd", "same_as_ar", "same_as_hf",
-           "others"]
+           "drafter/tok", "acceptance", "mean_K", "prefill_s", "draft_s", "verify_s", "other_s",
+           "outside_fwd", "same_as_ar", "same_as_hf", "others"]
 
 
 @dataclass
@@ -94,6 +125,7 @@ class Record:
     config: str
     family: str  # "hf" or "specops"
     peer: str | None = None  # the transformers configuration it is compared with
+    group: str = ""  # the --configs name that selected it
     tokens: int = 0
     seconds: float = 0.0
     target_calls: int = 0
@@ -131,8 +163,9 @@ class Record:
 
 
 class ForwardCounter:
-    """Counts and times the target's forward calls; calls made while transformers' early-exit drafter has
-    truncated the layer count (EarlyExitCandidateGenerator) count as drafter calls."""
+    """Counts and times a model's forward calls (the target's, or a transformers assistant's); calls made
+    while transformers' early-exit drafter has truncated the layer count (EarlyExitCandidateGenerator)
+    count as drafter calls."""
 
     def __init__(self, model):
         self.base = getattr(model, model.base_model_prefix)
@@ -158,13 +191,17 @@ class ForwardCounter:
 
 
 class CandidateCounter:
-    """Drafted and accepted tokens of transformers' early-exit assisted generation and prompt lookup
-    decoding, read where the candidate generator is told each step's outcome (a prompt lookup step that
-    found no match drafts 0 tokens)."""
+    """Drafted and accepted tokens of transformers' early-exit assisted generation, prompt lookup decoding
+    and universal assisted generation, read where the candidate generator is told each step's outcome, in
+    target tokens (a prompt lookup step that found no match drafts 0 tokens)."""
 
     def __init__(self):
-        from transformers.generation.candidate_generator import (EarlyExitCandidateGenerator,
-                                                                 PromptLookupCandidateGenerator)
+        from transformers.generation.candidate_generator import (
+            AssistedCandidateGeneratorDifferentTokenizers,
+            EarlyExitCandidateGenerator,
+            PromptLookupCandidateGenerator,
+            UniversalSpeculativeDecodingGenerator,
+        )
 
         self.drafted = self.accepted = self.steps = 0
         self.settings: dict[str, str] = {}  # generator kind -> the settings it ran with, as first seen
@@ -175,16 +212,32 @@ class CandidateCounter:
         self._count(PromptLookupCandidateGenerator, "prompt lookup", lambda generator: (
             f"prompt_lookup_num_tokens {generator.num_output_tokens}, "
             f"max_matching_ngram_size {generator.max_matching_ngram_size}"))
+        self._count(AssistedCandidateGeneratorDifferentTokenizers, "universal assisted generation (greedy)",
+                    self._describe_universal)
+        self._count(UniversalSpeculativeDecodingGenerator, "universal assisted generation (sampling, TLI)",
+                    lambda generator: (f"{self._describe_universal(generator)}, intersection "
+                                       f"{len(generator._atm_translator.target_to_assistant_input_ids):,} "
+                                       "tokens"))
+
+    @staticmethod
+    def _describe_universal(generator) -> str:
+        config = generator.assistant_generation_config
+        return (f"num_assistant_tokens {generator.num_assistant_tokens}, schedule "
+                f"{config.num_assistant_tokens_schedule!r}, assistant_confidence_threshold "
+                f"{generator.generation_config.assistant_confidence_threshold}, target_lookbehind "
+                f"{generator.target_lookbehind}, assistant_lookbehind {generator.assistant_lookbehind}")
 
     def _count(self, generator_class, kind: str, describe) -> None:
         original = generator_class.update_candidate_strategy
         counter = self
 
         def update_candidate_strategy(generator, input_ids, scores, num_matches):
-            counter.settings.setdefault(kind, describe(generator))
-            counter.drafted += scores.shape[1] - 1
-            counter.accepted += int(num_matches)
-            counter.steps += 1
+            # A subclass patched too reaches this through its own wrapper: count each step once.
+            if type(generator) is generator_class:
+                counter.settings.setdefault(kind, describe(generator))
+                counter.drafted += scores.shape[1] - 1
+                counter.accepted += int(num_matches)
+                counter.steps += 1
             return original(generator, input_ids, scores, num_matches)
 
         generator_class.update_candidate_strategy = update_candidate_strategy
@@ -206,13 +259,16 @@ def load_prompts(first: int, count: int) -> list[str]:
 
 
 class Bench:
-    def __init__(self, specops, model, tokenizer, args):
+    def __init__(self, specops, model, tokenizer, args, drafter=None):
         self.specops = specops
         self.model = model
         self.tokenizer = tokenizer
         self.args = args
+        self.drafter = drafter  # (model, tokenizer) of DRAFTER for specops; transformers gets copies
         self.forwards = ForwardCounter(model)
         self.candidates = CandidateCounter()
+        self.assistants: dict[bool, tuple] = {}  # do_sample -> transformers' own DRAFTER (model, tokenizer)
+        self.assistant_forwards: list[ForwardCounter] = []
 
     def generate(self, config: Config, prompts, mode: str, seed: int, new_tokens: int):
         """One untimed generation (warm-up): a prompt string for batch 1, a list for a batch."""
@@ -231,12 +287,35 @@ class Bench:
 
     # transformers
 
+    def assistant(self, sample: bool) -> tuple:
+        """transformers' own copy of DRAFTER for universal assisted generation, one per do_sample value,
+        with a forward hook counting its calls. A copy, never specops' drafter: with do_sample=True,
+        transformers prunes the assistant's LM head to the vocabulary intersection and remaps its input
+        embeddings in place (assistant_prune_lm_head), and caches that translator per tokenizer pair, so
+        the pruned model may serve only that path (the greedy path needs the whole LM head)."""
+        if sample not in self.assistants:
+            model, tokenizer = self.specops.models.load(DRAFTER, device=self.args.device)
+            self.assistant_forwards.append(ForwardCounter(model))
+            self.assistants[sample] = model, tokenizer
+        return self.assistants[sample]
+
+    def assistant_snapshot(self) -> tuple[int, float]:
+        """Forward calls and seconds of transformers' assistant copies so far."""
+        return (sum(c.target_calls for c in self.assistant_forwards),
+                sum(c.seconds for c in self.assistant_forwards))
+
     def hf_generate(self, prompts: list[str], mode: str, seed: int, new_tokens: int, assist: dict):
-        """transformers generate on one prompt or a left-padded batch, with `assist` (assisted generation or
-        prompt lookup arguments) added; returns generated ids per prompt."""
+        """transformers generate on one prompt or a left-padded batch, with `assist` (assisted generation,
+        prompt lookup or universal assisted generation arguments; assistant_model=DRAFTER stands for
+        transformers' copy of it) added; returns generated ids per prompt."""
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(self.model.device)
         settings = MODES[mode]
-        kwargs = dict(max_new_tokens=new_tokens, do_sample=settings["temperature"] > 0,
+        do_sample = settings["temperature"] > 0
+        if assist.get("assistant_model") == DRAFTER:
+            assistant, assistant_tokenizer = self.assistant(do_sample)
+            assist = {**assist, "assistant_model": assistant, "tokenizer": self.tokenizer,
+                      "assistant_tokenizer": assistant_tokenizer}
+        kwargs = dict(max_new_tokens=new_tokens, do_sample=do_sample,
                       pad_token_id=self.tokenizer.pad_token_id, **assist)
         if kwargs["do_sample"]:
             kwargs.update(temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"])
@@ -254,15 +333,16 @@ class Bench:
 
     def run_hf(self, record: Record, index: int, prompts: list[str], assist: dict):
         calls, load = self.forwards.snapshot(), CpuLoad().start()
-        drafts = self.candidates.snapshot()
+        drafts, assistant = self.candidates.snapshot(), self.assistant_snapshot()
         start = time.perf_counter()
         rows = self.hf_generate(prompts, record.mode, self.args.seed + index, self.args.new_tokens, assist)
         record.seconds += time.perf_counter() - start
         record.others.append(load.stop())
         target_calls, drafter_calls, seconds = (a - b for a, b in zip(self.forwards.snapshot(), calls))
+        assistant_calls, assistant_seconds = (a - b for a, b in zip(self.assistant_snapshot(), assistant))
         record.target_calls += target_calls
-        record.drafter_calls += drafter_calls
-        record.forward_seconds += seconds
+        record.drafter_calls += drafter_calls + assistant_calls
+        record.forward_seconds += seconds + assistant_seconds
         drafted, accepted, steps = (a - b for a, b in zip(self.candidates.snapshot(), drafts))
         record.drafted += drafted
         record.accepted += accepted
@@ -275,6 +355,8 @@ class Bench:
     # specops
 
     def decode(self, prompts, mode: str, seed: int, new_tokens: int, kwargs: dict):
+        if kwargs.get("drafter") == DRAFTER:  # the loaded model, so that no decode call loads it
+            kwargs = {**kwargs, "drafter": self.drafter[0], "drafter_tokenizer": self.drafter[1]}
         return self.specops.decode(prompts, target=self.model, tokenizer=self.tokenizer, max_new_tokens=new_tokens,
                                    seed=seed, **kwargs, **MODES[mode])
 
@@ -291,17 +373,20 @@ class Bench:
             record.tokens += len(row)
 
 
-def _specops_kwargs(args) -> tuple[dict, dict]:
-    """specops.decode arguments of sd and ngram with automatic draft sizes."""
-    sd = dict(method="sd", drafter=f"self:{args.early_exit}", num_draft_tokens="auto")
-    ngram = dict(method="ngram", num_draft_tokens="auto", ngram_tables=args.ngram_tables)
-    return sd, ngram
+def _specops_kwargs(args) -> dict[str, dict]:
+    """specops.decode arguments of sd, ngram, slem, tli and union with automatic draft sizes, by group."""
+    kwargs = {"sd": {"method": "sd", "drafter": f"self:{args.early_exit}", "num_draft_tokens": "auto"},
+              "ngram": {"method": "ngram", "num_draft_tokens": "auto", "ngram_tables": args.ngram_tables}}
+    for method in HETERO:
+        kwargs[method] = {"method": method, "drafter": DRAFTER, "num_draft_tokens": "auto"}
+    return kwargs
 
 
 def configurations(args) -> list[Config]:
     """The batch-1 configurations --configs selects, in run order."""
     n = args.early_exit
-    sd, ngram = _specops_kwargs(args)
+    kwargs = _specops_kwargs(args)
+    sd, ngram = kwargs["sd"], kwargs["ngram"]
     assisted = f"hf assisted early_exit={n}"
     assist = dict(assistant_early_exit=n)
     if args.hf_assistant_tokens:
@@ -320,21 +405,29 @@ def configurations(args) -> list[Config]:
         k, w = args.ngram_shape
         configs.append(Config(f"specops ngram {k},{w}", "specops", "ngram", "hf prompt lookup",
                               {**ngram, "num_draft_tokens": (k, w)}))
+    configs.append(Config(UAG, "hf", "hf-uag", None, {"assistant_model": DRAFTER}))
+    for method in HETERO:
+        configs.append(Config(f"specops {method}", "specops", method, UAG, kwargs[method]))
+        if args.hetero_k:
+            configs.append(Config(f"specops {method} K={args.hetero_k}", "specops", method, UAG,
+                                  {**kwargs[method], "num_draft_tokens": args.hetero_k}))
     return [c for c in configs if c.group in args.configs]
 
 
 def batched_configurations(args) -> list[Config]:
-    sd, ngram = _specops_kwargs(args)
+    kwargs = _specops_kwargs(args)
     configs = [Config("hf generate (batch)", "hf", "hf-generate", None, {}),
                Config("specops ar (batch)", "specops", "ar", "hf generate (batch)", dict(method="ar")),
-               Config(f"specops sd self:{args.early_exit} (batch)", "specops", "sd", "hf generate (batch)", sd),
-               Config("specops ngram (batch)", "specops", "ngram", "hf generate (batch)", ngram)]
+               Config(f"specops sd self:{args.early_exit} (batch)", "specops", "sd", "hf generate (batch)",
+                      kwargs["sd"])]
+    configs += [Config(f"specops {group} (batch)", "specops", group, "hf generate (batch)", kwargs[group])
+                for group in ("ngram", "slem", "tli")]
     return [c for c in configs if c.group in args.configs]
 
 
 def run_mode(bench: Bench, mode: str, prompts: list[str], args) -> list[Record]:
     single = configurations(args)
-    records = [Record(mode, c.name, c.family, c.peer) for c in single]
+    records = [Record(mode, c.name, c.family, c.peer, c.group) for c in single]
     for config in single:  # warm-up, untimed
         bench.generate(config, prompts[0], mode, 0, WARMUP_TOKENS)
     for index, prompt in enumerate(prompts):
@@ -343,7 +436,7 @@ def run_mode(bench: Bench, mode: str, prompts: list[str], args) -> list[Record]:
         print(f"  {mode}: prompt {index + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     if args.batched:
         for config in batched_configurations(args):
-            record = Record(mode, config.name, config.family, config.peer)
+            record = Record(mode, config.name, config.family, config.peer, config.group)
             bench.generate(config, prompts, mode, 0, WARMUP_TOKENS)
             bench.run(config, record, 0, prompts)
             records.append(record)
@@ -378,6 +471,7 @@ def rows_of(records: list[Record]) -> list[dict]:
                       if ar_ref is not None and r.family == "specops" and r is not ar_ref else None),
             "calls/tok": round(r.target_calls / r.tokens, 3) if r.tokens else None,
             "drafter_calls": r.drafter_calls if r.drafter_calls else None,
+            "drafter/tok": round(r.drafter_calls / r.tokens, 3) if r.drafter_calls and r.tokens else None,
             "acceptance": round(r.accepted / r.drafted, 3) if r.drafted else None,
             "mean_K": round(r.in_flight / r.steps, 2) if r.in_flight and r.steps else None,
             "prefill_s": round(r.prefill_seconds, 3) if r.prefill_seconds is not None else None,
@@ -401,6 +495,24 @@ def _same_outputs(records: list[Record], reference: Record) -> tuple[int, int]:
     return same, total
 
 
+def _method_goals(record: Record, label: str, ar: Record | None, peer: Record | None, peer_name: str, *,
+                  ar_goal: float | None, peer_goal: float, calls_goal: float, note: str = "") -> list[str]:
+    """must_reach lines of one specops method in one mode: tok/s over specops ar (ar_goal None: reported
+    only) and over its transformers peer, and target calls per token."""
+    lines = []
+    goal = f" (goal >= {ar_goal})" if ar_goal is not None else ""
+    if ar and ar.tokens_per_second:
+        lines.append(f"{record.config} / specops ar, {label} = "
+                     f"{record.tokens_per_second / ar.tokens_per_second:.3f}{goal}{note}")
+    if peer and peer.tokens_per_second:
+        lines.append(f"{record.config} / {peer_name}, {label} = "
+                     f"{record.tokens_per_second / peer.tokens_per_second:.3f} (goal >= {peer_goal}){note}")
+    if record.tokens:
+        lines.append(f"{record.config} target calls per token, {label} = "
+                     f"{record.target_calls / record.tokens:.3f} (goal <= {calls_goal}){note}")
+    return lines
+
+
 def must_reach(records: list[Record], args) -> list[str]:
     by_name = {(r.mode, r.config): r for r in records}
     lines = []
@@ -414,22 +526,30 @@ def must_reach(records: list[Record], args) -> list[str]:
         if r.family == "specops" and " sd " in f" {r.config} ":
             lines.append(f"sd time outside forwards = {r.outside_forwards:.1%} (goal <= 10%)  [{r.mode}, {r.config}]")
     greedy_ar = by_name.get(("greedy", "specops ar"))
-    ngram, lookup = by_name.get(("greedy", "specops ngram")), by_name.get(("greedy", "hf prompt lookup"))
+    ngram = by_name.get(("greedy", "specops ngram"))
     if ngram:
         # The goals are set for the model bigram tables; say so when a run used others.
         tables = "" if args.ngram_tables == "bigram" else f"  [ngram_tables={args.ngram_tables}]"
-        if greedy_ar:
-            lines.append(f"specops ngram / specops ar, greedy = "
-                         f"{ngram.tokens_per_second / greedy_ar.tokens_per_second:.3f} (goal >= 1.2){tables}")
-        if lookup:
-            lines.append(f"specops ngram / transformers prompt lookup, greedy = "
-                         f"{ngram.tokens_per_second / lookup.tokens_per_second:.3f} (goal >= 2){tables}")
-        if ngram.tokens:
-            lines.append(f"specops ngram target calls per token, greedy = {ngram.target_calls / ngram.tokens:.3f} "
-                         f"(goal <= 0.85){tables}")
+        lines += _method_goals(ngram, "greedy", greedy_ar, by_name.get(("greedy", "hf prompt lookup")),
+                               "transformers prompt lookup", ar_goal=1.2, peer_goal=2, calls_goal=0.85,
+                               note=tables)
         if greedy_ar:
             same, total = _same_outputs([ngram], greedy_ar)
             lines.append(f"specops ngram greedy outputs identical to ar: {same}/{total} (goal {total}/{total})")
+    # The drafter with another vocabulary: slem against transformers' greedy UAG, tli against its TLI.
+    for mode, method, label, peer, peer_goal, calls_goal in (
+            ("greedy", "slem", "greedy", "transformers UAG", 2.5, 0.5),
+            ("sample", "tli", "sampling", "transformers UAG (TLI)", 1.2, 0.7)):
+        record = by_name.get((mode, f"specops {method}"))
+        if record:
+            lines += _method_goals(record, label, by_name.get((mode, "specops ar")), by_name.get((mode, UAG)),
+                                   peer, ar_goal=None, peer_goal=peer_goal, calls_goal=calls_goal)
+    lossless = [r for r in records if r.mode == "greedy" and r.group in HETERO]
+    if greedy_ar and lossless:
+        same, total = _same_outputs(lossless, greedy_ar)
+        methods = ", ".join(dict.fromkeys(r.group for r in lossless))
+        lines.append(f"specops {methods} greedy outputs identical to ar: {same}/{total} "
+                     f"(goal {total}/{total})")
     if greedy_ar:
         others = [r for r in records if r.mode == "greedy" and r.family == "specops" and r is not greedy_ar]
         same, total = _same_outputs(others, greedy_ar)
@@ -460,12 +580,14 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="first HumanEval problem")
     parser.add_argument("--new-tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
-    parser.add_argument("--configs", default=",".join(GROUPS),
-                        help="comma-separated configurations to run (module docstring), or all")
+    parser.add_argument("--configs", default=",".join(DEFAULT_GROUPS),
+                        help="comma-separated configurations to run (module docstring), or all (adds union)")
     parser.add_argument("--target", default="gemma-3-270m", help="embedded target model")
     parser.add_argument("--early-exit", type=int, default=6,
                         help="drafter layers: transformers assistant_early_exit=N and specops drafter self:N")
     parser.add_argument("--fixed-k", type=int, default=0, help="also run specops sd with this fixed K (0: skip)")
+    parser.add_argument("--hetero-k", type=int, default=0,
+                        help="also run specops slem / tli / union with this fixed K (0: skip)")
     parser.add_argument("--hf-assistant-tokens", type=int, default=0,
                         help="transformers num_assistant_tokens (0: transformers' default)")
     parser.add_argument("--hf-lookup-tokens", type=int, default=10,
@@ -490,6 +612,8 @@ def main() -> None:
         parser.error(f"--configs: choose from {', '.join(GROUPS)} (or all)")
     if args.hf_lookup_tokens < 1:
         parser.error("--hf-lookup-tokens must be >= 1")
+    if args.hetero_k < 0:
+        parser.error("--hetero-k must be >= 0")
     if args.ngram_shape and args.ngram_shape[0] > 8 and args.ngram_tables == "bigram" and "ngram" in args.configs:
         print(f"note: --ngram-shape {args.ngram_shape[0]},{args.ngram_shape[1]} needs a bigram table of the top "
               f"{args.ngram_shape[0]} tokens; the warm-up builds it if it is not cached", file=sys.stderr)
@@ -504,13 +628,20 @@ def main() -> None:
     layers = model.config.num_hidden_layers
     if {"sd", "hf-assisted"} & set(args.configs) and not 1 <= args.early_exit < layers:
         parser.error(f"--early-exit must be in 1..{layers - 1} ({args.target} has {layers} layers)")
+    drafter = vocabulary = None
+    if {*HETERO, "hf-uag"} & set(args.configs):
+        import specops.vocab
+
+        drafter = specops.models.load(DRAFTER, device=args.device)
+        vocabulary = (f"drafter {DRAFTER} with its own tokenizer: "
+                      f"{specops.vocab.vocab_map(tokenizer, drafter[1]).summary()}")
     prompts = load_prompts(args.first, args.prompts)
     print(f"{args.target}: {layers} layers, loaded in {time.perf_counter() - start:.1f} s; "
           f"{len(prompts)} prompts (HumanEval/{args.first}..{args.first + len(prompts) - 1}), "
           f"{args.new_tokens} new tokens, {torch.get_num_threads()} threads; configs {','.join(args.configs)}",
           file=sys.stderr, flush=True)
 
-    bench = Bench(specops, model, tokenizer, args)
+    bench = Bench(specops, model, tokenizer, args, drafter)
     records = []
     run_start = time.perf_counter()
     for mode in modes:
@@ -521,11 +652,14 @@ def main() -> None:
     print(f"\nend to end: {args.target} fp32, {len(prompts)} HumanEval prompts from {args.first}, "
           f"{args.new_tokens} new tokens, batch 1 unless (batch); {info['machine']}, {info['threads']} threads, "
           f"torch {info['torch']}; run took {time.perf_counter() - run_start:.0f} s")
+    if vocabulary:
+        print(vocabulary)
     print(format_table(rows, COLUMNS))
     print("\nvs_peer: tok/s over transformers' counterpart; vs_ar: over specops ar (batch rows: over specops ar "
-          "(batch)); calls/tok: target forwards per new token; mean_K: draft tokens per request per target call "
-          "(ngram: draft tree nodes in flight); outside_fwd: time outside model forwards; others: cores kept busy "
-          "by other processes.")
+          "(batch)); calls/tok: target forwards per new token; drafter/tok: drafter forwards per new token; "
+          "mean_K: draft tokens per request per target call (ngram: draft tree nodes in flight; slem, tli, "
+          "union: drafter tokens; hf uag: the candidate's target tokens); outside_fwd: time outside model "
+          "forwards; others: cores kept busy by other processes.")
     for kind, settings in bench.candidates.settings.items():
         print(f"transformers {kind} used: {settings}")
     if "ngram" in args.configs:
@@ -536,7 +670,8 @@ def main() -> None:
     path = Path(args.csv or Path(__file__).parent / "results" / f"e2e_{args.device}.csv")
     write_csv(path, rows, {**info, "target": args.target, "prompts": f"{args.first}+{len(prompts)}",
                            "new_tokens": str(args.new_tokens), "early_exit": str(args.early_exit),
-                           "hf_lookup_tokens": str(args.hf_lookup_tokens), "ngram_tables": args.ngram_tables})
+                           "hf_lookup_tokens": str(args.hf_lookup_tokens), "ngram_tables": args.ngram_tables,
+                           "drafter": DRAFTER if drafter else "", "hetero_k": str(args.hetero_k)})
     print(f"\nwrote {path}")
 
 
