@@ -2,6 +2,7 @@
 
     specops generate "def fibonacci(n):"                       # target gemma-3-270m, method auto
     specops generate "def f(x):" --drafter self:6 --compare    # speculative, against autoregressive
+    specops generate "def f(x):" --drafter smollm2-135m        # a drafter with another vocabulary (slem)
     echo "def f(x):" | specops generate -                      # prompt from stdin
 
 The generated text streams to stdout as tokens are accepted; statistics go to stderr, so stdout holds
@@ -34,14 +35,18 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("prompt", nargs="?",
                         help="the prompt; '-' or none reads it from stdin")
     parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
-    parser.add_argument("--method", choices=("auto", "ar", "sd", "ngram"), default="auto",
-                        help="decoding method: auto (sd with a drafter, else ar), ar (autoregressive), sd "
-                             "(speculative decoding with a drafter) or ngram (drafts from the context and the "
-                             "model's own n-grams, no drafter)")
+    parser.add_argument("--method", choices=("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram"),
+                        default="auto",
+                        help="decoding method: auto (with a drafter sd, or for another vocabulary tli when "
+                             "sampling and slem when greedy; else ar), ar (autoregressive), sd (speculative "
+                             "decoding), tli / union / slem / slrs (a drafter with another vocabulary) or ngram "
+                             "(drafts from the context and the model's own n-grams, no drafter)")
     parser.add_argument("--target", default="gemma-3-270m", help=f"target model, an embedded name ({_MODELS})")
     parser.add_argument("--drafter", default=None,
-                        help="drafter: an embedded model name with the target's vocabulary, or 'self:N' (the "
-                             "target's first N layers); none means autoregressive decoding")
+                        help="drafter: an embedded model name (its vocabulary may differ from the target's), or "
+                             "'self:N' (the target's first N layers); none means autoregressive decoding")
+    parser.add_argument("--slrs-max-nodes", type=int, default=256,
+                        help="slrs: most drafter positions one step may score before it refuses")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 keeps all")
@@ -120,7 +125,8 @@ def _generate(args) -> int:
     settings = dict(target=target, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
     method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,
-                  num_draft_tokens=args.num_draft_tokens, ngram_tables=args.ngram_tables)
+                  num_draft_tokens=args.num_draft_tokens, ngram_tables=args.ngram_tables,
+                  slrs_max_nodes=args.slrs_max_nodes)
     if args.compare:  # the first forwards of a process are slow: keep them out of both timings
         specops.decode(prompt, **method, **{**settings, "max_new_tokens": min(4, args.max_new_tokens)})
     if args.echo:

@@ -1,8 +1,10 @@
 """`specops.decode`: the front door to every decoding method, on one shared engine (engine.py).
 
 Methods: "ar" (autoregressive, the baseline), "sd" (standard speculative decoding with a
-same-vocabulary drafter) and "ngram" (learning-free drafts from the context and the model's own
-n-grams, no drafter). "auto" picks "sd" when a drafter is given, else "ar".
+same-vocabulary drafter), "tli", "union", "slem" and "slrs" (a drafter with another vocabulary,
+paper 000) and "ngram" (learning-free drafts from the context and the model's own n-grams, no
+drafter). "auto" picks "sd" for a drafter with the target's vocabulary, "tli" (sampling) or "slem"
+(greedy) for one with another vocabulary, else "ar".
 """
 
 from __future__ import annotations
@@ -85,7 +87,11 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
     "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. method: "auto"
-    (sd with a drafter, else ar), "ar", "sd" or "ngram". Greedy at temperature 0. num_draft_tokens: an
+    (with a drafter: sd for the same vocabulary, else tli when sampling and slem when greedy; without:
+    ar), "ar", "sd", "tli" (drafts from the vocabulary intersection), "union" (TLI's baseline), "slem"
+    (drafted text re-encoded for the target, exact-match verification), "slrs" (string-level rejection
+    sampling; exact and exponential in token length, so it raises when a step would need more than
+    slrs_max_nodes drafter positions) or "ngram". Greedy at temperature 0. num_draft_tokens: an
     int, or "auto" to choose it each step from measured costs and acceptance; for "ngram" an int w is one
     row of w tokens and a tuple (k, w) is k rows of w tokens. ngram_tables: the model-derived n-grams
     "ngram" fills rows with when the context has too few matches: "bigram" (computed once per model,
@@ -111,6 +117,8 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise TypeError("decode: stream must be callable as stream(request_index, text)")
     if method != "ngram":
         draft_length = DraftLength(num_draft_tokens)
+    if isinstance(slrs_max_nodes, bool) or not isinstance(slrs_max_nodes, int) or slrs_max_nodes < 1:
+        raise ValueError(f"decode: slrs_max_nodes must be an int >= 1, got {slrs_max_nodes!r}")
     if ngram_tables not in NGRAM_TABLES:
         raise ValueError(f"decode: ngram_tables must be one of {', '.join(NGRAM_TABLES)}, got {ngram_tables!r}")
 

@@ -119,7 +119,9 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
         # Verify: one target forward over the last emitted token and the drafts.
         start = time.perf_counter()
         target_before = target.seconds
-        verify_logits = vocab.widen(target_state.append(torch.cat([last.unsqueeze(1), drafts], dim=1), keep=k + 1))
+        # A drafter-only token (union) is always rejected, so the target may read any id in its place.
+        scored = torch.where(drafts < vocab.target_vocab, drafts, 0)
+        verify_logits = vocab.widen(target_state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=k + 1))
         target_seconds = target.seconds - target_before
         out, accepted = ops.chain_verify(verify_logits, drafts, draft_probs, num_draft=num_draft.to(device),
                                          temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,

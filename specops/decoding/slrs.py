@@ -161,11 +161,7 @@ class _Enumerator:
             else:
                 frontier.append((row, node, s, 1.0))
         while frontier:
-            unscored = [(row, node) for row, node, _, _ in frontier if node.q is None]
-            if unscored:
-                self._score(unscored)
-            grown = []
-            for row, node, s, mass in frontier:
+            for row, *_ in frontier:  # refuse before scoring nodes that would pass the bound
                 self.expanded[row] += 1
                 if self.expanded[row] > self.max_nodes:
                     raise ValueError(
@@ -173,6 +169,11 @@ class _Enumerator:
                         "one step to compute the proposal probabilities exactly; the drafter's tokens are too "
                         "long or too many relative to the target's (paper 000, Lemma 3.1). Use 'tli' or 'slem', "
                         "a drafter with shorter tokens, a smaller top_k, or raise slrs_max_nodes")
+            unscored = [(row, node) for row, node, _, _ in frontier if node.q is None]
+            if unscored:
+                self._score(unscored)
+            grown = []
+            for row, node, s, mass in frontier:
                 for token in torch.nonzero(node.q > 0).flatten().tolist():
                     weight = mass * float(node.q[token])
                     piece = self.strings.draft_bytes[token]
