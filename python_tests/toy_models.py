@@ -13,6 +13,11 @@
   engine passes count only valid tokens. It reads draft trees too: given the engine's 4-D boolean mask
   [B, 1, n, L], a query's previous token is the latest key it may see, so a node reads its parent.
 - `letter_tokenizer()`: one token per letter of `LETTERS`, plus <pad>, for `TableLM` prompts.
+- `token_tokenizer(tokens)`: a BPE tokenizer over given (multi-letter) token strings, for a target and a
+  drafter with different vocabularies; `TableLM` takes a table over any number of tokens, and
+  `token_sequence_distribution` gives the exact distribution of its token-id sequences.
+  `merged_byte_tokenizer(words)`: `byte_tokenizer()` plus multi-byte tokens, for a tiny model whose
+  vocabulary differs from a byte-level one.
 """
 
 from __future__ import annotations
@@ -89,12 +94,51 @@ def letter_tokenizer() -> PreTrainedTokenizerFast:
     return _byte_level_tokenizer(vocab, None)
 
 
-def random_table(seed: int, zeros: int = 6) -> torch.Tensor:
-    """Probabilities [len(LETTERS)+1, len(LETTERS), TOY_VOCAB] (float64): row [prev2, prev1] is the
-    next-token distribution (prev2 = START for a context of one token). `zeros` entries are exactly 0,
-    never a whole row; the <pad> column is always 0."""
+def token_tokenizer(tokens: list[str]) -> PreTrainedTokenizerFast:
+    """A tokenizer whose ids 0..n-1 are `tokens` in order, then <pad> = n, for a `TableLM` over n tokens.
+
+    Tokens are written in the byte-level alphabet (ASCII letters stand for themselves). A multi-letter
+    token is one BPE merge of its prefix (itself a token) and its last letter; merges apply in the
+    order the tokens are listed, so the encoding of any text over the single letters is deterministic
+    and decodes back to it."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    vocab["<pad>"] = len(tokens)
+    return _with_merges(_byte_level_tokenizer(vocab, None), vocab, tokens)
+
+
+def merged_byte_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """`byte_tokenizer()` plus multi-byte tokens: every prefix of each word (2 bytes and longer, in the
+    byte-level alphabet: "Ġthe" is " the") becomes a token, ids from BYTE_VOCAB on in order of first
+    appearance. Models for it need vocab=len(tokenizer)."""
+    tokenizer = byte_tokenizer()
+    vocab = tokenizer.get_vocab()
+    tokens = list(dict.fromkeys(word[:end] for word in words for end in range(2, len(word) + 1)))
+    for token in tokens:
+        vocab.setdefault(token, len(vocab))
+    return _with_merges(_byte_level_tokenizer(vocab, "<eos>"), vocab, tokens)
+
+
+def _with_merges(tokenizer: PreTrainedTokenizerFast, vocab: dict[str, int], tokens: list[str]
+                 ) -> PreTrainedTokenizerFast:
+    """The byte-level tokenizer over `vocab` with one BPE merge per multi-letter token (its prefix and
+    its last letter), in the order of `tokens`."""
+    merges = []
+    for token in tokens:
+        if len(token) > 1:
+            if token[:-1] not in vocab:
+                raise ValueError(f"toy tokenizer: {token!r} needs its prefix {token[:-1]!r} as a token")
+            merges.append((token[:-1], token[-1]))
+    tokenizer.backend_tokenizer.model = models.BPE(vocab=vocab, merges=merges)
+    return tokenizer
+
+
+def random_table(seed: int, zeros: int = 6, tokens: int = len(LETTERS)) -> torch.Tensor:
+    """Probabilities [tokens+1, tokens, tokens+1] (float64; tokens = len(LETTERS) gives TOY_VOCAB
+    columns): row [prev2, prev1] is the next-token distribution (prev2 = START = tokens for a context of
+    one token). `zeros` entries are exactly 0, at most one per row (so never a whole row when tokens > 1);
+    the <pad> column is always 0."""
     g = torch.Generator().manual_seed(seed)
-    n = len(LETTERS)
+    n = tokens
     probs = torch.rand(n + 1, n, n, generator=g, dtype=torch.float64) + 0.05
     flat = probs.view(-1, n)
     for i in torch.randperm(flat.shape[0], generator=g)[:zeros].tolist():
@@ -112,11 +156,14 @@ class TableLM(torch.nn.Module):
     engine kept in its cache, and the attention mask says which of those positions are valid."""
 
     def __init__(self, table: torch.Tensor):
+        """table [n+1, n, n+1]: n tokens (ids 0..n-1, `LETTERS` for `random_table()`), then <pad> = n,
+        which is also the START row."""
         super().__init__()
         self.register_buffer("log_table", table.log().float())  # log 0 = -inf: impossible tokens
-        self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=TOY_VOCAB)
+        self.tokens = table.shape[1]
+        self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=table.shape[-1])
         self.generation_config = GenerationConfig()  # eos_token_id None: sequences end by length only
-        self.lm_head = torch.nn.Linear(1, TOY_VOCAB, bias=False)  # only its shape is used
+        self.lm_head = torch.nn.Linear(1, table.shape[-1], bias=False)  # only its shape is used
         self.calls = 0
 
     def get_output_embeddings(self):
@@ -137,16 +184,16 @@ class TableLM(torch.nn.Module):
             raise AssertionError(f"TableLM: cache_position {cache_position.tolist()} != "
                                  f"{length - n}..{length - 1}")
         if attention_mask.dim() == 4:
-            prev2, prev1 = self._tree_context(tokens, attention_mask, position_ids, n)
+            prev2, prev1 = self._tree_context(tokens, attention_mask, position_ids, n, self.tokens)
         else:
-            prev2, prev1 = self._chain_context(tokens, attention_mask, position_ids, n)
+            prev2, prev1 = self._chain_context(tokens, attention_mask, position_ids, n, self.tokens)
         logits = self.log_table[prev2, prev1]  # [B, n, V]
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
 
     @staticmethod
-    def _chain_context(tokens, attention_mask, position_ids, n):
+    def _chain_context(tokens, attention_mask, position_ids, n, vocab):
         batch, length = tokens.shape
         if attention_mask.shape != (batch, length):
             raise AssertionError(f"TableLM: attention mask {tuple(attention_mask.shape)} does not cover "
@@ -156,18 +203,19 @@ class TableLM(torch.nn.Module):
         new_valid = valid[:, -n:]
         if not torch.equal(position_ids[new_valid], expected_pos[:, -n:][new_valid]):
             raise AssertionError("TableLM: position ids do not count the valid tokens before each input")
-        if bool((tokens[valid] >= len(LETTERS)).any()):
+        if bool((tokens[valid] >= vocab).any()):
             raise AssertionError("TableLM: a valid cache position holds <pad>")
         # For every position i: the index of the last valid position <= i (-1 if none).
         index = torch.arange(length, device=tokens.device).expand(batch, length)
         last_valid = torch.where(valid, index, -1).cummax(1).values
         prev_index = torch.cat([torch.full_like(last_valid[:, :1], -1), last_valid[:, :-1]], dim=1)
-        prev2 = torch.where(prev_index >= 0, tokens.gather(1, prev_index.clamp(min=0)), START)
-        prev1 = tokens.clamp(max=len(LETTERS) - 1)  # holes / pads get some row; their logits are never used
+        # Row `vocab` of the table is START.
+        prev2 = torch.where(prev_index >= 0, tokens.gather(1, prev_index.clamp(min=0)), vocab)
+        prev1 = tokens.clamp(max=vocab - 1)  # holes / pads get some row; their logits are never used
         return prev2[:, -n:], prev1[:, -n:]
 
     @staticmethod
-    def _tree_context(tokens, attention_mask, position_ids, n):
+    def _tree_context(tokens, attention_mask, position_ids, n, vocab):
         batch, length = tokens.shape
         if attention_mask.shape != (batch, 1, n, length) or attention_mask.dtype != torch.bool:
             raise AssertionError(f"TableLM: 4-D attention mask {tuple(attention_mask.shape)} "
@@ -182,17 +230,18 @@ class TableLM(torch.nn.Module):
         before = sees & (slot[None, None, :] < own[None, :, None])
         if not torch.equal(position_ids, before.sum(-1)):
             raise AssertionError("TableLM: position ids do not count the keys each query sees before itself")
-        if bool((tokens[:, None, :].expand_as(sees)[sees] >= len(LETTERS)).any()):
+        if bool((tokens[:, None, :].expand_as(sees)[sees] >= vocab).any()):
             raise AssertionError("TableLM: a query sees a slot holding <pad>")
         latest = torch.where(before, slot, -1).amax(-1)  # [B, n]: the previous token's slot, -1 if none
-        prev2 = torch.where(latest >= 0, tokens.gather(1, latest.clamp(min=0)), START)
+        prev2 = torch.where(latest >= 0, tokens.gather(1, latest.clamp(min=0)), vocab)  # row vocab: START
         return prev2, tokens[:, -n:]
 
 
-def sequence_distribution(table: torch.Tensor, context: str, length: int, temperature: float = 1.0,
-                          top_k: int = 0) -> dict[str, float]:
-    """Exact probability of every continuation of `length` letters after `context` (>= 2 letters) under
-    `table`, sampled at `temperature` with top-k filtering (ties at the k-th value kept)."""
+def token_sequence_distribution(table: torch.Tensor, context: list[int], length: int,
+                                temperature: float = 1.0, top_k: int = 0) -> dict[tuple[int, ...], float]:
+    """Exact probability of every continuation of `length` token ids after the token ids `context`
+    (>= 1; one token reads the START row) under a `TableLM` table [n+1, n, n+1], sampled at
+    `temperature` with top-k filtering (ties at the k-th value kept). Sequences of probability 0 included."""
     logits = table.log()
     if temperature != 1.0:
         logits = logits / temperature
@@ -200,16 +249,26 @@ def sequence_distribution(table: torch.Tensor, context: str, length: int, temper
         kth = logits.sort(-1, descending=True).values[..., top_k - 1:top_k]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, -1)
-    out = {"": 1.0}
+    n = table.shape[1]
+    out: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(length):
         grown = {}
         for seq, p in out.items():
-            full = context + seq
-            row = probs[LETTERS.index(full[-2]), LETTERS.index(full[-1])]
-            for t, ch in enumerate(LETTERS):
-                grown[seq + ch] = p * float(row[t])
+            full = (n, *context, *seq)  # n = START, read only for a one-token context
+            row = probs[full[-2], full[-1]]
+            for t in range(n):
+                grown[seq + (t,)] = p * float(row[t])
         out = grown
     return out
+
+
+def sequence_distribution(table: torch.Tensor, context: str, length: int, temperature: float = 1.0,
+                          top_k: int = 0) -> dict[str, float]:
+    """Exact probability of every continuation of `length` letters after `context` (>= 2 letters) under
+    `table`, sampled at `temperature` with top-k filtering (ties at the k-th value kept)."""
+    ids = [LETTERS.index(ch) for ch in context]
+    exact = token_sequence_distribution(table, ids, length, temperature, top_k)
+    return {"".join(LETTERS[t] for t in seq): p for seq, p in exact.items()}
 
 
 def cycle_table(peak: float = 0.85) -> torch.Tensor:

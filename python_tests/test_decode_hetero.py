@@ -1,0 +1,487 @@
+"""End-to-end tests of the decoders for a drafter with another vocabulary (paper 000): "tli" (Alg 4),
+"union" (Alg 1), "slem" (Alg 2) and "slrs" (Alg 3); nothing downloads.
+
+The toy pair: a target over the tokens {a, b, c, d, ab, cd} and a drafter over {a, b, c, d, ba, ab, abc}
+(BPE tokenizers from toy_models.token_tokenizer), so the intersection is {a, b, c, d, ab}, "ba" and
+"abc" are drafter-only and "cd" target-only; both models are trigram tables (toy_models.TableLM).
+
+1. The vocabulary map: the intersection found by the bytes tokens stand for, its ratios, and the
+   ValueErrors for vocabularies that share nothing or cannot write each other's characters.
+2. Greedy exactness: every method's greedy output equals greedy "ar" token for token on a ragged batch,
+   with fixed and "auto" draft lengths, a drafter close to the target (mostly accepted) and an unrelated
+   one (mostly rejected); and on tiny random Llama models, byte-level against multi-byte tokens.
+3. Statistics: sampled continuations (target token-id sequences) follow the target's exact
+   distribution (chi-square, the power and threshold of test_decode.py), at T = 1 and at T = 0.7 with
+   top-k; the same check rejects a distribution with 1% of mass moved.
+4. Theorem 4.1: TLI's expected acceptance is at least the union's in every context of the tables, and
+   its measured acceptance is higher by more than the sampling error.
+5. method="auto" with such a drafter is "tli" when sampling and "slem" when greedy; "sd" refuses it.
+6. EOS, stop strings and max_new_tokens on batches, as "ar" does them.
+
+"slrs" cases carry "slrs" in their ids (`-k slrs` runs them) and skip while slrs.py raises
+NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+import specops
+from specops import vocab as vocab_maps
+from test_decode import ALPHA, N_SEQUENCES, PROMPTS, _assert_powered, _fit, check_stats
+from toy_models import (BYTE_VOCAB, TableLM, byte_tokenizer, letter_tokenizer, merged_byte_tokenizer,
+                        random_table, tiny_llama, token_sequence_distribution, token_tokenizer)
+
+decoding = importlib.import_module("specops.decoding")  # the package whose decode() dispatches to methods
+
+TARGET_TOKENS = ["a", "b", "c", "d", "ab", "cd"]
+DRAFTER_TOKENS = ["a", "b", "c", "d", "ba", "ab", "abc"]
+# Each drafter id's target id (-1: drafter-only), what vocab_map must find.
+DRAFT_TO_TARGET = [TARGET_TOKENS.index(t) if t in TARGET_TOKENS else -1 for t in DRAFTER_TOKENS]
+
+METHODS = ["tli", "union", "slem", "slrs"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vocab_cache(tmp_path_factory):
+    """Vocabulary maps are cached on disk: keep this module's out of the user's cache."""
+    before = os.environ.get("SPECOPS_CACHE")
+    os.environ["SPECOPS_CACHE"] = str(tmp_path_factory.mktemp("specops-cache"))
+    yield
+    if before is None:
+        del os.environ["SPECOPS_CACHE"]
+    else:
+        os.environ["SPECOPS_CACHE"] = before
+
+
+def _drafter_table(seed: int, mirror: float, target_table: torch.Tensor) -> torch.Tensor:
+    """A drafter table: `mirror` of the target's next-token distribution moved into drafter ids (where
+    the drafter's two previous tokens are target tokens too), plus 1 - mirror of a random table that
+    also drafts "ba" and "abc". mirror = 0 is unrelated to the target."""
+    n = len(DRAFTER_TOKENS)
+    random = random_table(seed, zeros=16, tokens=n)
+    mirrored = random.clone()
+    shared = [d for d in range(n) if DRAFT_TO_TARGET[d] >= 0]
+    start_t = len(TARGET_TOKENS)
+    for prev2 in range(n + 1):
+        for prev1 in range(n):
+            t2 = start_t if prev2 == n else DRAFT_TO_TARGET[prev2]
+            t1 = DRAFT_TO_TARGET[prev1]
+            if t2 < 0 or t1 < 0:
+                continue
+            row = torch.zeros(n + 1, dtype=torch.float64)
+            row[shared] = target_table[t2, t1, [DRAFT_TO_TARGET[d] for d in shared]]
+            if row.sum() > 0:
+                mirrored[prev2, prev1] = row / row.sum()
+    return mirror * mirrored + (1 - mirror) * random
+
+
+def _sharpened(table: torch.Tensor, power: float) -> torch.Tensor:
+    table = table**power
+    return table / table.sum(-1, keepdim=True)
+
+
+# Exact zeros in different places in the target and the drafter: drafts the target never emits, and
+# target tokens (besides the target-only "cd") the drafter never proposes. Squared, so the likeliest
+# 4-token continuations have probability > 1% (a 1% error can be moved between them, section 3).
+TARGET_TABLE = _sharpened(random_table(21, zeros=16, tokens=len(TARGET_TOKENS)), 2)
+CLOSE_TABLE = _drafter_table(22, 0.6, TARGET_TABLE)
+UNRELATED_TABLE = _drafter_table(23, 0.0, TARGET_TABLE)
+
+
+@pytest.fixture(scope="module")
+def toks():
+    return token_tokenizer(TARGET_TOKENS), token_tokenizer(DRAFTER_TOKENS)
+
+
+def _decode(prompts, method, toks, drafter_table=CLOSE_TABLE, target=None, **kwargs):
+    """specops.decode on the toy pair; skips while "slrs" is not implemented."""
+    target_tok, drafter_tok = toks
+    target = TableLM(TARGET_TABLE) if target is None else target
+    try:
+        return specops.decode(prompts, target=target, tokenizer=target_tok, drafter=TableLM(drafter_table),
+                              drafter_tokenizer=drafter_tok, method=method, **kwargs)
+    except NotImplementedError:
+        if method != "slrs":
+            raise
+        pytest.skip("method 'slrs' is not implemented yet (specops/decoding/slrs.py)")
+
+
+# ---- 1. the vocabulary map ----
+
+def test_vocab_map_toy_pair(toks):
+    target_tok, drafter_tok = toks
+    for text in ["abcd", "bab", "abcabc", "dcba", "cdcd", "a"]:  # letters-only text round-trips
+        for tok in toks:
+            assert tok.decode(tok(text)["input_ids"]) == text
+    assert drafter_tok("abc")["input_ids"] == [DRAFTER_TOKENS.index("abc")]  # multi-letter tokens are used
+    assert target_tok("cdab")["input_ids"] == [TARGET_TOKENS.index("cd"), TARGET_TOKENS.index("ab")]
+
+    vmap = vocab_maps.vocab_map(target_tok, drafter_tok, cache=False)
+    assert vmap.size == 5
+    assert vmap.draft_to_target.tolist() == DRAFT_TO_TARGET + [-1]  # <pad> (a special token) maps nowhere
+    expected_inverse = [DRAFT_TO_TARGET.index(t) if t in DRAFT_TO_TARGET else -1
+                        for t in range(len(TARGET_TOKENS))]
+    assert vmap.target_to_draft.tolist() == expected_inverse + [-1]
+    assert vmap.draft_ratio == pytest.approx(5 / 7) and vmap.target_ratio == pytest.approx(5 / 6)
+    assert "5 tokens" in vmap.summary()
+    assert vmap.projection(10).tolist() == DRAFT_TO_TARGET + [-1] * 3  # padded to a wider LM head
+    union, width = vmap.union(8, 7)  # drafter-only ids (ba, abc, <pad>) follow the target's 7 rows
+    assert width == 10 and union.tolist() == [0, 1, 2, 3, 7, 4, 8, 9]
+    # The other direction is the transpose.
+    back = vocab_maps.vocab_map(drafter_tok, target_tok, cache=False)
+    assert back.draft_to_target.tolist() == vmap.target_to_draft.tolist()
+
+
+def test_vocab_map_byte_level_pairs():
+    """Byte-level against byte-level with multi-byte tokens: the 256 bytes are shared, in both
+    directions; merged tokens are drafter-only."""
+    merged = merged_byte_tokenizer(["Ġthe", "he", "ll"])
+    vmap = vocab_maps.vocab_map(byte_tokenizer(), merged, cache=False)
+    assert vmap.size == 256 and vmap.target_ratio == 1.0
+    assert vmap.draft_ratio == pytest.approx(256 / (256 + 5))  # Ġt Ġth Ġthe he ll
+    ids = merged.convert_tokens_to_ids(["Ġthe", "he", "a", "Ġ"])
+    mapped = vmap.draft_to_target[ids].tolist()
+    assert mapped[:2] == [-1, -1]
+    assert mapped[2:] == byte_tokenizer().convert_tokens_to_ids(["a", "Ġ"])
+    assert vmap.draft_to_target[:2].tolist() == [-1, -1]  # <pad>, <eos>: special tokens map nowhere
+    reverse = vocab_maps.vocab_map(merged, byte_tokenizer(), cache=False)
+    assert reverse.size == 256 and reverse.draft_ratio == 1.0
+
+
+def test_vocab_map_letters_against_bytes():
+    """A tokenizer that cannot write a character the other can (here "e": the letter tokenizers only
+    know a-d) cannot carry text across, in either role."""
+    for target, drafter, role in [(byte_tokenizer(), letter_tokenizer(), "drafter"),
+                                  (letter_tokenizer(), byte_tokenizer(), "target"),
+                                  (token_tokenizer(TARGET_TOKENS), byte_tokenizer(), "target")]:
+        with pytest.raises(ValueError, match=f"the {role}'s tokenizer cannot express .*e"):
+            vocab_maps.vocab_map(target, drafter, cache=False)
+    # A drafter without "d" cannot write the target's "d".
+    with pytest.raises(ValueError, match="the drafter's tokenizer cannot express 'd'"):
+        vocab_maps.vocab_map(token_tokenizer(TARGET_TOKENS), token_tokenizer(["a", "b", "c", "ab"]),
+                             cache=False)
+    # Letters against letters in other tokens: the four letters are shared.
+    assert vocab_maps.vocab_map(letter_tokenizer(), token_tokenizer(DRAFTER_TOKENS), cache=False).size == 4
+
+
+def test_vocab_map_empty_intersection():
+    # Single non-ASCII bytes (byte-level symbols) the probe characters do not include: nothing to
+    # express, and nothing shared.
+    with pytest.raises(ValueError, match="share no token"):
+        vocab_maps.vocab_map(token_tokenizer(["é"]), token_tokenizer(["ü"]), cache=False)
+
+
+def test_decode_empty_intersection_raises():
+    with pytest.raises(ValueError, match="share no token"):
+        specops.decode("é", target=TableLM(random_table(1, zeros=0, tokens=1)),
+                       tokenizer=token_tokenizer(["é"]), drafter=TableLM(random_table(2, zeros=0, tokens=1)),
+                       drafter_tokenizer=token_tokenizer(["ü"]),
+                       method="tli", max_new_tokens=2, temperature=1.0)
+
+
+# ---- 2. greedy exactness ----
+
+GREEDY_PROMPTS = ["dab", "c", "cadabcd", "bab", "abcabcab"]  # ragged in both tokenizers
+GREEDY_NEW = 14
+
+
+@pytest.fixture(scope="module")
+def ar_greedy(toks):
+    return specops.decode(GREEDY_PROMPTS, target=TableLM(TARGET_TABLE), tokenizer=toks[0], method="ar",
+                          max_new_tokens=GREEDY_NEW).tokens
+
+
+GREEDY_CASES = [(m, k, d) for m in METHODS for k in (1, 2, 3, "auto") for d in ("close", "unrelated")]
+
+
+@pytest.mark.parametrize("method,k,drafter", GREEDY_CASES, ids=[f"{m}-k{k}-{d}" for m, k, d in GREEDY_CASES])
+def test_greedy_equals_ar(toks, ar_greedy, method, k, drafter):
+    table = CLOSE_TABLE if drafter == "close" else UNRELATED_TABLE
+    result = _decode(GREEDY_PROMPTS, method, toks, table, max_new_tokens=GREEDY_NEW, num_draft_tokens=k)
+    assert result.tokens == ar_greedy
+    check_stats(result, method)
+    assert max(result.stats.draft_lengths) <= (k if k != "auto" else 8)
+    if drafter == "close" and k != "auto":  # drafts are used: some accepted (and some rejected)
+        assert 0 < result.stats.accepted < result.stats.drafted
+
+
+# Tiny random transformers models: a byte-level vocabulary against one with multi-byte tokens, both ways.
+MERGED_WORDS = ["Ġthe", "Ġqu", "Ġw", "he", "ll", "or", "ow", "Ã¼"]
+
+
+def _multi_byte(model):
+    """A model over merged_byte_tokenizer() whose multi-byte tokens win most of the time (their LM-head
+    rows doubled; about 60% of its greedy tokens instead of 3%), so the crossings are exercised."""
+    with torch.no_grad():
+        model.lm_head.weight[BYTE_VOCAB:] *= 2
+    return model
+
+
+@pytest.fixture(scope="module")
+def llamas():
+    merged = merged_byte_tokenizer(MERGED_WORDS)
+    byte_tok = byte_tokenizer()
+    return {
+        "byte": (tiny_llama(layers=2, seed=0), byte_tok,
+                 _multi_byte(tiny_llama(layers=1, seed=1, vocab=len(merged))), merged),
+        "merged": (_multi_byte(tiny_llama(layers=2, seed=2, vocab=len(merged))), merged,
+                   tiny_llama(layers=1, seed=3), byte_tok),
+    }
+
+
+LLAMA_NEW = 12
+LLAMA_CASES = [(m, t, k) for m in METHODS for t, k in (("byte", 2), ("merged", 3), ("merged", "auto"))]
+
+
+@pytest.mark.parametrize("method,target,k", LLAMA_CASES, ids=[f"{m}-{t}-k{k}" for m, t, k in LLAMA_CASES])
+def test_greedy_equals_ar_tiny_llama(llamas, method, target, k):
+    """target "byte": a byte-level target, a drafter with multi-byte tokens; "merged": the reverse."""
+    target_model, target_tok, drafter_model, drafter_tok = llamas[target]
+    expected = specops.decode(PROMPTS, target=target_model, tokenizer=target_tok, method="ar",
+                              max_new_tokens=LLAMA_NEW).tokens
+    try:
+        result = specops.decode(PROMPTS, target=target_model, tokenizer=target_tok, drafter=drafter_model,
+                                drafter_tokenizer=drafter_tok, method=method, max_new_tokens=LLAMA_NEW,
+                                num_draft_tokens=k)
+    except NotImplementedError:
+        if method != "slrs":
+            raise
+        pytest.skip("method 'slrs' is not implemented yet (specops/decoding/slrs.py)")
+    assert result.tokens == expected
+    check_stats(result, method)
+
+
+# ---- 3. statistics: sampled token sequences follow the target's distribution ----
+
+# Prompts ending in the same two target tokens (b, ab), of different lengths; the drafter reads them
+# differently ("bab" is ba·b for it), so its contexts vary while the target's exact distribution is one.
+STAT_PROMPTS = ["bab", "cbab", "ddbab", "dbab"]
+STAT_CONTEXT = [TARGET_TOKENS.index("b"), TARGET_TOKENS.index("ab")]
+STAT_NEW = 4  # 6^4 = 1296 target token sequences; a draft length of 2 makes chains of two drafts
+STAT_K = 2
+MIN_EXPECTED = 5  # sequences expected fewer times share one chi-square cell (Cochran's rule)
+
+_samples: dict = {}
+
+
+def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: int = 4321):
+    """N_SEQUENCES continuations of STAT_PROMPTS in one decode call (cached: tests share samples)."""
+    key = (method, temperature, top_k, seed)
+    if key not in _samples:
+        prompts = [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
+        result = _decode(prompts, method, toks, max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k,
+                         seed=seed, num_draft_tokens=STAT_K)
+        assert all(len(t) == STAT_NEW for t in result.tokens)
+        _samples[key] = result
+    return _samples[key]
+
+
+def _exact(temperature: float = 1.0, top_k: int = 0) -> dict:
+    return token_sequence_distribution(TARGET_TABLE, STAT_CONTEXT, STAT_NEW, temperature, top_k)
+
+
+def _pooled_fit(tokens: list[list[int]], exact: dict) -> tuple[float, int]:
+    """test_decode._fit after pooling the sequences expected < MIN_EXPECTED times into one cell; a
+    sequence of probability 0 stays itself, so it still counts as impossible."""
+    rare = {seq for seq, p in exact.items() if 0 < p * len(tokens) < MIN_EXPECTED}
+    pooled = {seq: p for seq, p in exact.items() if seq not in rare}
+    pooled["rare"] = sum(exact[seq] for seq in rare)
+    _assert_powered(pooled)
+    return _fit(["rare" if tuple(t) in rare else tuple(t) for t in tokens], pooled)
+
+
+STAT_CASES = [("tli", 1.0, 0), ("union", 1.0, 0), ("slem", 1.0, 0), ("slrs", 1.0, 0), ("tli", 0.7, 3)]
+
+
+@pytest.mark.parametrize("method,temperature,top_k", STAT_CASES,
+                         ids=[f"{m}-T{t}-topk{k}" for m, t, k in STAT_CASES])
+def test_sampled_sequences_follow_target(toks, method, temperature, top_k):
+    result = _sample(method, toks, temperature, top_k)
+    pvalue, impossible = _pooled_fit(result.tokens, _exact(temperature, top_k))
+    assert impossible == 0, "sequences with probability 0 under the target were produced"
+    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
+    assert 0 < result.stats.accepted < result.stats.drafted  # the drafter was used, and rejected sometimes
+
+
+def test_chisquare_can_fail(toks):
+    """The check rejects the tli samples against the target distribution with 1% of mass moved between
+    its two likeliest sequences, and against the distribution at another temperature."""
+    samples = _sample("tli", toks).tokens
+    exact = _exact()
+    shifted = dict(exact)
+    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
+    shifted[first] -= 0.01
+    shifted[second] += 0.01
+    assert _pooled_fit(samples, exact)[0] > ALPHA
+    assert _pooled_fit(samples, shifted)[0] < ALPHA
+    pvalue, impossible = _pooled_fit(samples, _exact(0.7, 3))
+    assert impossible > 0 or pvalue < ALPHA
+
+
+# ---- 4. Theorem 4.1: TLI accepts at least as often as the union ----
+
+def _acceptance(p: torch.Tensor, q: torch.Tensor) -> tuple[float, float]:
+    """(alpha_TLI, alpha_union) for a target row p [7] and a drafter row q [8] (Leviathan et al.:
+    sum of min(p, q) over what the drafter can propose): TLI renormalizes q over the intersection,
+    the union's drafter-only tokens have p = 0."""
+    q_shared = torch.zeros_like(p)
+    for d, t in enumerate(DRAFT_TO_TARGET):
+        if t >= 0:
+            q_shared[t] = q[d]
+    q_tli = q_shared / q_shared.sum()
+    return float(torch.minimum(p, q_tli).sum()), float(torch.minimum(p, q_shared).sum())
+
+
+def test_tli_acceptance_at_least_union_exact():
+    """In every context (a target row and a drafter row), alpha_TLI >= alpha_union, strictly where the
+    drafter puts mass on drafter-only tokens and p and q differ."""
+    strict = 0
+    for drafter_table in (CLOSE_TABLE, UNRELATED_TABLE):
+        for p in TARGET_TABLE.flatten(0, 1):
+            for q in drafter_table.flatten(0, 1):
+                tli, union = _acceptance(p, q)
+                assert tli >= union - 1e-12, (p, q)
+                strict += tli > union + 1e-9
+    assert strict > 0
+
+
+def test_tli_acceptance_higher_than_union_measured(toks):
+    """Same prompts, same seeds, same draft length: TLI's measured acceptance (accepted / drafted)
+    exceeds the union's by more than 4 standard errors (one-sided, p < 4e-5 were they equal). Bound on
+    the error: a request's step accepts between 0 and k <= STAT_K of its drafts, so its variance is at
+    most k^2/4 <= STAT_K * k / 4 (Popoviciu), summing to STAT_K * drafted / 4 over independent steps;
+    the rate's error is then at most sqrt(STAT_K / (4 * drafted)), 0.0026 here, against a gap of 0.025."""
+    rates, errors = {}, {}
+    for method in ("tli", "union"):
+        stats = _sample(method, toks).stats
+        rates[method] = stats.accepted / stats.drafted
+        errors[method] = math.sqrt(STAT_K / (4 * stats.drafted))
+    margin = 4 * math.hypot(errors["tli"], errors["union"])
+    assert rates["tli"] > rates["union"] + margin, (rates, margin)
+
+
+# ---- 5. method selection ----
+
+def test_auto_picks_tli_when_sampling_and_slem_when_greedy(toks, monkeypatch):
+    calls = []
+    real_slem, real_intersection = decoding.decode_slem, decoding.tli.intersection
+    real_union = decoding.tli.union
+    monkeypatch.setattr(decoding, "decode_slem", lambda *a, **k: calls.append("slem") or real_slem(*a, **k))
+    monkeypatch.setattr(decoding.tli, "intersection",
+                        lambda *a, **k: calls.append("tli") or real_intersection(*a, **k))
+    monkeypatch.setattr(decoding.tli, "union", lambda *a, **k: calls.append("union") or real_union(*a, **k))
+    kwargs = {"max_new_tokens": 8, "num_draft_tokens": 2}
+    sampled = _decode(GREEDY_PROMPTS, "auto", toks, temperature=1.0, seed=11, **kwargs)
+    assert calls == ["tli"]
+    assert sampled.tokens == _decode(GREEDY_PROMPTS, "tli", toks, temperature=1.0, seed=11, **kwargs).tokens
+    calls.clear()
+    greedy = _decode(GREEDY_PROMPTS, "auto", toks, **kwargs)
+    assert calls == ["slem"]
+    slem = _decode(GREEDY_PROMPTS, "slem", toks, **kwargs)
+    assert (greedy.tokens, greedy.stats.drafted, greedy.stats.accepted) == (
+        slem.tokens, slem.stats.drafted, slem.stats.accepted)
+
+
+def test_sd_refuses_other_vocabulary(toks):
+    with pytest.raises(ValueError, match=r"vocabulary differs.*'tli'.*'slem'"):
+        _decode(GREEDY_PROMPTS, "sd", toks, max_new_tokens=4)
+
+
+def test_drafter_methods_need_a_drafter(toks):
+    for method in METHODS:
+        with pytest.raises(ValueError, match=f"method '{method}' needs a drafter"):
+            specops.decode("ab", target=TableLM(TARGET_TABLE), tokenizer=toks[0], method=method,
+                           max_new_tokens=2)
+
+
+def test_slrs_max_nodes(toks):
+    """A step that would need more drafter positions than slrs_max_nodes raises, naming the bound
+    (target tokens "ab" and "cd" take two drafter positions: the drafter's "a", then "b" or "ba")."""
+    with pytest.raises(ValueError, match=r"slrs_max_nodes = 1\b"):
+        _decode(GREEDY_PROMPTS, "slrs", toks, max_new_tokens=8, temperature=1.0, seed=3, num_draft_tokens=2,
+                slrs_max_nodes=1)
+
+
+# ---- 6. EOS, stop strings and max_new_tokens, as "ar" does them ----
+
+ENGINE_METHODS = ["tli", "slem", "slrs"]
+
+
+def _ar(toks, prompts, target=None, **kwargs):
+    target = TableLM(TARGET_TABLE) if target is None else target
+    return specops.decode(prompts, target=target, tokenizer=toks[0], method="ar", **kwargs)
+
+
+@pytest.mark.parametrize("method", ENGINE_METHODS)
+def test_eos_ends_rows(toks, ar_greedy, method):
+    eos = ar_greedy[0][4]  # a token greedy decoding emits, so some rows end early
+    target = TableLM(TARGET_TABLE)
+    target.generation_config.eos_token_id = eos
+    expected = [row[: row.index(eos) + 1] if eos in row else row for row in ar_greedy]
+    assert any(len(row) < GREEDY_NEW for row in expected)
+    greedy = _decode(GREEDY_PROMPTS, method, toks, target=target, max_new_tokens=GREEDY_NEW,
+                     num_draft_tokens=3)
+    assert greedy.tokens == expected
+    check_stats(greedy, method)
+    sampled = _decode(GREEDY_PROMPTS * 4, method, toks, target=target, max_new_tokens=GREEDY_NEW,
+                      num_draft_tokens=3, temperature=1.0, seed=8)
+    for row in sampled.tokens:  # EOS only last, and a row without it runs to max_new_tokens
+        assert eos not in row[:-1]
+        assert row[-1] == eos or len(row) == GREEDY_NEW
+    assert any(row[-1] == eos for row in sampled.tokens)
+    check_stats(sampled, method)
+
+
+@pytest.mark.parametrize("method", ENGINE_METHODS)
+def test_stop_strings(toks, method):
+    reference = _ar(toks, GREEDY_PROMPTS, max_new_tokens=GREEDY_NEW)
+    stops = [reference.text[0][3:5], reference.text[2][6:9]]  # met in greedy text, maybe across tokens
+    expected = _ar(toks, GREEDY_PROMPTS, max_new_tokens=GREEDY_NEW, stop=stops)
+    result = _decode(GREEDY_PROMPTS, method, toks, max_new_tokens=GREEDY_NEW, stop=stops, num_draft_tokens=2)
+    assert (result.text, result.tokens) == (expected.text, expected.tokens)
+    assert expected.text != reference.text  # rows did stop
+    sampled = _decode(GREEDY_PROMPTS * 4, method, toks, max_new_tokens=GREEDY_NEW, stop=stops,
+                      num_draft_tokens=2, temperature=1.0, seed=9)
+    for text, tokens in zip(sampled.text, sampled.tokens):
+        assert not any(stop in text for stop in stops)
+        full = toks[0].decode(tokens)
+        assert full.startswith(text)
+        assert len(tokens) == GREEDY_NEW or any(stop in full for stop in stops)
+    assert any(len(tokens) < GREEDY_NEW for tokens in sampled.tokens)
+
+
+@pytest.mark.parametrize("method", ["ar", *ENGINE_METHODS])
+def test_stop_string_completed_by_last_token(toks, method):
+    """A stop string that the last token max_new_tokens allows completes is cut off like any other
+    (Batch.emit must look for stop strings on that token too)."""
+    reference = _ar(toks, GREEDY_PROMPTS[:1], max_new_tokens=GREEDY_NEW)
+    text, row = reference.text[0], reference.tokens[0]
+    stop = text[3:5]
+    last = next(n for n in range(1, len(row) + 1) if stop in toks[0].decode(row[:n]))
+    kwargs = {"max_new_tokens": last, "stop": stop}
+    if method == "ar":
+        result = _ar(toks, GREEDY_PROMPTS[:1], **kwargs)
+    else:
+        result = _decode(GREEDY_PROMPTS[:1], method, toks, num_draft_tokens=2, **kwargs)
+    assert result.text == [text[: text.index(stop)]]
+
+
+@pytest.mark.parametrize("method", ENGINE_METHODS)
+@pytest.mark.parametrize("max_new", [0, 1, 2, 5])
+def test_max_new_tokens_exact(toks, method, max_new):
+    for temperature in (0.0, 1.0):
+        result = _decode(GREEDY_PROMPTS, method, toks, max_new_tokens=max_new, num_draft_tokens=3,
+                         temperature=temperature, seed=4)
+        assert [len(t) for t in result.tokens] == [max_new] * len(GREEDY_PROMPTS)
+        if temperature == 0:
+            assert result.tokens == _ar(toks, GREEDY_PROMPTS, max_new_tokens=max_new).tokens
+        if max_new == 0:
+            assert result.stats.target_calls == 0 and result.text == [""] * len(GREEDY_PROMPTS)
+        else:
+            check_stats(result, method)
