@@ -563,9 +563,9 @@ def test_not_a_model(tok):
 
 def test_drafter_with_other_vocabulary(llama, tok):
     other = TableLM(cycle_table())
-    with pytest.raises(ValueError, match=r"vocabulary differs.*method 'tli' \(sampling\) or 'slem'"):
+    with pytest.raises(ValueError, match=r"vocabulary differs.*method 'tli' \(sampling\), 'slem' \(greedy\)"):
         specops.decode("hi", target=llama, tokenizer=tok, drafter=other, drafter_tokenizer=letter_tokenizer(),
-                       max_new_tokens=2)
+                       method="sd", max_new_tokens=2)
 
 
 def test_drafter_lm_head_size_differs(llama, tok):

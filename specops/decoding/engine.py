@@ -416,7 +416,8 @@ class Batch:
             for token in tokens:
                 out.append(token)
                 count += 1
-                done = token in self.eos_ids or len(out) >= self.max_new_tokens or self._stopped(request)
+                stopped = self._stopped(request)  # also on the last allowed token: it may complete a stop
+                done = stopped or token in self.eos_ids or len(out) >= self.max_new_tokens
                 if done:
                     break
             if self.stream is not None:
