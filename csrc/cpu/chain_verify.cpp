@@ -5,189 +5,22 @@
 // walk reaches it, so a request rejected at draft j reads logit rows 0..j (plus one cheap scan of
 // every row for NaN/+inf and its maximum). The recovered token is drawn by inverse CDF over the
 // residual; chunk sums make the search touch one chunk instead of the whole vocabulary. Requests run
-// in parallel. The row passes (chain_verify_simd.h) are written on 16-lane vectors and built for
-// AVX-512, AVX2 and a baseline; the running CPU's build is chosen once.
+// in parallel. The row passes (chain_verify_simd.h, through sampling.h) are written on 16-lane vectors
+// and built for AVX-512, AVX2 and a baseline; the running CPU's build is chosen once.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
-// Helpers are forced inline so that every instruction-set build of the SIMD passes inlines them.
-#define SPECOPS_INLINE __attribute__((always_inline)) inline
+#include "sampling.h"
 
 namespace specops {
 namespace {
-
-constexpr int64_t kChunk = 2048;  // residual chunk for the two-level inverse-CDF search
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// ---- Philox4x32-10 (Salmon et al., SC'11): the generator shared with Triton and the reference ----
-
-SPECOPS_INLINE void philox4x32(uint64_t key, uint32_t c[4]) {
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t{0xD2511F53u} * c[0];
-    const uint64_t p1 = uint64_t{0xCD9E8D57u} * c[2];
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k1;
-    c[1] = static_cast<uint32_t>(p1);
-    c[3] = static_cast<uint32_t>(p0);
-    c[0] = n0;
-    c[2] = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-}
-
-// Uniform in (0, 1), never 0 or 1: 52 random bits plus one half, exactly representable in a double.
-SPECOPS_INLINE double uniform(int64_t seed, uint64_t offset, int64_t position, uint32_t stream) {
-  uint32_t c[4] = {static_cast<uint32_t>(position), stream, static_cast<uint32_t>(offset),
-                   static_cast<uint32_t>(offset >> 32)};
-  philox4x32(static_cast<uint64_t>(seed), c);
-  const uint64_t k = (uint64_t{c[0] >> 6} << 26) | (c[1] >> 6);
-  return (static_cast<double>(k) + 0.5) * 0x1p-52;
-}
-
-constexpr uint32_t kStreamAccept = 0;
-constexpr uint32_t kStreamSample = 1;
-
-}  // namespace
-}  // namespace specops
-
-// The SIMD passes, once per instruction set.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
-#define SPECOPS_ISA avx512
-#include "chain_verify_simd.h"
-#undef SPECOPS_ISA
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#define SPECOPS_ISA avx2
-#include "chain_verify_simd.h"
-#undef SPECOPS_ISA
-#pragma GCC pop_options
-#define SPECOPS_X86_DISPATCH 1
-#endif
-#define SPECOPS_ISA base
-#include "chain_verify_simd.h"
-#undef SPECOPS_ISA
-
-namespace specops {
-namespace {
-
-// The row passes for the running CPU, chosen once.
-struct RowPasses {
-  float (*scan_row)(const float*, int64_t, bool*);
-  int64_t (*find_first)(const float*, int64_t, float);
-  bool (*bad_probs)(const float*, int64_t);
-  double (*sum_exp)(const float*, int64_t, float, float, float);
-  double (*fill_weights)(const float*, const float*, int64_t, float, float, float, float, float*);
-};
-
-#define SPECOPS_PASSES(ns) RowPasses{ns::scan_row, ns::find_first, ns::bad_probs, ns::sum_exp, ns::fill_weights}
-
-const RowPasses& passes() {
-  static const RowPasses selected = [] {
-#ifdef SPECOPS_X86_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-      return SPECOPS_PASSES(avx512);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SPECOPS_PASSES(avx2);
-#endif
-    return SPECOPS_PASSES(base);
-  }();
-  return selected;
-}
-
-using base::exp_nonpositive;
-using base::kept_weight;
-
-// ---- filtering thresholds (rows with top-k / top-p only) ----
-
-// Largest value t of x such that the weight of {x >= t} reaches `need`: weighted quickselect,
-// expected linear time. x is reordered.
-float weighted_upper_threshold(std::vector<float>& x, float m, double need) {
-  size_t lo = 0, hi = x.size();
-  double above = 0.0;
-  float last = x.empty() ? -kInf : x[0];
-  while (lo < hi) {
-    const float pivot = x[lo + (hi - lo) / 2];
-    last = pivot;
-    auto first = x.begin() + static_cast<std::ptrdiff_t>(lo);
-    auto end = x.begin() + static_cast<std::ptrdiff_t>(hi);
-    auto mid1 = std::partition(first, end, [pivot](float v) { return v > pivot; });
-    auto mid2 = std::partition(mid1, end, [pivot](float v) { return v == pivot; });
-    double greater = 0.0;
-    for (auto it = first; it != mid1; ++it) greater += exp_nonpositive(*it - m);
-    const double equal = static_cast<double>(mid2 - mid1) * exp_nonpositive(pivot - m);
-    if (above + greater >= need) {
-      hi = static_cast<size_t>(mid1 - x.begin());
-    } else if (above + greater + equal >= need) {
-      return pivot;
-    } else {
-      above += greater + equal;
-      lo = static_cast<size_t>(mid2 - x.begin());
-    }
-  }
-  return last;  // round-off left `need` above the total: keep everything seen
-}
-
-// Keep-threshold of a sampled row: x = logit / t is kept iff x >= threshold.
-float filter_threshold(const float* logit, int64_t vocab, float t, float m, int64_t top_k, float top_p,
-                       std::vector<float>& scratch) {
-  float thr = -kInf;
-  if (top_k > 0 && top_k < vocab) {
-    scratch.assign(logit, logit + vocab);
-    for (float& v : scratch) v /= t;
-    std::nth_element(scratch.begin(), scratch.begin() + (top_k - 1), scratch.end(), std::greater<float>());
-    thr = scratch[static_cast<size_t>(top_k - 1)];
-  }
-  if (top_p < 1.0f) {
-    scratch.clear();
-    for (int64_t i = 0; i < vocab; ++i) {
-      const float x = logit[i] / t;
-      if (x >= thr) scratch.push_back(x);
-    }
-    const double need = static_cast<double>(top_p) * passes().sum_exp(logit, vocab, t, m, thr);
-    thr = weighted_upper_threshold(scratch, m, need);
-  }
-  return thr;
-}
-
-// Inverse CDF over a row's weights, searched chunk by chunk: first index whose running float64 sum
-// exceeds u * total; the last positive index if round-off leaves none.
-int64_t inverse_cdf(const float* w, const std::vector<double>& chunk_sums, int64_t vocab, double u) {
-  double total = 0.0;
-  for (double s : chunk_sums) total += s;
-  const double target = u * total;
-  double run = 0.0;
-  for (size_t c = 0; c < chunk_sums.size(); ++c) {
-    if (run + chunk_sums[c] > target) {
-      const int64_t begin = static_cast<int64_t>(c) * kChunk;
-      const int64_t end = std::min(vocab, begin + kChunk);
-      for (int64_t i = begin; i < end; ++i) {
-        run += w[i];
-        if (run > target) return i;
-      }
-      break;
-    }
-    run += chunk_sums[c];
-  }
-  for (int64_t i = vocab - 1; i >= 0; --i)
-    if (w[i] > 0.0f) return i;
-  return 0;  // unreachable: p always has mass
-}
 
 // With fewer requests than threads, one request's row passes are split across threads by chunks.
 // Chunk results are combined in chunk order, so the output does not depend on the thread count.

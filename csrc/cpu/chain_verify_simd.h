@@ -1,10 +1,12 @@
-// SIMD row passes of chain_verify, compiled once per instruction set: csrc/cpu/chain_verify.cpp
+// SIMD row passes of the sampling kernels, compiled once per instruction set: csrc/cpu/sampling.h
 // includes this file several times, each inside `#pragma GCC target(...)` and with SPECOPS_ISA naming
 // the namespace. (GCC's target_clones lowers generic vectors for the base target before cloning, which
 // scalarizes the comparisons; a pragma region compiles helpers and callers for the same target.)
-// No include guard: included once per instruction set.
+// No include guard: included once per instruction set. Internal linkage: every kernel's translation
+// unit that includes sampling.h gets its own copy.
 
 namespace specops {
+namespace {
 namespace SPECOPS_ISA {
 
 constexpr int64_t kLanes = 16;
@@ -171,4 +173,5 @@ double fill_weights(const float* logit, const float* q, int64_t n, float t, floa
 }
 
 }  // namespace SPECOPS_ISA
+}  // namespace
 }  // namespace specops

@@ -1,0 +1,258 @@
+"""Triton kernels for `specops::vocab_project`: a heterogeneous drafter's distribution over the
+vocabulary it shares with the target, renormalized and in target ids, and a draft sampled from it
+(TLI, paper 000 Alg 4).
+
+Four launches after a zero-filled output, none of which holds a whole vocabulary row in one program:
+
+1. `_mask_stats_kernel`, grid (N, n_tiles): x = logits / T with unmapped drafter ids set to -inf
+   (T = 1 for greedy rows), stored to a float32 scratch row; per tile the maximum of x and
+   sum(exp(x - that maximum)), and the masked logits' maximum with its first index (the greedy argmax).
+2. `_row_kernel`, grid (N,): the row's maximum and softmax normalizer from the tile statistics; top-k
+   and top-p cuts by bisection over the scratch row (chain_verify's helpers); greedy rows (T = 0, or
+   logits / T overflowing float32) take the first argmax.
+3. `_scatter_kernel`, grid (N, n_tiles): w = exp(x - m) / Z on the kept ids (one-hot for greedy rows),
+   stored at their target ids, and each tile's float64 mass.
+4. `_sample_kernel`, grid (N,): the draft by inverse CDF in drafter-id order, first over the tile
+   masses, then inside the chosen tile, at u = uniform(seed, offset, 0, STREAM_DRAFT).
+
+The random number is Philox4x32-10 on the counter (position 0, stream 2, offset), as in
+`specops.reference`, so the drafts equal the reference's for the same seeds up to float ties.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specops.kernels.chain_verify import (
+    _KEEP_ALL,
+    _MAX_BLOCK_V,
+    _ordered_key,
+    _top_k_cut,
+    _top_p_cut,
+    _uniform,
+    _upper_mass,
+)
+
+__all__ = ["vocab_project_triton"]
+
+# Random stream of the draft: chain_verify uses 0 (accept) and 1 (sample) at the same offsets.
+_STREAM_DRAFT: tl.constexpr = tl.constexpr(2)
+# Row states left by `_row_kernel`: sample by inverse CDF, greedy (draft known), or no finite mapped
+# logit (reachable only without validation: the row stays zero and its tokens are -1).
+_SAMPLED: tl.constexpr = tl.constexpr(0)
+_GREEDY: tl.constexpr = tl.constexpr(1)
+_EMPTY: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _mask_stats_kernel(logits_ptr, target_ids_ptr, temperature_ptr, x_ptr, tile_max_ptr, tile_sum_ptr,
+                       tile_raw_ptr, tile_arg_ptr, stride_ln, V, target_vocab, n_tiles,
+                       BLOCK_V: tl.constexpr):
+    """Per tile of row n: x = masked logits / T, m_t = max x, s_t = sum exp(x - m_t) (online softmax,
+    Milakov & Gimelshein 2018), and the masked logits' maximum with its first index."""
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = offs < V
+    ids = tl.load(target_ids_ptr + offs, mask=in_row, other=-1)
+    # Ids outside [0, target_vocab) (only without validation) count as unmapped: never read or written.
+    mapped = (ids >= 0) & (ids < target_vocab)
+    raw = tl.load(logits_ptr + row * stride_ln + offs, mask=mapped, other=-float("inf")).to(tl.float32)
+    temperature = tl.load(temperature_ptr + row)
+    temperature = tl.where(temperature == 0.0, 1.0, temperature)
+    # Correctly rounded division, as torch's: top-k/top-p compare these values exactly.
+    x = tl.math.div_rn(raw, temperature)
+    tl.store(x_ptr + row * V + offs, x, mask=in_row)
+    tile_max = tl.max(x, 0)
+    # An all -inf tile would give exp(-inf - -inf) = NaN; its mass is 0.
+    shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)
+    tile_sum = tl.sum(tl.where(mapped, tl.exp(x - shift), 0.0), 0)
+    # The argmax of the unscaled logits: where logits / T overflows, several x are +inf.
+    raw_max = tl.max(raw, 0)
+    first = tl.min(tl.where(mapped & (raw == raw_max), offs, V), 0)
+    slot = row * n_tiles + tile
+    tl.store(tile_max_ptr + slot, tile_max)
+    tl.store(tile_sum_ptr + slot, tile_sum)
+    tl.store(tile_raw_ptr + slot, raw_max)
+    tl.store(tile_arg_ptr + slot, first)
+
+
+@triton.jit
+def _row_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
+                tile_arg_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, draft_tokens_ptr,
+                V, n_tiles, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Row n's maximum m and normalizer Z = sum_t s_t exp(m_t - m); with top-k (Fan et al. 2018) or
+    top-p (Holtzman et al. 2020), their cut on x and Z over the kept ids. Greedy rows store their draft."""
+    row = tl.program_id(0).to(tl.int64)
+    tiles = tl.arange(0, BLOCK_T)
+    tile_ok = tiles < n_tiles
+    stats = row * n_tiles + tiles
+    tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
+    row_max = tl.max(tile_max, 0)
+    tile_raw = tl.load(tile_raw_ptr + stats, mask=tile_ok, other=-float("inf"))
+    raw_max = tl.max(tile_raw, 0)
+    tile_arg = tl.load(tile_arg_ptr + stats, mask=tile_ok, other=V)
+    best = tl.min(tl.where(tile_ok & (tile_raw == raw_max), tile_arg, V), 0)
+    temperature = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    greedy = (temperature == 0.0) | (row_max == float("inf"))
+    # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
+    empty = ~(raw_max > -float("inf"))
+    state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))
+    tile_sum = tl.load(tile_sum_ptr + stats, mask=tile_ok, other=0.0)
+    z = tl.sum(tl.where(tile_max == -float("inf"), 0.0, tile_sum * tl.exp(tile_max - row_max)), 0)
+    cut = tl.full([], _KEEP_ALL, tl.int32)
+    if state == _SAMPLED:
+        x_row_ptr = x_ptr + row * V
+        one = tl.full([], 1.0, tl.float32)  # x is already scaled
+        use_k = (top_k > 0) & (top_k < V)
+        use_p = top_p < 1.0
+        if use_k:
+            cut = _top_k_cut(x_row_ptr, one, top_k, row_max, V, n_tiles, BLOCK_V)
+        if use_p:
+            cut = _top_p_cut(x_row_ptr, one, top_p, cut, row_max, V, n_tiles, BLOCK_V)
+        if use_k | use_p:
+            z = _upper_mass(x_row_ptr, one, cut, row_max, V, n_tiles, BLOCK_V).to(tl.float32)
+    tl.store(row_max_ptr + row, row_max)
+    tl.store(row_z_ptr + row, z)
+    tl.store(row_cut_ptr + row, cut)
+    tl.store(row_state_ptr + row, state)
+    tl.store(draft_tokens_ptr + row, tl.where(state == _GREEDY, best, -1).to(tl.int64))
+
+
+@triton.jit
+def _tile_probs(x_ptr, target_ids_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, draft_tokens_ptr, row, state,
+                tile, V, target_vocab, BLOCK_V: tl.constexpr):
+    """w of one tile of row n in drafter ids, float32 like the reference's softmax: exp(x - m) / Z on
+    the kept ids, 0 elsewhere; one-hot on the draft for greedy rows. Also the tile's target ids."""
+    offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = offs < V
+    ids = tl.load(target_ids_ptr + offs, mask=in_row, other=-1)
+    mapped = (ids >= 0) & (ids < target_vocab)
+    x = tl.load(x_ptr + row * V + offs, mask=in_row, other=-float("inf"))
+    keep = mapped & (_ordered_key(x) >= tl.load(row_cut_ptr + row))
+    sampled = tl.where(keep, tl.math.div_rn(tl.exp(x - tl.load(row_max_ptr + row)), tl.load(row_z_ptr + row)),
+                       0.0)
+    one_hot = tl.where(offs == tl.load(draft_tokens_ptr + row), 1.0, 0.0)
+    w = tl.where(state == _GREEDY, one_hot, sampled)
+    return offs, in_row, ids, mapped, w
+
+
+@triton.jit
+def _scatter_kernel(x_ptr, target_ids_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr,
+                    draft_tokens_ptr, probs_ptr, mass_ptr, stride_pn, V, target_vocab, n_tiles,
+                    BLOCK_V: tl.constexpr):
+    """probs[n, target_ids[v]] = w[v] for the tile's drafter ids v with w > 0 (the rest is already 0),
+    and the tile's float64 mass for the inverse CDF."""
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    state = tl.load(row_state_ptr + row)
+    if state != _EMPTY:
+        _, _, ids, mapped, w = _tile_probs(x_ptr, target_ids_ptr, row_max_ptr, row_z_ptr, row_cut_ptr,
+                                           draft_tokens_ptr, row, state, tile, V, target_vocab, BLOCK_V)
+        tl.store(probs_ptr + row * stride_pn + ids, w, mask=mapped & (w > 0.0))
+        tl.store(mass_ptr + row * n_tiles + tile, tl.sum(w.to(tl.float64), 0))
+
+
+@triton.jit(do_not_specialize=["offset_lo", "offset_hi"])
+def _sample_kernel(x_ptr, target_ids_ptr, seed_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr,
+                   mass_ptr, draft_tokens_ptr, tokens_ptr, V, target_vocab, n_tiles, offset_lo, offset_hi,
+                   BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The draft: the first drafter id whose float64 running sum of w exceeds u * sum(w), the last id
+    with w > 0 if round-off leaves none; then its target id."""
+    row = tl.program_id(0).to(tl.int64)
+    state = tl.load(row_state_ptr + row)
+    draft = tl.load(draft_tokens_ptr + row)
+    if state == _SAMPLED:
+        tiles = tl.arange(0, BLOCK_T)
+        tile_ok = tiles < n_tiles
+        mass = tl.load(mass_ptr + row * n_tiles + tiles, mask=tile_ok, other=0.0)
+        seed = tl.load(seed_ptr + row)
+        u = _uniform(seed.to(tl.uint32), (seed >> 32).to(tl.uint32), tl.zeros([], tl.int64), _STREAM_DRAFT,
+                     offset_lo, offset_hi)
+        target = u * tl.sum(mass, 0)
+        running = tl.cumsum(mass, 0)
+        hit_tile = tl.min(tl.where(tile_ok & (running > target), tiles, BLOCK_T), 0)
+        found = hit_tile < BLOCK_T
+        last_tile = tl.max(tl.where(tile_ok & (mass > 0.0), tiles, 0), 0)
+        tile = tl.where(found, hit_tile, last_tile)
+        prefix = tl.sum(tl.where(tiles < tile, mass, 0.0), 0)
+        offs, in_row, _, _, w = _tile_probs(x_ptr, target_ids_ptr, row_max_ptr, row_z_ptr, row_cut_ptr,
+                                            draft_tokens_ptr, row, state, tile, V, target_vocab, BLOCK_V)
+        w64 = w.to(tl.float64)
+        cum = prefix + tl.cumsum(w64, 0)
+        hit = tl.min(tl.where(in_row & (cum > target), offs, V), 0)
+        # The tile sums and the in-tile running sum round differently; never emit a zero-weight id.
+        last = tl.max(tl.where(in_row & (w64 > 0.0), offs, -1), 0)
+        draft = tl.where(found & (hit < V), hit, last).to(tl.int64)
+    # Unchecked NaN logits can leave no valid id: -1 then, and never an out-of-bounds read.
+    valid = (draft >= 0) & (draft < V)
+    token = tl.load(target_ids_ptr + draft, mask=valid, other=-1)
+    tl.store(draft_tokens_ptr + row, tl.where(valid, draft, -1))
+    tl.store(tokens_ptr + row, tl.where(valid, token, -1))
+
+
+def vocab_project_triton(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_vocab: int,
+                         temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                         seed: torch.Tensor, offset: int, validate: bool = True,
+                         block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton implementation of `specops::vocab_project` on the op's normalized arguments (see
+    `specops.ops.vocab_project`): tensors on one device. Values are not checked here (that would be a
+    host sync inside the op); `specops.ops.vocab_project` checks them when `validate` is true. Without
+    that check, ids outside [0, target_vocab) count as unmapped and a row with no finite mapped logit
+    gives a zero probs row and tokens -1. `block_v` overrides the vocabulary tile (a power of two), for
+    tests of the multi-tile paths."""
+    # The op is reachable directly, not only through the wrapper that makes inputs contiguous.
+    draft_logits, target_ids, temperature, top_k, top_p, seed = (
+        t.contiguous() for t in (draft_logits, target_ids, temperature, top_k, top_p, seed))
+    rows, vocab = draft_logits.shape
+    device = draft_logits.device
+    probs = torch.zeros((rows, target_vocab), dtype=torch.float32, device=device)
+    tokens = torch.empty((rows,), dtype=torch.int64, device=device)
+    draft_tokens = torch.empty((rows,), dtype=torch.int64, device=device)
+    if rows == 0:
+        return probs, tokens, draft_tokens
+    if block_v is None:
+        block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
+    elif block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"vocab_project: block_v must be a power of two, got {block_v}")
+    n_tiles = triton.cdiv(vocab, block_v)
+    block_t = max(2, triton.next_power_of_2(n_tiles))
+    # Enough threads that a tile's values, float64 running sums included, stay in registers.
+    num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
+
+    x = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+    tile_max = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
+    tile_sum = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
+    tile_raw = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
+    tile_arg = torch.empty((rows, n_tiles), dtype=torch.int32, device=device)
+    row_max = torch.empty((rows,), dtype=torch.float32, device=device)
+    row_z = torch.empty((rows,), dtype=torch.float32, device=device)
+    row_cut = torch.empty((rows,), dtype=torch.int32, device=device)
+    row_state = torch.empty((rows,), dtype=torch.int32, device=device)
+    mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
+    # The offset's two 32-bit words as int32 bit patterns: one kernel signature for every offset.
+    offset = int(offset) & 0xFFFFFFFFFFFFFFFF
+    offset_lo = ((offset & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+    offset_hi = ((offset >> 32) ^ 0x80000000) - 0x80000000
+
+    _mask_stats_kernel[(rows, n_tiles)](
+        draft_logits, target_ids, temperature, x, tile_max, tile_sum, tile_raw, tile_arg,
+        draft_logits.stride(0), vocab, target_vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
+    _row_kernel[(rows,)](
+        x, temperature, top_k, top_p, tile_max, tile_sum, tile_raw, tile_arg, row_max, row_z, row_cut,
+        row_state, draft_tokens, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    _scatter_kernel[(rows, n_tiles)](
+        x, target_ids, row_max, row_z, row_cut, row_state, draft_tokens, probs, mass,
+        probs.stride(0), vocab, target_vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
+    _sample_kernel[(rows,)](
+        x, target_ids, seed, row_max, row_z, row_cut, row_state, mass, draft_tokens, tokens,
+        vocab, target_vocab, n_tiles, offset_lo, offset_hi,
+        BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    return probs, tokens, draft_tokens
+
+
+torch.library.register_kernel("specops::vocab_project", "cuda", vocab_project_triton)
