@@ -676,9 +676,6 @@ BAD_ARGUMENTS = {
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_bad_values_raise(device, case):
     change, pattern = BAD_VALUES[case]
-    if device != "cpu" and case in ("id_below_minus_one", "id_equal_to_target_vocab"):
-        pytest.skip("_check_projection scatters out of range for these ids (a device-side assert on CUDA); "
-                    "see test_accelerator_value_check_messages")
     inputs = _valid_inputs(device)
     specops.ops.vocab_project(**inputs)  # the unchanged inputs are fine
     change(inputs)
@@ -686,16 +683,7 @@ def test_bad_values_raise(device, case):
         specops.ops.vocab_project(**inputs)
 
 
-# The accelerator check on ids outside [-1, target_vocab) indexes its duplicate count with them:
-# scatter_add_ raises "index out of bounds" (a device-side assert on CUDA) before the range message.
-_CHECK_SCATTERS_OUT_OF_RANGE = pytest.mark.xfail(
-    raises=RuntimeError, strict=True,
-    reason="specops.ops._check_projection: scatter_add_ with target_ids + 1 out of range (reported)")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_CHECK_SCATTERS_OUT_OF_RANGE)
-                                  if c in ("id_below_minus_one", "id_equal_to_target_vocab") else c
-                                  for c in BAD_VALUES])
+@pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_accelerator_value_check_messages(case):
     # `_check_projection` is what accelerators run for validate=True; here on CPU tensors, so that its
     # messages are tested on a machine without a GPU too.

@@ -336,7 +336,8 @@ def _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k
         torch.isnan(logits).any() | torch.isposinf(logits).any(),
         ((target_ids < -1) | (target_ids >= target_vocab)).any(),
         torch.zeros(target_vocab + 1, dtype=torch.int64, device=target_ids.device).scatter_add_(
-            0, target_ids + 1, torch.ones_like(target_ids))[1:].gt(1).any(),
+            0, torch.where((target_ids >= 0) & (target_ids < target_vocab), target_ids + 1, 0),
+            torch.ones_like(target_ids))[1:].gt(1).any(),
         ~(inside > float("-inf")).any(-1).all(),
         ((temperature < 0) | ~torch.isfinite(temperature)).any(),
         (top_k < 0).any(),
