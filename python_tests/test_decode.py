@@ -78,8 +78,8 @@ def check_stats(result, method: str):
     assert isinstance(s.summary(), str)
     if method == "ar":
         assert s.drafted == s.accepted == s.drafter_calls == 0
-    else:
-        assert s.drafter_calls >= 1
+    else:  # the drafter reads the prompt with its first draft: a request that never drafts never runs it
+        assert s.drafter_calls >= (1 if s.drafted else 0)
         assert len(s.draft_lengths) == s.steps
 
 

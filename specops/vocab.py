@@ -220,7 +220,7 @@ def _build(target: Vocabulary, draft: Vocabulary) -> tuple[torch.Tensor, torch.T
     return draft_to_target, target_to_draft
 
 
-_MEMO: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
 
 
 def vocab_map(target_tokenizer, draft_tokenizer, *, cache: bool = True) -> VocabMap:

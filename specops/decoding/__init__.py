@@ -14,17 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
+from specops import vocab as vocab_maps
+from specops.decoding import model_ngrams, tli
 from specops.decoding.ar import decode_ar
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats
 from specops.decoding.ngram import NgramDrafter, decode_ngram
 from specops.decoding.sd import decode_sd
-from specops import vocab as vocab_maps
-from specops.decoding import model_ngrams, tli
+from specops.decoding.self_draft import truncated
 from specops.decoding.slem import decode_slem
 from specops.decoding.slrs import decode_slrs
-from specops.decoding.self_draft import truncated
 
 __all__ = ["decode", "DecodeResult", "METHODS"]
 
@@ -151,6 +151,9 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     if method == "sd" and drafter_lm.vocab_size != target_lm.vocab_size:
         raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
                          f"has {target_lm.vocab_size}; method 'sd' needs the same vocabulary")
+    if drafter_model is not None:  # start from what earlier calls with this pair measured
+        draft_length = DraftLength.remembered(num_draft_tokens, target_model,
+                                              drafter if isinstance(drafter, str) else drafter_model, method)
     vmap = None
     if method in ("tli", "union", "slem", "slrs"):
         vmap = vocab_maps.vocab_map(tokenizer, drafter_tokenizer)

@@ -5,12 +5,23 @@ with K drafts emits E(K) = (1 - a^(K+1)) / (1 - a) tokens and costs K * c_draft 
 c_step, where c_target(n) is the measured cost of a target forward over n new tokens. K = 0 is plain
 decoding (no drafter call). The same rule finds short drafts on a CPU, where a forward over 8 tokens
 costs 2.4x one over 1, and long ones on a GPU, where it costs about the same.
+
+What a decode call learned is kept for the next call with the same target, drafter and method in the
+process (costs as measured; acceptance as a prior worth at most _PRIOR_WEIGHT drafts), so a serving
+process does not explore again for every request.
 """
 
 from __future__ import annotations
 
+import weakref
+
 _EMA = 0.3  # weight of a new measurement
-_PROBE_EVERY = 8  # plain steps between one-draft probes of the acceptance rate
+_PROBE_EVERY = 8  # plain steps before the first one-draft probe of the acceptance rate
+_PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
+_PRIOR_WEIGHT = 16.0  # drafts' worth of acceptance evidence carried into the next decode call
+
+# target model -> {(drafter key, method): the DraftLength of the last call}
+_LEARNED: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -73,7 +84,27 @@ class DraftLength:
         self.step_cost: float | None = None  # seconds per step outside forwards
         self.accepted = 1.0  # Beta(1, 1) prior on the acceptance rate
         self.rejected = 1.0
-        self.plain_steps = 0  # consecutive steps without drafts
+        self.plain_steps = 0  # plain steps since drafting was last chosen or probed
+        self.probe_interval = _PROBE_EVERY
+
+    @classmethod
+    def remembered(cls, setting, target, drafter_key, method: str) -> DraftLength:
+        """A DraftLength that starts from what the last call with this target, drafter and method
+        learned (drafter_key: the drafter model, or a string such as "self:6")."""
+        new = cls(setting)
+        try:
+            table = _LEARNED.setdefault(target, {})
+        except TypeError:  # not weak-referenceable: no memory
+            return new
+        key = (drafter_key if isinstance(drafter_key, str) else id(drafter_key), method)
+        old = table.get(key)
+        if old is not None:
+            new.target_cost.points = dict(old.target_cost.points)
+            new.draft_cost, new.step_cost = old.draft_cost, old.step_cost
+            scale = min(1.0, _PRIOR_WEIGHT / (old.accepted + old.rejected))
+            new.accepted, new.rejected = old.accepted * scale, old.rejected * scale
+        table[key] = new
+        return new
 
     @property
     def acceptance(self) -> float:
@@ -119,9 +150,17 @@ class DraftLength:
         best = max(rates, key=rates.get)
         # Plain decoding measures no acceptance: probe one draft now and then, or an unlucky start would
         # lock decoding into K = 0 for good.
-        self.plain_steps = self.plain_steps + 1 if best == 0 else 0
-        if best == 0 and self.plain_steps % _PROBE_EVERY == 0 and self._could_pay():
-            return 1
+        # A probe costs more than its one draft (the drafter first reads every token since it last ran),
+        # so probes that keep confirming plain decoding come less and less often.
+        if best == 0:
+            self.plain_steps += 1
+            if self.plain_steps >= self.probe_interval and self._could_pay():
+                self.plain_steps = 0
+                self.probe_interval = min(2 * self.probe_interval, _PROBE_MAX)
+                return 1
+        else:
+            self.plain_steps = 0
+            self.probe_interval = _PROBE_EVERY
         # Measure an unmeasured neighbour before settling: extrapolated costs can mislead.
         for k in (best - 1, best + 1):
             if 0 <= k <= self.max_drafts and k + 1 not in self.target_cost:

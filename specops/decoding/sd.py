@@ -12,8 +12,7 @@ import torch
 from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
-from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
-
+from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
 
 # Offsets of the draft random numbers: step << _DRAFT_SHIFT | draft index (drafts per step < 256).
 _DRAFT_SHIFT = 8
@@ -35,7 +34,7 @@ class DraftVocab:
         self.to_drafter = to_drafter
 
     @classmethod
-    def same(cls, vocab_size: int, device) -> "DraftVocab":
+    def same(cls, vocab_size: int, device) -> DraftVocab:
         """The target's own vocabulary (standard speculative decoding)."""
         return cls(torch.arange(vocab_size, device=device), vocab_size, vocab_size, lambda ids: list(ids))
 
@@ -68,6 +67,38 @@ def _left_aligned(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Te
     return tokens.to(device), valid.to(device)
 
 
+_SHORT_CATCH_UP = 4  # a catch-up longer than this (a prompt) is not a per-call cost sample
+
+
+def prompt_rows(batch: Batch, tokenizer=None) -> list[list[int]]:
+    """Each running request's prompt ids (in `tokenizer`'s vocabulary when given), without padding: a
+    drafter reads them with its first draft, so a request that never drafts never runs the drafter."""
+    ids, mask = (batch.prompt_ids, batch.prompt_mask) if tokenizer is None else batch.encode(tokenizer)
+    return [[t for t, m in zip(row, row_mask) if m] for row, row_mask in zip(ids.tolist(), mask.tolist())]
+
+
+def run_drafter(drafter: CausalLM, state: KVState, pending: list[list[int]], k: int, draw, stats: Stats
+                ) -> float | None:
+    """The drafter reads each row's pending tokens (ragged), then drafts k tokens: draw(logits [B, V_d],
+    i) picks draft i and returns the drafter ids [B] it reads next. Returns the seconds of one short
+    drafter call (for the draft-length controller; None if every call read a long catch-up)."""
+    start = time.perf_counter()
+    calls_before = drafter.calls
+    tokens, valid = _left_aligned(pending, drafter.device)
+    seconds_before = drafter.seconds
+    logits = state.append(tokens, valid)[:, -1]
+    samples = [drafter.seconds - seconds_before] if tokens.shape[1] <= _SHORT_CATCH_UP else []
+    for i in range(k):
+        fed = draw(logits, i)
+        if i + 1 < k:
+            seconds_before = drafter.seconds
+            logits = state.append(fed.unsqueeze(1))[:, -1]
+            samples.append(drafter.seconds - seconds_before)
+    stats.drafter_calls += drafter.calls - calls_before
+    stats.draft_seconds += time.perf_counter() - start
+    return sum(samples) / len(samples) if samples else None
+
+
 def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor,
               stats: Stats, draft_length: DraftLength, vocab: DraftVocab | None = None,
               drafter_tokenizer=None) -> None:
@@ -77,10 +108,10 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
     vocab = vocab or DraftVocab.same(target.vocab_size, device)
     target_state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
-    drafter_state, _ = prefill(drafter, batch, stats, drafter_tokenizer)
-    stats.drafter_calls += 1
+    drafter_state = KVState(drafter, batch.rows)
     last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
-    pending = [vocab.to_drafter([t]) for t in last.tolist()]  # emitted, not yet seen by the drafter
+    pending = [prompt + vocab.to_drafter([t])  # not yet seen by the drafter
+               for prompt, t in zip(prompt_rows(batch, drafter_tokenizer), last.tolist())]
     finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     while True:
@@ -102,20 +133,13 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
         draft_probs = None if params.greedy or k == 0 else torch.empty(batch.rows, k, vocab.width, device=device)
         drafter_seconds = None
         if k:
-            # Draft: the drafter catches up on the tokens it has not seen, then proposes k tokens.
-            start = time.perf_counter()
-            calls_before, seconds_before = drafter.calls, drafter.seconds
-            tokens, valid = _left_aligned(pending, device)
-            draft_logits = drafter_state.append(tokens, valid)[:, -1]
-            for i in range(k):
+            def draw(draft_logits, i):
                 drafts[:, i], drafter_drafts[:, i], q = vocab.draft(draft_logits, params, seeds, step, i)
                 if q is not None:
                     draft_probs[:, i] = q
-                if i + 1 < k:
-                    draft_logits = drafter_state.append(drafter_drafts[:, i:i + 1])[:, -1]
-            stats.drafter_calls += drafter.calls - calls_before
-            drafter_seconds = (drafter.seconds - seconds_before) / (drafter.calls - calls_before)
-            stats.draft_seconds += time.perf_counter() - start
+                return drafter_drafts[:, i]
+
+            drafter_seconds = run_drafter(drafter, drafter_state, pending, k, draw, stats)
         # Verify: one target forward over the last emitted token and the drafts.
         start = time.perf_counter()
         target_before = target.seconds

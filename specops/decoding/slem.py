@@ -23,8 +23,8 @@ import torch
 from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
-from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import DraftVocab, _left_aligned
+from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
+from specops.decoding.sd import DraftVocab, prompt_rows, run_drafter
 from specops.vocab import VocabMap
 
 LOOK_BEHIND = 4  # target tokens re-encoded with each draft
@@ -87,12 +87,11 @@ def decode_slem(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
     drafting = DraftVocab.same(drafter.vocab_size, device)  # the drafter samples from its own distribution
     target_state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
-    drafter_state, _ = prefill(drafter, batch, stats, drafter_tokenizer)
-    stats.drafter_calls += 1
+    drafter_state = KVState(drafter, batch.rows)
     last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
-    history = [[t for t, m in zip(ids, mask) if m][-_HISTORY:] + [t]
-               for ids, mask, t in zip(batch.prompt_ids.tolist(), batch.prompt_mask.tolist(), last.tolist())]
-    pending = [text.to_drafter(vmap.target.text_bytes([t])) for t in last.tolist()]  # not yet seen by the drafter
+    history = [prompt[-_HISTORY:] + [t] for prompt, t in zip(prompt_rows(batch), last.tolist())]
+    pending = [prompt + text.to_drafter(vmap.target.text_bytes([t]))  # not yet seen by the drafter
+               for prompt, t in zip(prompt_rows(batch, drafter_tokenizer), last.tolist())]
     finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     while True:
@@ -111,20 +110,15 @@ def decode_slem(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
         drafter_seconds = None
         drafted: list[list[int]] = [[] for _ in range(batch.rows)]
         if k:
-            start = time.perf_counter()
-            calls_before, seconds_before = drafter.calls, drafter.seconds
-            tokens, valid = _left_aligned(pending, device)
-            draft_logits = drafter_state.append(tokens, valid)[:, -1]
             columns = []
-            for i in range(k):
+
+            def draw(draft_logits, i):
                 _, token, _ = drafting.draft(draft_logits, params, seeds, step, i)
                 columns.append(token)
-                if i + 1 < k:
-                    draft_logits = drafter_state.append(token.unsqueeze(1))[:, -1]
+                return token
+
+            drafter_seconds = run_drafter(drafter, drafter_state, pending, k, draw, stats)
             drafted = torch.stack(columns, dim=1).tolist()
-            stats.drafter_calls += drafter.calls - calls_before
-            drafter_seconds = (drafter.seconds - seconds_before) / (drafter.calls - calls_before)
-            stats.draft_seconds += time.perf_counter() - start
         # Re-encode for the target; a request may take at most remaining - 1 drafts.
         start = time.perf_counter()
         remaining = batch.remaining().tolist()

@@ -68,9 +68,9 @@ class _Strings:
 
 
 class _Node:
-    __slots__ = ("token", "parent", "depth", "q", "sample", "children")
+    __slots__ = ("children", "depth", "parent", "q", "sample", "token")
 
-    def __init__(self, token: int, parent: "_Node | None", depth: int):
+    def __init__(self, token: int, parent: _Node | None, depth: int):
         self.token, self.parent, self.depth = token, parent, depth
         self.q: torch.Tensor | None = None  # the drafter's distribution after this node
         self.sample: int | None = None  # the drafter token drawn there (used if the walk reaches it)

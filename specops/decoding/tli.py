@@ -15,8 +15,6 @@ drafter's own tokens.
 
 from __future__ import annotations
 
-import torch
-
 from specops.decoding.sd import DraftVocab
 from specops.vocab import VocabMap
 
