@@ -56,7 +56,8 @@ def _resolve_model(model, tokenizer, role: str):
 
 
 def _same_vocabulary(tokenizer, other) -> bool:
-    return tokenizer is other or tokenizer.get_vocab() == other.get_vocab()
+    # get_vocab() of a 262,144-token vocabulary takes a fifth of a second: compare sizes first.
+    return tokenizer is other or (len(tokenizer) == len(other) and tokenizer.get_vocab() == other.get_vocab())
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -101,6 +101,7 @@ class DraftLength:
         if old is not None:
             new.target_cost.points = dict(old.target_cost.points)
             new.draft_cost, new.step_cost = old.draft_cost, old.step_cost
+            new.probe_interval = old.probe_interval
             scale = min(1.0, _PRIOR_WEIGHT / (old.accepted + old.rejected))
             new.accepted, new.rejected = old.accepted * scale, old.rejected * scale
         table[key] = new
