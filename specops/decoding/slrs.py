@@ -30,8 +30,8 @@ import torch
 from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
-from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned
+from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
+from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, prompt_rows
 from specops.decoding.slem import _Text
 from specops.vocab import VocabMap
 
@@ -215,10 +215,10 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
     strings = _Strings(vmap, batch.eos_ids)
     target_state, logits = prefill(target, batch, stats)
     stats.target_calls += 1
-    drafter_state, _ = prefill(drafter, batch, stats, drafter_tokenizer)
-    stats.drafter_calls += 1
+    drafter_state = KVState(drafter, batch.rows)
     last = sample_tokens(logits, params, seeds, 0)
-    pending = [text.to_drafter(vmap.target.text_bytes([t])) or [text.stand_in] for t in last.tolist()]
+    pending = [prompt + (text.to_drafter(vmap.target.text_bytes([t])) or [text.stand_in])  # the drafter reads
+               for prompt, t in zip(prompt_rows(batch, drafter_tokenizer), last.tolist())]   # them with its first draft
     finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     width = vmap.target.size + 1  # the target's ids and "no token"
@@ -233,35 +233,38 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
             pending = [pending[r] for r in survivors.tolist()]
         step_start = time.perf_counter()
         forwards_before = target.seconds + drafter.seconds
-        # The drafter reads the text emitted last step; its distribution there is every tree's root.
-        start = time.perf_counter()
-        calls_before, seconds_before = drafter.calls, drafter.seconds
-        tokens, valid = _left_aligned(pending, device)
-        root_logits = drafter_state.append(tokens, valid)[:, -1]
-        stats.drafter_calls += 1
         k = draft_length.choose()
         limit = [max(0, r - 1) for r in batch.remaining().tolist()]
-        enumerator = _Enumerator(drafter, drafter_state, strings, params, seeds, step, max_drafter_nodes, stats)
-        enumerator.start(root_logits)
-        cursor = {row: (enumerator.roots[row], b"") for row in range(batch.rows) if k and limit[row]}
         drafts = [[] for _ in range(batch.rows)]
         psis = [[] for _ in range(batch.rows)]
-        walked = [enumerator.roots[row] for row in range(batch.rows)]
-        for _ in range(k):
-            if not cursor:
-                break
-            psi = enumerator.proposals(cursor)
-            advanced = {}
-            for row, (node, s) in cursor.items():
-                node, rest, t, stop = enumerator.walk(row, node, s)
-                drafts[row].append(t)
-                psis[row].append(psi[row])
-                walked[row] = node
-                if not stop and len(drafts[row]) < limit[row]:
-                    advanced[row] = (node, rest)
-            cursor = advanced
-        stats.draft_seconds += time.perf_counter() - start
-        drafter_seconds = (drafter.seconds - seconds_before) / max(1, drafter.calls - calls_before)
+        walked: list[_Node | None] = [None] * batch.rows
+        drafter_seconds = None
+        if k and any(limit):
+            # The drafter reads the text it has not seen; its distribution there is every tree's root.
+            start = time.perf_counter()
+            calls_before, seconds_before = drafter.calls, drafter.seconds
+            tokens, valid = _left_aligned(pending, device)
+            root_logits = drafter_state.append(tokens, valid)[:, -1]
+            stats.drafter_calls += 1
+            enumerator = _Enumerator(drafter, drafter_state, strings, params, seeds, step, max_drafter_nodes, stats)
+            enumerator.start(root_logits)
+            cursor = {row: (enumerator.roots[row], b"") for row in range(batch.rows) if limit[row]}
+            walked = list(enumerator.roots)
+            for _ in range(k):
+                if not cursor:
+                    break
+                psi = enumerator.proposals(cursor)
+                advanced = {}
+                for row, (node, s) in cursor.items():
+                    node, rest, t, stop = enumerator.walk(row, node, s)
+                    drafts[row].append(t)
+                    psis[row].append(psi[row])
+                    walked[row] = node
+                    if not stop and len(drafts[row]) < limit[row]:
+                        advanced[row] = (node, rest)
+                cursor = advanced
+            stats.draft_seconds += time.perf_counter() - start
+            drafter_seconds = (drafter.seconds - seconds_before) / max(1, drafter.calls - calls_before)
         m = max(len(d) for d in drafts)
         draft_tensor = torch.tensor([d + [0] * (m - len(d)) for d in drafts], dtype=torch.long).view(batch.rows, m)
         q = torch.zeros(batch.rows, m, width, dtype=torch.float32)
@@ -293,10 +296,14 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
         accepted_list, out_list = accepted.tolist(), out.tolist()
         new_tokens = [out_list[row][: n + 1] for row, n in enumerate(accepted_list)]
         last = out[torch.arange(batch.rows, device=device), accepted]
-        # The drafter keeps the drawn tokens whose text was emitted, and reads the rest in its tokens.
-        pending = []
+        # The drafter keeps the drawn tokens whose text was emitted, and reads the rest in its tokens
+        # (after a step without drafts it has read nothing since its last draft).
+        previous, pending = pending, []
         for row, tokens_row in enumerate(new_tokens):
             emitted = vmap.target.text_bytes(tokens_row)
+            if walked[row] is None:
+                pending.append(previous[row] + (text.to_drafter(emitted) or [text.stand_in]))
+                continue
             path, covered, kept = walked[row].path(), 0, []
             for token in path:
                 piece = vmap.draft.token_bytes[token] or b""
