@@ -41,6 +41,18 @@ def _valid_prefix(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def matched(tokens: list[int], emitted: bytes, token_bytes: list) -> tuple[int, int]:
+    """(how many of `tokens` spell a prefix of `emitted`, the bytes they cover): the drafter keeps
+    those and reads the rest of the emitted text in its own tokens."""
+    count, covered = 0, 0
+    for token in tokens:
+        piece = token_bytes[token] or b""
+        if not piece or emitted[covered:covered + len(piece)] != piece:
+            break
+        count, covered = count + 1, covered + len(piece)
+    return count, covered
+
+
 class _Text:
     """Moves text between the two tokenizers."""
 
@@ -149,13 +161,7 @@ def decode_slem(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
             emitted = vmap.target.text_bytes(tokens)
             history[row] = (history[row] + tokens)[-_HISTORY:]
             d = drafted[row]
-            j, covered = 0, 0
-            while j < len(d):
-                piece = vmap.draft.token_bytes[d[j]] or b""
-                if not piece or emitted[covered:covered + len(piece)] != piece:
-                    break
-                covered += len(piece)
-                j += 1
+            j, covered = matched(d, emitted, vmap.draft.token_bytes)
             rest = emitted[covered:]
             if k and not rest and j:  # the drafter's next input must be a real token: re-read d_j
                 keep.append(j - 1)

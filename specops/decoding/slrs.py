@@ -32,7 +32,7 @@ from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
 from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, prompt_rows
-from specops.decoding.slem import _Text
+from specops.decoding.slem import _Text, matched
 from specops.vocab import VocabMap
 
 
@@ -304,14 +304,9 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
             if walked[row] is None:
                 pending.append(previous[row] + (text.to_drafter(emitted) or [text.stand_in]))
                 continue
-            path, covered, kept = walked[row].path(), 0, []
-            for token in path:
-                piece = vmap.draft.token_bytes[token] or b""
-                if not piece or emitted[covered:covered + len(piece)] != piece:
-                    break
-                covered += len(piece)
-                kept.append(token)
-            pending.append((kept + text.to_drafter(emitted[covered:])) or [text.stand_in])
+            path = walked[row].path()
+            count, covered = matched(path, emitted, vmap.draft.token_bytes)
+            pending.append((path[:count] + text.to_drafter(emitted[covered:])) or [text.stand_in])
         finished, used = batch.emit(new_tokens)
         stats.drafted += int(num_draft.sum())
         stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))
