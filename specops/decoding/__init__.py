@@ -155,9 +155,12 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     if drafter_model is not None:  # start from what earlier calls with this pair measured
         draft_length = DraftLength.remembered(num_draft_tokens, target_model,
                                               drafter if isinstance(drafter, str) else drafter_model, method)
-    vmap = None
+    vmap = crossing = None
     if method in ("tli", "union", "slem", "slrs"):
         vmap = vocab_maps.vocab_map(tokenizer, drafter_tokenizer)
+    if method in ("tli", "union"):
+        crossing = (tli.intersection if method == "tli" else tli.union)(
+            vmap, drafter_tokenizer, drafter_lm.vocab_size, target_lm.vocab_size, target_lm.device)
 
     if method == "ngram":
         shape = DraftShape(num_draft_tokens, target_model, target_lm.device, greedy=temperature == 0)
@@ -183,10 +186,8 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
             elif method == "sd":
                 decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length)
             elif method in ("tli", "union"):
-                crossing = tli.intersection if method == "tli" else tli.union
-                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length,
-                          crossing(vmap, drafter_tokenizer, drafter_lm.vocab_size, target_lm.vocab_size,
-                                   target_lm.device), drafter_tokenizer)
+                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, crossing,
+                          drafter_tokenizer)
             elif method == "slem":
                 decode_slem(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, vmap,
                             drafter_tokenizer)
