@@ -99,6 +99,20 @@ def run_drafter(drafter: CausalLM, state: KVState, pending: list[list[int]], k: 
     return sum(samples) / len(samples) if samples else None
 
 
+def close_step(batch: Batch, stats: Stats, draft_length: DraftLength, k: int, new_tokens: list[list[int]],
+               accepted: list[int], num_draft: list[int], target_seconds: float, drafter_seconds: float | None,
+               outside_seconds: float) -> list[int]:
+    """Emit a verified step's tokens, count its drafts and accepted drafts (those emitted, not cut at
+    EOS or a stop), and tell the draft-length controller what it cost. Returns the finished rows."""
+    finished, used = batch.emit(new_tokens)
+    stats.drafted += sum(num_draft)
+    stats.accepted += sum(min(n, u) for n, u in zip(accepted, used))
+    stats.steps += 1
+    stats.draft_lengths.append(k)
+    draft_length.observe(k, target_seconds, drafter_seconds, outside_seconds, accepted, num_draft)
+    return finished
+
+
 def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor,
               stats: Stats, draft_length: DraftLength, vocab: DraftVocab | None = None,
               drafter_tokenizer=None) -> None:
@@ -165,12 +179,7 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
         else:  # a plain decoding step: the drafter saw nothing and catches up later
             pending = [pending[row] + vocab.to_drafter([out_list[row][0]]) for row in range(batch.rows)]
         last = out[torch.arange(batch.rows, device=device), accepted]
-        finished, used = batch.emit(new_tokens)
-        stats.drafted += int(num_draft.sum())
-        stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))  # drafts emitted, not cut at EOS
-        stats.steps += 1
-        stats.draft_lengths.append(k)
-        step_seconds = time.perf_counter() - step_start
-        outside = step_seconds - (target.seconds + drafter.seconds - forwards_before)
-        draft_length.observe(k, target_seconds, drafter_seconds, outside, accepted_list, num_draft.tolist())
+        finished = close_step(batch, stats, draft_length, k, new_tokens, accepted_list, num_draft.tolist(),
+                              target_seconds, drafter_seconds,
+                              time.perf_counter() - step_start - (target.seconds + drafter.seconds - forwards_before))
         step += 1

@@ -24,7 +24,7 @@ from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import DraftVocab, prompt_rows, run_drafter
+from specops.decoding.sd import DraftVocab, close_step, prompt_rows, run_drafter
 from specops.vocab import VocabMap
 
 LOOK_BEHIND = 4  # target tokens re-encoded with each draft
@@ -174,12 +174,7 @@ def decode_slem(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
                 pending[-1] = [text.stand_in]
         if k > 1:
             drafter_state.rollback(k - 1, torch.tensor(keep, device=device))
-        finished, used = batch.emit(new_tokens)
-        stats.drafted += int(num_draft.sum())
-        stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))
-        stats.steps += 1
-        stats.draft_lengths.append(k)
-        step_seconds = time.perf_counter() - step_start
-        outside = step_seconds - (target.seconds + drafter.seconds - forwards_before)
-        draft_length.observe(k, target_seconds, drafter_seconds, outside, accepted_list, num_draft.tolist())
+        finished = close_step(batch, stats, draft_length, k, new_tokens, accepted_list, num_draft.tolist(),
+                              target_seconds, drafter_seconds,
+                              time.perf_counter() - step_start - (target.seconds + drafter.seconds - forwards_before))
         step += 1

@@ -31,7 +31,7 @@ from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, prompt_rows
+from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, close_step, prompt_rows
 from specops.decoding.slem import _Text, matched
 from specops.vocab import VocabMap
 
@@ -307,12 +307,7 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
             path = walked[row].path()
             count, covered = matched(path, emitted, vmap.draft.token_bytes)
             pending.append((path[:count] + text.to_drafter(emitted[covered:])) or [text.stand_in])
-        finished, used = batch.emit(new_tokens)
-        stats.drafted += int(num_draft.sum())
-        stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))
-        stats.steps += 1
-        stats.draft_lengths.append(k)
-        step_seconds = time.perf_counter() - step_start
-        outside = step_seconds - (target.seconds + drafter.seconds - forwards_before)
-        draft_length.observe(k, target_seconds, drafter_seconds, outside, accepted_list, num_draft.tolist())
+        finished = close_step(batch, stats, draft_length, k, new_tokens, accepted_list, num_draft.tolist(),
+                              target_seconds, drafter_seconds,
+                              time.perf_counter() - step_start - (target.seconds + drafter.seconds - forwards_before))
         step += 1
