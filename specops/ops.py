@@ -45,6 +45,27 @@ def _row_seeds(seed, batch: int, device: torch.device) -> torch.Tensor:
     return _per_row("seed", seed, batch, torch.int64, device)
 
 
+def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensors: dict, temperature, top_k,
+                   top_p, seed, offset) -> tuple[torch.Tensor, ...]:
+    """The sampling arguments every stochastic op takes, checked (devices of all tensor arguments,
+    `tensors` included, and the offset) and normalized to per-row tensors on `device`."""
+    tensors = dict(tensors)
+    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {anchor} is on {device}")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
+    if not 0 <= offset < 2**63:
+        raise ValueError(f"{op}: offset must be in [0, 2**63), got {offset}")
+    return (_per_row("temperature", temperature, rows, torch.float32, device),
+            _per_row("top_k", top_k, rows, torch.int64, device),
+            _per_row("top_p", top_p, rows, torch.float32, device),
+            _row_seeds(seed, rows, device))
+
+
 def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab: int) -> torch.Tensor:
     """Whether a valid draft (position < num_draft) lies outside [0, vocab); later positions are ignored."""
     valid = torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < num_draft.unsqueeze(1)
@@ -151,20 +172,8 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         tensors["num_draft"] = num_draft
     else:
         raise TypeError("chain_verify: num_draft must be a [B] int64 tensor or None")
-    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
-        if isinstance(value, torch.Tensor):
-            tensors[name] = value
-    for name, t in tensors.items():
-        if t.device != device:
-            raise ValueError(f"chain_verify: {name} is on {t.device} but target_logits is on {device}")
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"chain_verify: offset must be an int, got {type(offset).__name__}")
-    if not 0 <= offset < 2**63:
-        raise ValueError(f"chain_verify: offset must be in [0, 2**63), got {offset}")
-    temperature = _per_row("temperature", temperature, batch, torch.float32, device)
-    top_k = _per_row("top_k", top_k, batch, torch.int64, device)
-    top_p = _per_row("top_p", top_p, batch, torch.float32, device)
-    seeds = _row_seeds(seed, batch, device)
+    temperature, top_k, top_p, seeds = _sampling_args("chain_verify", "target_logits", device, batch, tensors,
+                                                      temperature, top_k, top_p, seed, offset)
     if validate and device.type != "cpu":
         _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p)
     return torch.ops.specops.chain_verify(
@@ -307,20 +316,8 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
     if isinstance(target_vocab, bool) or not isinstance(target_vocab, int) or target_vocab < 1:
         raise ValueError(f"vocab_project: target_vocab must be an int >= 1, got {target_vocab!r}")
     tensors = {"target_ids": target_ids}
-    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
-        if isinstance(value, torch.Tensor):
-            tensors[name] = value
-    for name, t in tensors.items():
-        if t.device != device:
-            raise ValueError(f"vocab_project: {name} is on {t.device} but draft_logits is on {device}")
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"vocab_project: offset must be an int, got {type(offset).__name__}")
-    if not 0 <= offset < 2**63:
-        raise ValueError(f"vocab_project: offset must be in [0, 2**63), got {offset}")
-    temperature = _per_row("temperature", temperature, rows, torch.float32, device)
-    top_k = _per_row("top_k", top_k, rows, torch.int64, device)
-    top_p = _per_row("top_p", top_p, rows, torch.float32, device)
-    seeds = _row_seeds(seed, rows, device)
+    temperature, top_k, top_p, seeds = _sampling_args("vocab_project", "draft_logits", device, rows, tensors,
+                                                      temperature, top_k, top_p, seed, offset)
     if validate and device.type != "cpu":
         _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p)
     return torch.ops.specops.vocab_project(draft_logits.contiguous(), target_ids.contiguous(), target_vocab,
