@@ -99,6 +99,19 @@ def run_drafter(drafter: CausalLM, state: KVState, pending: list[list[int]], k: 
     return sum(samples) / len(samples) if samples else None
 
 
+def drop_finished(batch: Batch, finished: list[int], states: tuple[KVState, ...], seeds: torch.Tensor,
+                  last: torch.Tensor, *per_row: list) -> tuple[torch.Tensor, torch.Tensor, tuple[list, ...]]:
+    """Remove finished requests from the batch, the KV states, the per-row tensors and lists. When none is
+    left the batch is empty and nothing else is touched."""
+    survivors = batch.drop(finished)
+    if survivors is None or not batch.rows:
+        return seeds, last, per_row
+    for state in states:
+        state.select(survivors)
+    rows = survivors.tolist()
+    return seeds[survivors], last[survivors], tuple([values[r] for r in rows] for values in per_row)
+
+
 def close_step(batch: Batch, stats: Stats, draft_length: DraftLength, k: int, new_tokens: list[list[int]],
                accepted: list[int], num_draft: list[int], target_seconds: float, drafter_seconds: float | None,
                outside_seconds: float) -> list[int]:
@@ -129,14 +142,9 @@ def decode_sd(target: CausalLM, drafter: CausalLM, batch: Batch, params: Samplin
     finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     while True:
-        survivors = batch.drop(finished)
-        if survivors is not None:
-            if not batch.rows:
-                return
-            for state in (target_state, drafter_state):
-                state.select(survivors)
-            seeds, last = seeds[survivors], last[survivors]
-            pending = [pending[r] for r in survivors.tolist()]
+        seeds, last, (pending,) = drop_finished(batch, finished, (target_state, drafter_state), seeds, last, pending)
+        if not batch.rows:
+            return
         step_start = time.perf_counter()
         forwards_before = target.seconds + drafter.seconds
         k = draft_length.choose()

@@ -24,7 +24,7 @@ from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import DraftVocab, close_step, prompt_rows, run_drafter
+from specops.decoding.sd import DraftVocab, close_step, drop_finished, prompt_rows, run_drafter
 from specops.vocab import VocabMap
 
 LOOK_BEHIND = 4  # target tokens re-encoded with each draft
@@ -107,15 +107,10 @@ def decode_slem(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
     finished, _ = batch.emit([[t] for t in last.tolist()])
     step = 1
     while True:
-        survivors = batch.drop(finished)
-        if survivors is not None:
-            if not batch.rows:
-                return
-            for state in (target_state, drafter_state):
-                state.select(survivors)
-            seeds, last = seeds[survivors], last[survivors]
-            rows = survivors.tolist()
-            pending, history = [pending[r] for r in rows], [history[r] for r in rows]
+        seeds, last, (pending, history) = drop_finished(batch, finished, (target_state, drafter_state), seeds, last,
+                                                        pending, history)
+        if not batch.rows:
+            return
         step_start = time.perf_counter()
         forwards_before = target.seconds + drafter.seconds
         k = draft_length.choose()

@@ -31,7 +31,7 @@ from specops import ops
 from specops.decoding.ar import prefill
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, close_step, prompt_rows
+from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, close_step, drop_finished, prompt_rows
 from specops.decoding.slem import _Text, matched
 from specops.vocab import VocabMap
 
@@ -223,14 +223,9 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
     step = 1
     width = vmap.target.size + 1  # the target's ids and "no token"
     while True:
-        survivors = batch.drop(finished)
-        if survivors is not None:
-            if not batch.rows:
-                return
-            for state in (target_state, drafter_state):
-                state.select(survivors)
-            seeds, last = seeds[survivors], last[survivors]
-            pending = [pending[r] for r in survivors.tolist()]
+        seeds, last, (pending,) = drop_finished(batch, finished, (target_state, drafter_state), seeds, last, pending)
+        if not batch.rows:
+            return
         step_start = time.perf_counter()
         forwards_before = target.seconds + drafter.seconds
         k = draft_length.choose()
