@@ -372,6 +372,19 @@ def _sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr,
         tl.store(out_ptr + b64 * stride_ob + j, token)
 
 
+def vocab_tiling(op: str, vocab: int, block_v: int | None) -> tuple[int, int, int, int]:
+    """(tile width, tiles per row, tile count rounded up to a power of two, warps) for rows of `vocab`
+    values; block_v overrides the tile width (a power of two; tests use small tiles)."""
+    if block_v is None:
+        block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
+    elif block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"{op}: block_v must be a power of two, got {block_v}")
+    n_tiles = triton.cdiv(vocab, block_v)
+    # Enough threads that a tile's values, float64 running sums included, stay in registers.
+    num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
+    return block_v, n_tiles, max(2, triton.next_power_of_2(n_tiles)), num_warps
+
+
 def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                         num_draft: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                         top_p: torch.Tensor, seed: torch.Tensor, offset: int, validate: bool = True,
@@ -391,14 +404,7 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     num_accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return out_tokens, num_accepted
-    if block_v is None:
-        block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
-    elif block_v < 1 or block_v & (block_v - 1):
-        raise ValueError(f"chain_verify: block_v must be a power of two, got {block_v}")
-    n_tiles = triton.cdiv(vocab, block_v)
-    block_t = max(2, triton.next_power_of_2(n_tiles))
-    # Enough threads that a tile's values, float64 running sums included, stay in registers.
-    num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
+    block_v, n_tiles, block_t, num_warps = vocab_tiling("chain_verify", vocab, block_v)
 
     tile_max = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
     tile_sum = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)

@@ -27,12 +27,12 @@ import triton.language as tl
 
 from specops.kernels.chain_verify import (
     _KEEP_ALL,
-    _MAX_BLOCK_V,
     _ordered_key,
     _top_k_cut,
     _top_p_cut,
     _uniform,
     _upper_mass,
+    vocab_tiling,
 )
 
 __all__ = ["vocab_project_triton"]
@@ -215,14 +215,7 @@ def vocab_project_triton(draft_logits: torch.Tensor, target_ids: torch.Tensor, t
     draft_tokens = torch.empty((rows,), dtype=torch.int64, device=device)
     if rows == 0:
         return probs, tokens, draft_tokens
-    if block_v is None:
-        block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
-    elif block_v < 1 or block_v & (block_v - 1):
-        raise ValueError(f"vocab_project: block_v must be a power of two, got {block_v}")
-    n_tiles = triton.cdiv(vocab, block_v)
-    block_t = max(2, triton.next_power_of_2(n_tiles))
-    # Enough threads that a tile's values, float64 running sums included, stay in registers.
-    num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
+    block_v, n_tiles, block_t, num_warps = vocab_tiling("vocab_project", vocab, block_v)
 
     x = torch.empty((rows, vocab), dtype=torch.float32, device=device)
     tile_max = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
