@@ -23,116 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.kernels._sampling import (_KEEP_ALL, _STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
+                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _scaled_tile,
+                                       _store_tile_stats, _uniform, offset_words, vocab_tiling)
+
 __all__ = ["chain_verify_triton"]
-
-# Philox4x32 multipliers and Weyl key increments (Salmon et al., SC'11), as in specops.reference.
-_PHILOX_M0: tl.constexpr = tl.constexpr(0xD2511F53)
-_PHILOX_M1: tl.constexpr = tl.constexpr(0xCD9E8D57)
-_PHILOX_W0: tl.constexpr = tl.constexpr(0x9E3779B9)
-_PHILOX_W1: tl.constexpr = tl.constexpr(0xBB67AE85)
-# Random streams, part of the counter: the acceptance draw and the sampling draw never overlap.
-_STREAM_ACCEPT: tl.constexpr = tl.constexpr(0)
-_STREAM_SAMPLE: tl.constexpr = tl.constexpr(1)
-# The smallest int32: every ordered float key is >= it, so it is the "keep everything" threshold.
-_KEEP_ALL: tl.constexpr = tl.constexpr(-(2**31))
-
-_MAX_BLOCK_V = 8192
-
-
-@triton.jit
-def _uniform(key0, key1, position, stream: tl.constexpr, offset_lo, offset_hi):
-    """Float64 uniform in (0, 1): ((a >> 6) * 2**26 + (b >> 6) + 0.5) * 2**-52, (a, b) the first two
-    words of Philox4x32-10 (Salmon et al., SC'11) at counter (position, stream, offset lo, offset hi)."""
-    c0 = tl.cast(position, tl.uint32)
-    c1 = tl.full([], stream, tl.uint32)
-    c2 = offset_lo.to(tl.uint32, bitcast=True)
-    c3 = offset_hi.to(tl.uint32, bitcast=True)
-    k0 = key0
-    k1 = key1
-    for _ in tl.static_range(10):
-        hi0 = tl.umulhi(c0, _PHILOX_M0)
-        lo0 = c0 * _PHILOX_M0
-        hi1 = tl.umulhi(c2, _PHILOX_M1)
-        lo1 = c2 * _PHILOX_M1
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-        k0 = k0 + _PHILOX_W0
-        k1 = k1 + _PHILOX_W1
-    bits = ((c0 >> 6).to(tl.int64) << 26) | (c1 >> 6).to(tl.int64)
-    return (bits.to(tl.float64) + 0.5) * 2.220446049250313e-16  # 2**-52
-
-
-@triton.jit
-def _ordered_key(x):
-    """Order-preserving int32 image of float32 x, so thresholds can be bisected on integers."""
-    bits = x.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    # The reference compares floats, where -0.0 == +0.0; the raw bit images would split them.
-    return tl.where(x == 0.0, 0, key)
-
-
-@triton.jit
-def _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V: tl.constexpr):
-    """x = logits / T of one vocabulary tile, -inf past the row's end."""
-    offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    in_row = offs < V
-    raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf"))
-    # Correctly rounded division (plain `/` is approximate on GPUs): top-k/top-p thresholds compare
-    # these values exactly, and must select the same tokens as the reference's torch division.
-    x = tl.math.div_rn(raw.to(tl.float32), temperature)
-    return offs, in_row, x
-
-
-@triton.jit
-def _upper_count(row_ptr, temperature, cut, V, n_tiles, BLOCK_V: tl.constexpr):
-    count = tl.zeros([], tl.int64)
-    for tile in range(0, n_tiles):
-        offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
-        count += tl.sum((in_row & (_ordered_key(x) >= cut)).to(tl.int32), 0)
-    return count
-
-
-@triton.jit
-def _upper_mass(row_ptr, temperature, cut, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
-    # float64 like the reference's cumulative sums, so top-p cuts differ only on exact ties.
-    mass = tl.zeros([], tl.float64)
-    for tile in range(0, n_tiles):
-        offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
-        keep = in_row & (_ordered_key(x) >= cut)
-        w = tl.where(keep, tl.exp(x - row_max), 0.0)
-        mass += tl.sum(w.to(tl.float64), 0)
-    return mass
-
-
-@triton.jit
-def _top_k_cut(row_ptr, temperature, top_k, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
-    """Top-k cut (Fan et al. 2018) as an ordered key: the largest t with count(x >= t) >= k, which is the
-    k-th largest x, by bisection; ties at the k-th value are kept."""
-    lo = tl.full([], _KEEP_ALL, tl.int64)  # count(x >= lo) = V >= k
-    hi = _ordered_key(row_max).to(tl.int64)  # the answer is never above the maximum
-    for _ in range(0, 32):  # the int32 key range halves each step
-        if lo < hi:
-            mid = lo + (hi - lo + 1) // 2
-            enough = _upper_count(row_ptr, temperature, mid.to(tl.int32), V, n_tiles, BLOCK_V) >= top_k
-            lo = tl.where(enough, mid, lo)
-            hi = tl.where(enough, hi, mid - 1)
-    return lo.to(tl.int32)
-
-
-@triton.jit
-def _top_p_cut(row_ptr, temperature, top_p, cut_k, row_max, V, n_tiles, BLOCK_V: tl.constexpr):
-    """Top-p cut (Holtzman et al. 2020) as an ordered key: the largest t >= cut_k whose upper set
-    {x >= t} holds >= top_p of the exp(x - m) mass kept by top-k, by bisection."""
-    need = top_p.to(tl.float64) * _upper_mass(row_ptr, temperature, cut_k, row_max, V, n_tiles, BLOCK_V)
-    lo = cut_k.to(tl.int64)
-    hi = _ordered_key(row_max).to(tl.int64)
-    for _ in range(0, 32):
-        if lo < hi:
-            mid = lo + (hi - lo + 1) // 2
-            mass = _upper_mass(row_ptr, temperature, mid.to(tl.int32), row_max, V, n_tiles, BLOCK_V)
-            enough = mass >= need
-            lo = tl.where(enough, mid, lo)
-            hi = tl.where(enough, hi, mid - 1)
-    return lo.to(tl.int32)
 
 
 @triton.jit
@@ -170,20 +65,9 @@ def _tile_stats_kernel(logits_ptr, num_draft_ptr, temperature_ptr, tile_max_ptr,
         temperature = tl.where(temperature == 0.0, 1.0, temperature)
         row_ptr = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_lj
         offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
-        tile_max = tl.max(x, 0)
-        # An all -inf tile would give exp(-inf - -inf) = NaN; its mass is 0.
-        shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)
-        tile_sum = tl.sum(tl.where(in_row, tl.exp(x - shift), 0.0), 0)
-        # The argmax of the raw logits: where logits / T overflows, several x are +inf and the first of
-        # them need not be the largest logit.
         raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
-        raw_max = tl.max(raw, 0)
-        first = tl.min(tl.where(in_row & (raw == raw_max), offs, V), 0)
         slot = row.to(tl.int64) * n_tiles + tile
-        tl.store(tile_max_ptr + slot, tile_max)
-        tl.store(tile_sum_ptr + slot, tile_sum)
-        tl.store(tile_raw_ptr + slot, raw_max)
-        tl.store(tile_arg_ptr + slot, first)
+        _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, slot, offs, in_row, x, raw, V)
 
 
 @triton.jit(do_not_specialize=["K1", "offset_lo", "offset_hi"])
@@ -205,13 +89,8 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
     seed = tl.load(seed_ptr + b)
-    key0 = seed.to(tl.uint32)
-    key1 = (seed >> 32).to(tl.uint32)
     greedy = temperature == 0.0
-    sampled = temperature != 0.0
     emitted = tl.zeros([], tl.int32)
-    use_k = sampled & (top_k > 0) & (top_k < V)
-    use_p = sampled & (top_p < 1.0)
     scale = tl.where(greedy, 1.0, temperature)
     tiles = tl.arange(0, BLOCK_T)
     tile_ok = tiles < n_tiles
@@ -234,10 +113,7 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
             row_max = tl.max(tile_max, 0)
             stop = j >= n
             if greedy | (row_max == float("inf")):
-                tile_raw = tl.load(tile_raw_ptr + stats, mask=tile_ok, other=-float("inf"))
-                raw_max = tl.max(tile_raw, 0)
-                tile_arg = tl.load(tile_arg_ptr + stats, mask=tile_ok, other=V)
-                best = tl.min(tl.where(tile_ok & (tile_raw == raw_max), tile_arg, V), 0)
+                _, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
                 if j < n:
                     draft = tl.load(draft_tokens_ptr + b64 * stride_db + j)
                     stop = draft != best
@@ -247,16 +123,8 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
                     tl.store(out_row_ptr + j, best)
                     emitted = emitted | 1
             else:
-                tile_sum = tl.load(tile_sum_ptr + stats, mask=tile_ok, other=0.0)
-                scaled = tl.where(tile_max == -float("inf"), 0.0, tile_sum * tl.exp(tile_max - row_max))
-                z = tl.sum(scaled, 0)
-                cut = tl.full([], _KEEP_ALL, tl.int32)
-                if use_k:
-                    cut = _top_k_cut(row_ptr, scale, top_k, row_max, V, n_tiles, BLOCK_V)
-                if use_p:
-                    cut = _top_p_cut(row_ptr, scale, top_p, cut, row_max, V, n_tiles, BLOCK_V)
-                if use_k | use_p:
-                    z = _upper_mass(row_ptr, scale, cut, row_max, V, n_tiles, BLOCK_V).to(tl.float32)
+                z = _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max)
+                cut, z = _filter_cut(row_ptr, scale, top_k, top_p, row_max, z, V, n_tiles, BLOCK_V)
                 if j < n:
                     draft = tl.load(draft_tokens_ptr + b64 * stride_db + j)
                     # Out-of-range ids are never read: p(d) = 0 and q(d) = 1 reject them.
@@ -269,7 +137,7 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
                     if HAS_PROBS:
                         q_ptr = draft_probs_ptr + b64 * stride_pb + j64 * stride_pj + draft
                         q_draft = tl.load(q_ptr, mask=valid, other=1.0)
-                    u = _uniform(key0, key1, j64, _STREAM_ACCEPT, offset_lo, offset_hi)
+                    u = _uniform(seed, j64, _STREAM_ACCEPT, offset_lo, offset_hi)
                     # float64 like the reference: u has 52 random bits.
                     stop = u * q_draft.to(tl.float64) >= p_draft.to(tl.float64)
                     if not stop:
@@ -350,39 +218,16 @@ def _sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr,
         use_r = total_r > 0.0
         mass = tl.where(use_r, mass_r, mass_p)
         total = tl.where(use_r, total_r, tl.sum(mass_p, 0))
-        u = _uniform(seed.to(tl.uint32), (seed >> 32).to(tl.uint32), j, _STREAM_SAMPLE, offset_lo, offset_hi)
-        target = u * total
-        running = tl.cumsum(mass, 0)
-        hit_tile = tl.min(tl.where(tile_ok & (running > target), tiles, BLOCK_T), 0)
-        found = hit_tile < BLOCK_T
-        last_tile = tl.max(tl.where(tile_ok & (mass > 0.0), tiles, 0), 0)
-        tile = tl.where(found, hit_tile, last_tile)
-        prefix = tl.sum(tl.where(tiles < tile, mass, 0.0), 0)
+        target = _uniform(seed, j, _STREAM_SAMPLE, offset_lo, offset_hi) * total
+        tile, prefix, found = _inverse_cdf_tile(mass, tiles, tile_ok, target, BLOCK_T)
 
         offs, in_row, p, residual = _stop_tile_weights(
             logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, num_accepted_ptr,
             row_max_ptr, row_z_ptr, row_cut_ptr, b64, tile, stride_lb, stride_lj, stride_db, stride_pb, stride_pj,
             V, HAS_PROBS, BLOCK_V)
         w = tl.where(use_r, residual, p).to(tl.float64)
-        cum = prefix + tl.cumsum(w, 0)
-        hit = tl.min(tl.where(in_row & (cum > target), offs, V), 0)
-        # The tile sums and the in-tile running sum round differently; never emit a zero-weight token.
-        last = tl.max(tl.where(in_row & (w > 0.0), offs, -1), 0)
-        token = tl.where(found & (hit < V), hit, last)
+        token = _inverse_cdf_index(w, offs, in_row, prefix, target, found, V)
         tl.store(out_ptr + b64 * stride_ob + j, token)
-
-
-def vocab_tiling(op: str, vocab: int, block_v: int | None) -> tuple[int, int, int, int]:
-    """(tile width, tiles per row, tile count rounded up to a power of two, warps) for rows of `vocab`
-    values; block_v overrides the tile width (a power of two; tests use small tiles)."""
-    if block_v is None:
-        block_v = min(_MAX_BLOCK_V, triton.next_power_of_2(vocab))
-    elif block_v < 1 or block_v & (block_v - 1):
-        raise ValueError(f"{op}: block_v must be a power of two, got {block_v}")
-    n_tiles = triton.cdiv(vocab, block_v)
-    # Enough threads that a tile's values, float64 running sums included, stay in registers.
-    num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
-    return block_v, n_tiles, max(2, triton.next_power_of_2(n_tiles)), num_warps
 
 
 def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -423,10 +268,7 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     stride_pb, stride_pj = (draft_probs.stride(0), draft_probs.stride(1)) if has_probs else (0, 0)
     stride_lb, stride_lj = target_logits.stride(0), target_logits.stride(1)
     stride_db = draft_tokens.stride(0)
-    # The offset's two 32-bit words as int32 bit patterns: one kernel signature for every offset.
-    offset = int(offset) & 0xFFFFFFFFFFFFFFFF
-    offset_lo = ((offset & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
-    offset_hi = ((offset >> 32) ^ 0x80000000) - 0x80000000
+    offset_lo, offset_hi = offset_words(offset)
 
     _tile_stats_kernel[(batch * k1, n_tiles)](
         target_logits, num_draft, temperature, tile_max, tile_sum, tile_raw, tile_arg,

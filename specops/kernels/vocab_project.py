@@ -8,8 +8,8 @@ Four launches after a zero-filled output, none of which holds a whole vocabulary
    (T = 1 for greedy rows), stored to a float32 scratch row; per tile the maximum of x and
    sum(exp(x - that maximum)), and the masked logits' maximum with its first index (the greedy argmax).
 2. `_row_kernel`, grid (N,): the row's maximum and softmax normalizer from the tile statistics; top-k
-   and top-p cuts by bisection over the scratch row (chain_verify's helpers); greedy rows (T = 0, or
-   logits / T overflowing float32) take the first argmax.
+   and top-p cuts by bisection over the scratch row (`_sampling.py`, shared with chain_verify); greedy
+   rows (T = 0, or logits / T overflowing float32) take the first argmax.
 3. `_scatter_kernel`, grid (N, n_tiles): w = exp(x - m) / Z on the kept ids (one-hot for greedy rows),
    stored at their target ids, and each tile's float64 mass.
 4. `_sample_kernel`, grid (N,): the draft by inverse CDF in drafter-id order, first over the tile
@@ -25,20 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.kernels.chain_verify import (
-    _KEEP_ALL,
-    _ordered_key,
-    _top_k_cut,
-    _top_p_cut,
-    _uniform,
-    _upper_mass,
-    vocab_tiling,
-)
+from specops.kernels._sampling import (_KEEP_ALL, _STREAM_DRAFT, _filter_cut, _inverse_cdf_index, _inverse_cdf_tile,
+                                       _ordered_key, _row_argmax, _row_normalizer, _store_tile_stats, _uniform,
+                                       offset_words, vocab_tiling)
 
 __all__ = ["vocab_project_triton"]
 
-# Random stream of the draft: chain_verify uses 0 (accept) and 1 (sample) at the same offsets.
-_STREAM_DRAFT: tl.constexpr = tl.constexpr(2)
 # Row states left by `_row_kernel`: sample by inverse CDF, greedy (draft known), or no finite mapped
 # logit (reachable only without validation: the row stays zero and its tokens are -1).
 _SAMPLED: tl.constexpr = tl.constexpr(0)
@@ -65,18 +57,8 @@ def _mask_stats_kernel(logits_ptr, target_ids_ptr, temperature_ptr, x_ptr, tile_
     # Correctly rounded division, as torch's: top-k/top-p compare these values exactly.
     x = tl.math.div_rn(raw, temperature)
     tl.store(x_ptr + row * V + offs, x, mask=in_row)
-    tile_max = tl.max(x, 0)
-    # An all -inf tile would give exp(-inf - -inf) = NaN; its mass is 0.
-    shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)
-    tile_sum = tl.sum(tl.where(mapped, tl.exp(x - shift), 0.0), 0)
-    # The argmax of the unscaled logits: where logits / T overflows, several x are +inf.
-    raw_max = tl.max(raw, 0)
-    first = tl.min(tl.where(mapped & (raw == raw_max), offs, V), 0)
     slot = row * n_tiles + tile
-    tl.store(tile_max_ptr + slot, tile_max)
-    tl.store(tile_sum_ptr + slot, tile_sum)
-    tl.store(tile_raw_ptr + slot, raw_max)
-    tl.store(tile_arg_ptr + slot, first)
+    _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, slot, offs, mapped, x, raw, V)
 
 
 @triton.jit
@@ -91,10 +73,7 @@ def _row_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile
     stats = row * n_tiles + tiles
     tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
     row_max = tl.max(tile_max, 0)
-    tile_raw = tl.load(tile_raw_ptr + stats, mask=tile_ok, other=-float("inf"))
-    raw_max = tl.max(tile_raw, 0)
-    tile_arg = tl.load(tile_arg_ptr + stats, mask=tile_ok, other=V)
-    best = tl.min(tl.where(tile_ok & (tile_raw == raw_max), tile_arg, V), 0)
+    raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
     temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
@@ -102,20 +81,11 @@ def _row_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile
     # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
     empty = ~(raw_max > -float("inf"))
     state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))
-    tile_sum = tl.load(tile_sum_ptr + stats, mask=tile_ok, other=0.0)
-    z = tl.sum(tl.where(tile_max == -float("inf"), 0.0, tile_sum * tl.exp(tile_max - row_max)), 0)
+    z = _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max)
     cut = tl.full([], _KEEP_ALL, tl.int32)
     if state == _SAMPLED:
-        x_row_ptr = x_ptr + row * V
         one = tl.full([], 1.0, tl.float32)  # x is already scaled
-        use_k = (top_k > 0) & (top_k < V)
-        use_p = top_p < 1.0
-        if use_k:
-            cut = _top_k_cut(x_row_ptr, one, top_k, row_max, V, n_tiles, BLOCK_V)
-        if use_p:
-            cut = _top_p_cut(x_row_ptr, one, top_p, cut, row_max, V, n_tiles, BLOCK_V)
-        if use_k | use_p:
-            z = _upper_mass(x_row_ptr, one, cut, row_max, V, n_tiles, BLOCK_V).to(tl.float32)
+        cut, z = _filter_cut(x_ptr + row * V, one, top_k, top_p, row_max, z, V, n_tiles, BLOCK_V)
     tl.store(row_max_ptr + row, row_max)
     tl.store(row_z_ptr + row, z)
     tl.store(row_cut_ptr + row, cut)
@@ -170,24 +140,12 @@ def _sample_kernel(x_ptr, target_ids_ptr, seed_ptr, row_max_ptr, row_z_ptr, row_
         tiles = tl.arange(0, BLOCK_T)
         tile_ok = tiles < n_tiles
         mass = tl.load(mass_ptr + row * n_tiles + tiles, mask=tile_ok, other=0.0)
-        seed = tl.load(seed_ptr + row)
-        u = _uniform(seed.to(tl.uint32), (seed >> 32).to(tl.uint32), tl.zeros([], tl.int64), _STREAM_DRAFT,
-                     offset_lo, offset_hi)
+        u = _uniform(tl.load(seed_ptr + row), tl.zeros([], tl.int64), _STREAM_DRAFT, offset_lo, offset_hi)
         target = u * tl.sum(mass, 0)
-        running = tl.cumsum(mass, 0)
-        hit_tile = tl.min(tl.where(tile_ok & (running > target), tiles, BLOCK_T), 0)
-        found = hit_tile < BLOCK_T
-        last_tile = tl.max(tl.where(tile_ok & (mass > 0.0), tiles, 0), 0)
-        tile = tl.where(found, hit_tile, last_tile)
-        prefix = tl.sum(tl.where(tiles < tile, mass, 0.0), 0)
+        tile, prefix, found = _inverse_cdf_tile(mass, tiles, tile_ok, target, BLOCK_T)
         offs, in_row, _, _, w = _tile_probs(x_ptr, target_ids_ptr, row_max_ptr, row_z_ptr, row_cut_ptr,
                                             draft_tokens_ptr, row, state, tile, V, target_vocab, BLOCK_V)
-        w64 = w.to(tl.float64)
-        cum = prefix + tl.cumsum(w64, 0)
-        hit = tl.min(tl.where(in_row & (cum > target), offs, V), 0)
-        # The tile sums and the in-tile running sum round differently; never emit a zero-weight id.
-        last = tl.max(tl.where(in_row & (w64 > 0.0), offs, -1), 0)
-        draft = tl.where(found & (hit < V), hit, last).to(tl.int64)
+        draft = _inverse_cdf_index(w.to(tl.float64), offs, in_row, prefix, target, found, V).to(tl.int64)
     # Unchecked NaN logits can leave no valid id: -1 then, and never an out-of-bounds read.
     valid = (draft >= 0) & (draft < V)
     token = tl.load(target_ids_ptr + draft, mask=valid, other=-1)
@@ -227,10 +185,7 @@ def vocab_project_triton(draft_logits: torch.Tensor, target_ids: torch.Tensor, t
     row_cut = torch.empty((rows,), dtype=torch.int32, device=device)
     row_state = torch.empty((rows,), dtype=torch.int32, device=device)
     mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
-    # The offset's two 32-bit words as int32 bit patterns: one kernel signature for every offset.
-    offset = int(offset) & 0xFFFFFFFFFFFFFFFF
-    offset_lo = ((offset & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
-    offset_hi = ((offset >> 32) ^ 0x80000000) - 0x80000000
+    offset_lo, offset_hi = offset_words(offset)
 
     _mask_stats_kernel[(rows, n_tiles)](
         draft_logits, target_ids, temperature, x, tile_max, tile_sum, tile_raw, tile_arg,
