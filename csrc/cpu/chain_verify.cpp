@@ -5,7 +5,7 @@
 // walk reaches it, so a request rejected at draft j reads logit rows 0..j (plus one cheap scan of
 // every row for NaN/+inf and its maximum). The recovered token is drawn by inverse CDF over the
 // residual; chunk sums make the search touch one chunk instead of the whole vocabulary. Requests run
-// in parallel. The row passes (chain_verify_simd.h, through sampling.h) are written on 16-lane vectors
+// in parallel. The row passes (row_simd.h, through sampling.h) are written on 16-lane vectors
 // and built for AVX-512, AVX2 and a baseline; the running CPU's build is chosen once.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

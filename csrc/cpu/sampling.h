@@ -1,5 +1,5 @@
 // Sampling helpers shared by the CPU kernels (chain_verify, vocab_project): the Philox generator of
-// specops.reference, the SIMD row passes (chain_verify_simd.h, built for AVX-512, AVX2 and a baseline;
+// specops.reference, the SIMD row passes (row_simd.h, built for AVX-512, AVX2 and a baseline;
 // the running CPU's build is chosen once), top-k / top-p thresholds and the chunked inverse CDF.
 // Everything here has internal linkage: each kernel's translation unit compiles its own copy.
 #pragma once
@@ -64,19 +64,19 @@ constexpr uint32_t kStreamDraft = 2;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
 #define SPECOPS_ISA avx512
-#include "chain_verify_simd.h"
+#include "row_simd.h"
 #undef SPECOPS_ISA
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define SPECOPS_ISA avx2
-#include "chain_verify_simd.h"
+#include "row_simd.h"
 #undef SPECOPS_ISA
 #pragma GCC pop_options
 #define SPECOPS_X86_DISPATCH 1
 #endif
 #define SPECOPS_ISA base
-#include "chain_verify_simd.h"
+#include "row_simd.h"
 #undef SPECOPS_ISA
 
 namespace specops {
