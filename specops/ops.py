@@ -35,6 +35,23 @@ def _per_row(name: str, value, batch: int, dtype: torch.dtype, device: torch.dev
     return torch.full((batch,), value, dtype=dtype, device=device)
 
 
+def _check_logits(op: str, name: str, value, dims: int, shape: str) -> None:
+    """`value` must be a `dims`-dimensional logits tensor (`shape` describes it) of a _LOGIT_DTYPES type."""
+    if not isinstance(value, torch.Tensor) or value.dim() != dims:
+        raise ValueError(f"{op}: {name} must be {shape} tensor")
+    if value.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, bfloat16 or float16, got {value.dtype}")
+
+
+def _check_tensor(op: str, name: str, value, shape: tuple[int, ...], shape_rule: str, dtype: torch.dtype) -> None:
+    """`value` must be a tensor of `shape` (the message says `shape_rule`) and `dtype`."""
+    if not isinstance(value, torch.Tensor) or value.shape != shape:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{op}: {name} must be {shape_rule}, got {got}")
+    if value.dtype != dtype:
+        raise TypeError(f"{op}: {name} must be {str(dtype).removeprefix('torch.')}, got {value.dtype}")
+
+
 def _row_seeds(seed, batch: int, device: torch.device) -> torch.Tensor:
     if seed is None:
         seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
@@ -72,34 +89,39 @@ def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab
     return (valid & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()
 
 
+def _raise_first(op: str, checks: list[tuple[torch.Tensor, str]]) -> None:
+    """Value checks for devices whose kernels cannot raise: the flags of all (flag, message) checks in
+    one host sync, then ValueError with the message of the first flag that is set."""
+    flags = torch.stack([flag for flag, _ in checks]).tolist()
+    for flag, (_, message) in zip(flags, checks):
+        if flag:
+            raise ValueError(f"{op}: {message}")
+
+
+def _nan_or_posinf(logits: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(logits).any() | torch.isposinf(logits).any()
+
+
+def _sampling_checks(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> list:
+    """The value checks of the per-row sampling arguments, for `_raise_first`."""
+    return [(((temperature < 0) | ~torch.isfinite(temperature)).any(), "temperature must be finite and >= 0"),
+            ((top_k < 0).any(), "top_k must be >= 0"),
+            (~((top_p > 0) & (top_p <= 1)).all(), "top_p must be in (0, 1]")]
+
+
 def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
-    """Value checks for devices whose kernels cannot raise: one host sync for all of them."""
+    """chain_verify's value checks for devices whose kernels cannot raise: one host sync for all of them."""
     batch, k1, vocab = target_logits.shape
     logits = target_logits.float()
-    bad = torch.stack([
-        torch.isnan(logits).any() | torch.isposinf(logits).any(),
-        ~(logits > float("-inf")).any(-1).all(),
-        _ids_out_of_range(draft_tokens, num_draft, vocab),
-        ((num_draft < 0) | (num_draft > k1 - 1)).any(),
-        ((temperature < 0) | ~torch.isfinite(temperature)).any(),
-        (top_k < 0).any(),
-        ~((top_p > 0) & (top_p <= 1)).all(),
-        (~torch.isfinite(draft_probs) | (draft_probs < 0)).any() if draft_probs is not None and
-        draft_probs.numel() else torch.zeros((), dtype=torch.bool, device=logits.device),
-    ]).tolist()
-    messages = [
-        "target_logits contains NaN or +inf",
-        "target_logits has a row with no finite logit",
-        f"draft_tokens has ids outside [0, {vocab})",
-        f"num_draft must be in [0, {k1 - 1}]",
-        "temperature must be finite and >= 0",
-        "top_k must be >= 0",
-        "top_p must be in (0, 1]",
-        "draft_probs must be finite and >= 0",
-    ]
-    for flag, message in zip(bad, messages):
-        if flag:
-            raise ValueError(f"chain_verify: {message}")
+    checks = [(_nan_or_posinf(logits), "target_logits contains NaN or +inf"),
+              (~(logits > float("-inf")).any(-1).all(), "target_logits has a row with no finite logit"),
+              (_ids_out_of_range(draft_tokens, num_draft, vocab), f"draft_tokens has ids outside [0, {vocab})"),
+              (((num_draft < 0) | (num_draft > k1 - 1)).any(), f"num_draft must be in [0, {k1 - 1}]"),
+              *_sampling_checks(temperature, top_k, top_p)]
+    if draft_probs is not None:
+        checks.append(((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(),
+                       "draft_probs must be finite and >= 0"))
+    _raise_first("chain_verify", checks)
 
 
 def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
@@ -141,27 +163,17 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     Randomness: Philox4x32-10 keyed by the row's seed, counter (position, stream, offset), the same in
     C++, Triton and `specops.reference`, so the same seeds give the same tokens on CPU and GPU.
     """
-    if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
-        raise ValueError("chain_verify: target_logits must be a [B, K+1, V] tensor")
-    if target_logits.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"chain_verify: target_logits must be float32, bfloat16 or float16, got {target_logits.dtype}")
+    _check_logits("chain_verify", "target_logits", target_logits, 3, "a [B, K+1, V]")
     batch, k1, vocab = target_logits.shape
     if k1 < 1 or vocab < 1:
         raise ValueError(f"chain_verify: target_logits shape {tuple(target_logits.shape)} needs K+1 >= 1 and V >= 1")
     device = target_logits.device
-    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.shape != (batch, k1 - 1):
-        got = tuple(draft_tokens.shape) if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
-        raise ValueError(f"chain_verify: draft_tokens must be [B, K] = [{batch}, {k1 - 1}] to match "
-                         f"target_logits [B, K+1, V], got {got}")
-    if draft_tokens.dtype != torch.int64:
-        raise TypeError(f"chain_verify: draft_tokens must be int64, got {draft_tokens.dtype}")
+    _check_tensor("chain_verify", "draft_tokens", draft_tokens, (batch, k1 - 1),
+                  f"[B, K] = [{batch}, {k1 - 1}] to match target_logits [B, K+1, V]", torch.int64)
     tensors = {"draft_tokens": draft_tokens}
     if draft_probs is not None:
-        if not isinstance(draft_probs, torch.Tensor) or draft_probs.shape != (batch, k1 - 1, vocab):
-            got = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
-            raise ValueError(f"chain_verify: draft_probs must be [B, K, V] = [{batch}, {k1 - 1}, {vocab}], got {got}")
-        if draft_probs.dtype != torch.float32:
-            raise TypeError(f"chain_verify: draft_probs must be float32, got {draft_probs.dtype}")
+        _check_tensor("chain_verify", "draft_probs", draft_probs, (batch, k1 - 1, vocab),
+                      f"[B, K, V] = [{batch}, {k1 - 1}, {vocab}]", torch.float32)
         tensors["draft_probs"] = draft_probs
     if num_draft is None:
         num_draft = torch.full((batch,), k1 - 1, dtype=torch.int64, device=device)
@@ -249,12 +261,8 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, mi
         raise ValueError(f"ngram_match: num_candidates and width must be >= 1, got {num_candidates} and {width}")
     if validate and device.type != "cpu":
         valid = torch.arange(length, device=device) < lengths.unsqueeze(1)
-        bad_lengths, bad_tokens = torch.stack([
-            ((lengths < 0) | (lengths > length)).any(), (valid & (tokens < 0)).any()]).tolist()
-        if bad_lengths:
-            raise ValueError(f"ngram_match: lengths must be in [0, {length}]")
-        if bad_tokens:
-            raise ValueError("ngram_match: tokens has negative ids inside a context")
+        _raise_first("ngram_match", [(((lengths < 0) | (lengths > length)).any(), f"lengths must be in [0, {length}]"),
+                                     ((valid & (tokens < 0)).any(), "tokens has negative ids inside a context")])
     return torch.ops.specops.ngram_match(tokens.contiguous(), lengths.contiguous(), min_ngram, max_ngram,
                                          num_candidates, width, validate)
 
@@ -300,19 +308,13 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
     Randomness: uniform(seed, offset, position 0, stream 2) of the Philox generator chain_verify uses
     (streams 0 and 1), so a draft and its verification at the same offset draw independent numbers.
     """
-    if not isinstance(draft_logits, torch.Tensor) or draft_logits.dim() != 2:
-        raise ValueError("vocab_project: draft_logits must be an [N, V_d] tensor")
-    if draft_logits.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"vocab_project: draft_logits must be float32, bfloat16 or float16, got {draft_logits.dtype}")
+    _check_logits("vocab_project", "draft_logits", draft_logits, 2, "an [N, V_d]")
     rows, draft_vocab = draft_logits.shape
     if draft_vocab < 1:
         raise ValueError("vocab_project: draft_logits has no columns")
     device = draft_logits.device
-    if not isinstance(target_ids, torch.Tensor) or target_ids.shape != (draft_vocab,):
-        got = tuple(target_ids.shape) if isinstance(target_ids, torch.Tensor) else type(target_ids).__name__
-        raise ValueError(f"vocab_project: target_ids must be [V_d] = [{draft_vocab}] to match draft_logits, got {got}")
-    if target_ids.dtype != torch.int64:
-        raise TypeError(f"vocab_project: target_ids must be int64, got {target_ids.dtype}")
+    _check_tensor("vocab_project", "target_ids", target_ids, (draft_vocab,),
+                  f"[V_d] = [{draft_vocab}] to match draft_logits", torch.int64)
     if isinstance(target_vocab, bool) or not isinstance(target_vocab, int) or target_vocab < 1:
         raise ValueError(f"vocab_project: target_vocab must be an int >= 1, got {target_vocab!r}")
     tensors = {"target_ids": target_ids}
@@ -325,33 +327,20 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
 
 
 def _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p) -> None:
-    """Value checks for devices whose kernels cannot raise: one host sync for all of them."""
-    mapped = target_ids >= 0
+    """vocab_project's value checks for devices whose kernels cannot raise: one host sync for all of them."""
     logits = draft_logits.float()
-    inside = torch.where(mapped, logits, float("-inf"))
-    bad = torch.stack([
-        torch.isnan(logits).any() | torch.isposinf(logits).any(),
-        ((target_ids < -1) | (target_ids >= target_vocab)).any(),
-        torch.zeros(target_vocab + 1, dtype=torch.int64, device=target_ids.device).scatter_add_(
-            0, torch.where((target_ids >= 0) & (target_ids < target_vocab), target_ids + 1, 0),
-            torch.ones_like(target_ids))[1:].gt(1).any(),
-        ~(inside > float("-inf")).any(-1).all(),
-        ((temperature < 0) | ~torch.isfinite(temperature)).any(),
-        (top_k < 0).any(),
-        ~((top_p > 0) & (top_p <= 1)).all(),
-    ]).tolist()
-    messages = [
-        "draft_logits contains NaN or +inf",
-        f"target_ids must be -1 or in [0, {target_vocab})",
-        "target_ids maps two drafter ids to the same target id",
-        "draft_logits has a row with no finite logit inside the intersection (target_ids >= 0)",
-        "temperature must be finite and >= 0",
-        "top_k must be >= 0",
-        "top_p must be in (0, 1]",
-    ]
-    for flag, message in zip(bad, messages):
-        if flag:
-            raise ValueError(f"vocab_project: {message}")
+    inside = torch.where(target_ids >= 0, logits, float("-inf"))
+    # Ids are clamped before counting repeats: out-of-range ids must reach their own message.
+    in_range = (target_ids >= 0) & (target_ids < target_vocab)
+    uses = torch.zeros(target_vocab + 1, dtype=torch.int64, device=target_ids.device).scatter_add_(
+        0, torch.where(in_range, target_ids + 1, 0), torch.ones_like(target_ids))[1:]
+    _raise_first("vocab_project", [
+        (_nan_or_posinf(logits), "draft_logits contains NaN or +inf"),
+        (((target_ids < -1) | (target_ids >= target_vocab)).any(), f"target_ids must be -1 or in [0, {target_vocab})"),
+        (uses.gt(1).any(), "target_ids maps two drafter ids to the same target id"),
+        (~(inside > float("-inf")).any(-1).all(),
+         "draft_logits has a row with no finite logit inside the intersection (target_ids >= 0)"),
+        *_sampling_checks(temperature, top_k, top_p)])
 
 
 @torch.library.register_fake("specops::vocab_project")

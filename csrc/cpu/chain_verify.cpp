@@ -132,18 +132,12 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == batch && draft_tokens.size(1) == k1 - 1,
                     "chain_verify: draft_tokens must be [B, K] matching target_logits [B, K+1, V]");
   TORCH_CHECK_TYPE(draft_tokens.scalar_type() == at::kLong, "chain_verify: draft_tokens must be int64");
-  for (const auto* t : {&num_draft, &top_k, &seed}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == at::kLong,
-                      "chain_verify: num_draft, top_k and seed must be [B] int64");
-  }
-  for (const auto* t : {&temperature, &top_p}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == at::kFloat,
-                      "chain_verify: temperature and top_p must be [B] float32");
-  }
+  check_per_row("chain_verify", {&num_draft, &top_k, &seed}, batch, at::kLong,
+                "num_draft, top_k and seed must be [B] int64");
+  check_per_row("chain_verify", {&temperature, &top_p}, batch, at::kFloat,
+                "temperature and top_p must be [B] float32");
   TORCH_CHECK_VALUE(offset >= 0, "chain_verify: offset must be >= 0");
-  const auto dtype = target_logits.scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
-                   "chain_verify: target_logits must be float32, bfloat16 or float16");
+  check_logit_dtype("chain_verify", "target_logits", target_logits);
   const at::Tensor logits = target_logits.to(at::kFloat).contiguous();
   const at::Tensor drafts = draft_tokens.contiguous();
   at::Tensor probs;
@@ -155,15 +149,8 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
     TORCH_CHECK_TYPE(probs.scalar_type() == at::kFloat, "chain_verify: draft_probs must be float32");
   }
   const auto nd = num_draft.contiguous();
-  const auto temp = temperature.contiguous();
-  const auto tk = top_k.contiguous();
-  const auto tp = top_p.contiguous();
-  const auto sd = seed.contiguous();
   const int64_t* nd_p = nd.data_ptr<int64_t>();
-  const float* temp_p = temp.data_ptr<float>();
-  const int64_t* tk_p = tk.data_ptr<int64_t>();
-  const float* tp_p = tp.data_ptr<float>();
-  const int64_t* sd_p = sd.data_ptr<int64_t>();
+  const SamplingRows sampling("chain_verify", temperature, top_k, top_p, seed);
   const int64_t* draft_p = drafts.data_ptr<int64_t>();
   const float* logit_p = logits.data_ptr<float>();
   const float* prob_p = probs.defined() ? probs.data_ptr<float>() : nullptr;
@@ -171,11 +158,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK_VALUE(nd_p[b] >= 0 && nd_p[b] <= k1 - 1, "chain_verify: num_draft[", b, "] = ", nd_p[b],
                       " is outside [0, ", k1 - 1, "]");
-    TORCH_CHECK_VALUE(temp_p[b] >= 0.0f && std::isfinite(temp_p[b]), "chain_verify: temperature[", b,
-                      "] = ", temp_p[b], " must be finite and >= 0");
-    TORCH_CHECK_VALUE(tk_p[b] >= 0, "chain_verify: top_k[", b, "] = ", tk_p[b], " must be >= 0");
-    TORCH_CHECK_VALUE(tp_p[b] > 0.0f && tp_p[b] <= 1.0f, "chain_verify: top_p[", b, "] = ", tp_p[b],
-                      " must be in (0, 1]");
+    sampling.check(b);
     for (int64_t j = 0; j < nd_p[b]; ++j) {  // positions past num_draft are ignored (e.g. -1 padding)
       const int64_t d = draft_p[b * (k1 - 1) + j];
       TORCH_CHECK_VALUE(d >= 0 && d < vocab, "chain_verify: draft_tokens[", b, ", ", j, "] = ", d,
@@ -214,7 +197,8 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   const auto verify_requests = [&](int64_t begin, int64_t end) {
     std::vector<float> weights(static_cast<size_t>(vocab)), scratch;
     for (int64_t b = begin; b < end; ++b) {
-      const RowParams rp{b, nd_p[b], temp_p[b], tk_p[b], tp_p[b], sd_p[b]};
+      const RowParams rp{b, nd_p[b], sampling.temperature[b], sampling.top_k[b], sampling.top_p[b],
+                         sampling.seed[b]};
       acc_p[b] = verify_row(logit_p + b * k1 * vocab, draft_p + b * (k1 - 1),
                             prob_p == nullptr ? nullptr : prob_p + b * (k1 - 1) * vocab,
                             row_max.data() + b * k1, vocab, rp, static_cast<uint64_t>(offset), split,

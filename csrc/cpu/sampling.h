@@ -1,6 +1,7 @@
 // Sampling helpers shared by the CPU kernels (chain_verify, vocab_project): the Philox generator of
 // specops.reference, the SIMD row passes (row_simd.h, built for AVX-512, AVX2 and a baseline;
-// the running CPU's build is chosen once), top-k / top-p thresholds and the chunked inverse CDF.
+// the running CPU's build is chosen once), top-k / top-p thresholds, the chunked inverse CDF, and the
+// checks of the arguments every sampling op takes.
 // Everything here has internal linkage: each kernel's translation unit compiles its own copy.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -185,6 +187,58 @@ int64_t inverse_cdf(const float* w, const std::vector<double>& chunk_sums, int64
     if (w[i] > 0.0f) return i;
   return 0;  // unreachable: p always has mass
 }
+
+// ---- arguments of the sampling ops (messages start with the op's name, as specops/ops.py's) ----
+
+inline void check_logit_dtype(const char* op, const char* name, const at::Tensor& logits) {
+  const auto dtype = logits.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": ", name,
+                   " must be float32, bfloat16 or float16");
+}
+
+// Per-row tensors: each one-dimensional, of `rows` values of `dtype`; `rule` is the message's rule
+// (e.g. "top_k and seed must be [N] int64").
+inline void check_per_row(const char* op, std::initializer_list<const at::Tensor*> tensors, int64_t rows,
+                          at::ScalarType dtype, const char* rule) {
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == rows && t->scalar_type() == dtype, op, ": ", rule);
+  }
+}
+
+// The per-row sampling arguments (temperature, top_k, top_p, seed; shapes and dtypes already checked
+// with check_per_row), contiguous and read through pointers. check(r) checks row r's values; the ops
+// always do (O(rows), and the row passes rely on them).
+struct SamplingRows {
+  SamplingRows(const char* op, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+               const at::Tensor& seed)
+      : op_(op),
+        temperature_t_(temperature.contiguous()),
+        top_k_t_(top_k.contiguous()),
+        top_p_t_(top_p.contiguous()),
+        seed_t_(seed.contiguous()),
+        temperature(temperature_t_.data_ptr<float>()),
+        top_k(top_k_t_.data_ptr<int64_t>()),
+        top_p(top_p_t_.data_ptr<float>()),
+        seed(seed_t_.data_ptr<int64_t>()) {}
+
+  void check(int64_t r) const {
+    TORCH_CHECK_VALUE(temperature[r] >= 0.0f && std::isfinite(temperature[r]), op_, ": temperature[", r, "] = ",
+                      temperature[r], " must be finite and >= 0");
+    TORCH_CHECK_VALUE(top_k[r] >= 0, op_, ": top_k[", r, "] = ", top_k[r], " must be >= 0");
+    TORCH_CHECK_VALUE(top_p[r] > 0.0f && top_p[r] <= 1.0f, op_, ": top_p[", r, "] = ", top_p[r],
+                      " must be in (0, 1]");
+  }
+
+ private:
+  const char* op_;
+  at::Tensor temperature_t_, top_k_t_, top_p_t_, seed_t_;  // what the pointers read
+
+ public:
+  const float* temperature;
+  const int64_t* top_k;
+  const float* top_p;
+  const int64_t* seed;
+};
 
 }  // namespace
 }  // namespace specops

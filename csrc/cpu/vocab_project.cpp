@@ -201,9 +201,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> vocab_project_cpu(
     const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& seed,
     int64_t offset, bool validate) {
   TORCH_CHECK_VALUE(draft_logits.dim() == 2, "vocab_project: draft_logits must be an [N, V_d] tensor");
-  const auto dtype = draft_logits.scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
-                   "vocab_project: draft_logits must be float32, bfloat16 or float16");
+  check_logit_dtype("vocab_project", "draft_logits", draft_logits);
   const int64_t rows = draft_logits.size(0), draft_vocab = draft_logits.size(1);
   TORCH_CHECK_VALUE(draft_vocab >= 1, "vocab_project: draft_logits has no columns");
   TORCH_CHECK_VALUE(target_ids.dim() == 1 && target_ids.size(0) == draft_vocab,
@@ -212,33 +210,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> vocab_project_cpu(
   TORCH_CHECK_VALUE(target_vocab >= 1, "vocab_project: target_vocab must be an int >= 1, got ", target_vocab);
   TORCH_CHECK_VALUE(draft_vocab <= INT32_MAX && target_vocab <= INT32_MAX,
                     "vocab_project: vocabularies of 2**31 tokens or more are not supported");
-  for (const auto* t : {&top_k, &seed}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == rows && t->scalar_type() == at::kLong,
-                      "vocab_project: top_k and seed must be [N] int64");
-  }
-  for (const auto* t : {&temperature, &top_p}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == rows && t->scalar_type() == at::kFloat,
-                      "vocab_project: temperature and top_p must be [N] float32");
-  }
+  check_per_row("vocab_project", {&top_k, &seed}, rows, at::kLong, "top_k and seed must be [N] int64");
+  check_per_row("vocab_project", {&temperature, &top_p}, rows, at::kFloat,
+                "temperature and top_p must be [N] float32");
   TORCH_CHECK_VALUE(offset >= 0, "vocab_project: offset must be >= 0");
   const auto logits = draft_logits.contiguous();
   const auto ids = target_ids.contiguous();
-  const auto temp = temperature.contiguous();
-  const auto tk = top_k.contiguous();
-  const auto tp = top_p.contiguous();
-  const auto sd = seed.contiguous();
-  const float* temp_p = temp.data_ptr<float>();
-  const int64_t* tk_p = tk.data_ptr<int64_t>();
-  const float* tp_p = tp.data_ptr<float>();
-  const int64_t* sd_p = sd.data_ptr<int64_t>();
-  // Per-row scalars are always checked: O(N), and the row passes rely on them.
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK_VALUE(temp_p[r] >= 0.0f && std::isfinite(temp_p[r]), "vocab_project: temperature[", r,
-                      "] = ", temp_p[r], " must be finite and >= 0");
-    TORCH_CHECK_VALUE(tk_p[r] >= 0, "vocab_project: top_k[", r, "] = ", tk_p[r], " must be >= 0");
-    TORCH_CHECK_VALUE(tp_p[r] > 0.0f && tp_p[r] <= 1.0f, "vocab_project: top_p[", r, "] = ", tp_p[r],
-                      " must be in (0, 1]");
-  }
+  const SamplingRows sampling("vocab_project", temperature, top_k, top_p, seed);
+  for (int64_t r = 0; r < rows; ++r) sampling.check(r);
   const Mapping map = read_mapping(ids.data_ptr<int64_t>(), draft_vocab, target_vocab, validate);
   const int64_t n = map.size;
 
@@ -249,14 +228,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> vocab_project_cpu(
   float* probs_p = probs.data_ptr<float>();
   int64_t* tokens_p = tokens.data_ptr<int64_t>();
   int64_t* drafts_p = draft_tokens.data_ptr<int64_t>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "vocab_project", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "vocab_project", [&] {
     const scalar_t* logit_p = logits.data_ptr<scalar_t>();
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       Scratch s;
       s.x.resize(static_cast<size_t>(n));
       s.w.resize(static_cast<size_t>(n));
       for (int64_t r = begin; r < end; ++r) {
-        const RowParams rp{r, temp_p[r], tk_p[r], tp_p[r], sd_p[r]};
+        const RowParams rp{r, sampling.temperature[r], sampling.top_k[r], sampling.top_p[r], sampling.seed[r]};
         const int64_t j = project_row(logit_p + r * draft_vocab, map, draft_vocab, target_vocab, rp,
                                       static_cast<uint64_t>(offset), validate, probs_p + r * target_vocab, s);
         drafts_p[r] = map.src[j];
