@@ -245,8 +245,10 @@ def test_draft_with_zero_target_probability_is_rejected(impl, how):
         top_p = ((top2 + top3) / 2).float()
     else:
         logits[:, 0] = logits[:, 0].scatter(-1, order[:, 3:], NEG_INF)
-    probs = torch.softmax(torch.randn(batch, 1, vocab, generator=gen), -1)
-    probs[:, 0].scatter_(-1, drafts, 0.9)  # the drafter was confident, and wrong
+    # The drafter was confident, and wrong: q(draft) = 0.9, the other 0.1 spread over the rest (q is a
+    # distribution, as validation requires).
+    rest = torch.softmax(torch.randn(batch, 1, vocab, generator=gen), -1).scatter(-1, drafts.unsqueeze(-1), 0.0)
+    probs = (0.1 * rest / rest.sum(-1, keepdim=True)).scatter(-1, drafts.unsqueeze(-1), 0.9)
     args = normalized_args(logits, drafts, probs, num_draft=torch.tensor([1, 1, 0, 1] * 2),
                            top_k=top_k, top_p=top_p, seed=40)
     for offset in (0, 5, 2**33 + 1):
@@ -805,6 +807,72 @@ def test_inputs_on_another_device_raise(device, name):
     inputs[name] = inputs[name].to(other)
     with pytest.raises(ValueError, match=rf"{name} is on {other} but target_logits is on {device}"):
         specops.ops.chain_verify(**inputs)
+
+
+def _check_draft_probs(check: str, inputs: dict) -> None:
+    """chain_verify's value checks on `inputs`, by `check`: "op" is the public wrapper (on CPU the C++
+    kernel's validation pass, on CUDA the wrapper's one-sync check); "one_sync_check" calls that check,
+    `specops.ops._check_values`, directly, so that it is tested on machines without a GPU too."""
+    if check == "op":
+        specops.ops.chain_verify(**inputs)
+    else:
+        args = normalized_args(inputs["target_logits"], inputs["draft_tokens"], inputs["draft_probs"],
+                               num_draft=inputs["num_draft"], temperature=inputs["temperature"],
+                               top_k=inputs["top_k"], top_p=inputs["top_p"])
+        specops.ops._check_values(*[a.to(inputs["target_logits"].device) for a in args[:7]])
+
+
+DRAFT_PROBS_CHECKS = ["op", "one_sync_check"]
+
+
+@pytest.mark.parametrize("check", DRAFT_PROBS_CHECKS)
+def test_draft_probs_row_that_does_not_sum_to_one_raises(device, check):
+    # An unnormalized q biases the acceptance test and the recovered token; validation names the row.
+    inputs = _valid_inputs(device)
+    _check_draft_probs(check, inputs)  # the unchanged inputs are fine
+    probs = inputs["draft_probs"].clone()
+    probs[2, 0] *= 0.9  # num_draft = [2, 0, 1]: request 2 uses its row 0
+    inputs["draft_probs"] = probs
+    with pytest.raises(ValueError, match=r"^chain_verify: draft_probs\[2, 0\] sums to 0\.9, not 1 "
+                                         r"\(each used row must be a distribution\)$"):
+        _check_draft_probs(check, inputs)
+
+
+@pytest.mark.parametrize("check", DRAFT_PROBS_CHECKS)
+def test_draft_probs_rows_past_num_draft_are_not_checked(device, check):
+    # Padding rows may hold anything finite and >= 0: zeros, or what a previous step left there.
+    inputs = _valid_inputs(device)
+    probs = inputs["draft_probs"].clone()
+    probs[1] = 0.0  # num_draft = [2, 0, 1]: request 1 uses no row, request 2 not its row 1
+    probs[2, 1] = 3.0
+    inputs["draft_probs"] = probs
+    _check_draft_probs(check, inputs)
+
+
+@pytest.mark.parametrize("check", DRAFT_PROBS_CHECKS)
+def test_softmax_draft_probs_over_a_large_vocabulary_pass(device, check):
+    # float32 softmax rows over 262,144 tokens sum to 1 only within round-off (torch.softmax on CPU: up
+    # to ~3e-5), which the tolerance (1e-3) accepts; a row 1% short is still caught at this width.
+    gen = torch.Generator().manual_seed(810)
+    batch, vocab = 2, 262_144
+    probs = torch.softmax(3 * torch.randn(batch, 1, vocab, generator=gen), -1)
+    assert float((probs.double().sum(-1) - 1).abs().max()) > 0  # round-off is there to be tolerated
+    inputs = dict(target_logits=torch.randn(batch, 2, vocab, generator=gen).to(device),
+                  draft_tokens=torch.zeros(batch, 1, dtype=torch.int64, device=device), draft_probs=probs.to(device),
+                  num_draft=torch.ones(batch, dtype=torch.int64, device=device), temperature=1.0, top_k=0, top_p=1.0)
+    _check_draft_probs(check, inputs)
+    inputs["draft_probs"] = inputs["draft_probs"] * 0.99
+    with pytest.raises(ValueError, match=r"draft_probs\[0, 0\] sums to 0\.99"):
+        _check_draft_probs(check, inputs)
+
+
+def test_validate_false_skips_the_draft_probs_sums(device):
+    inputs = _valid_inputs(device)
+    inputs["draft_probs"] = inputs["draft_probs"] * 0.9
+    with pytest.raises(ValueError, match=r"draft_probs\[0, 0\] sums to 0\.9"):
+        specops.ops.chain_verify(**inputs)
+    out, accepted = specops.ops.chain_verify(**inputs, validate=False)
+    assert out.shape == (3, 3) and accepted.shape == (3,)
 
 
 def test_minus_inf_logits_are_legitimate(device):

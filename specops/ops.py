@@ -7,11 +7,16 @@ check here) rejects bad values. The dispatcher picks the C++ CPU or Triton CUDA 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 __all__ = ["chain_verify", "ngram_match", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
+# csrc/cpu/chain_verify.cpp applies the same kProbSumTolerance).
+_PROBS_SUM_TOLERANCE = 1e-3
 # Row b of an int seed s gets seed s + b * golden ratio (mod 2**64): distinct, well-spread streams.
 _SEED_STRIDE = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
 
@@ -89,13 +94,14 @@ def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab
     return (valid & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()
 
 
-def _raise_first(op: str, checks: list[tuple[torch.Tensor, str]]) -> None:
+def _raise_first(op: str, checks: list[tuple[torch.Tensor, str | Callable[[], str]]]) -> None:
     """Value checks for devices whose kernels cannot raise: the flags of all (flag, message) checks in
-    one host sync, then ValueError with the message of the first flag that is set."""
+    one host sync, then ValueError with the message of the first flag that is set (a callable message,
+    one that names where the problem is, is called only then)."""
     flags = torch.stack([flag for flag, _ in checks]).tolist()
     for flag, (_, message) in zip(flags, checks):
         if flag:
-            raise ValueError(f"{op}: {message}")
+            raise ValueError(f"{op}: {message() if callable(message) else message}")
 
 
 def _nan_or_posinf(logits: torch.Tensor) -> torch.Tensor:
@@ -119,8 +125,17 @@ def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperatu
               (((num_draft < 0) | (num_draft > k1 - 1)).any(), f"num_draft must be in [0, {k1 - 1}]"),
               *_sampling_checks(temperature, top_k, top_p)]
     if draft_probs is not None:
-        checks.append(((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(),
-                       "draft_probs must be finite and >= 0"))
+        # float32 sums: torch's reductions are tree-shaped, ~1e-6 off at V = 262,144, far inside the tolerance.
+        sums = draft_probs.sum(-1)
+        used = torch.arange(k1 - 1, device=sums.device) < num_draft.unsqueeze(1)
+        unnormalized = used & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)
+
+        def unnormalized_row() -> str:
+            b, i = unnormalized.nonzero()[0].tolist()
+            return (f"draft_probs[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 "
+                    "(each used row must be a distribution)")
+        checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
+                   (unnormalized.any(), unnormalized_row)]
     _raise_first("chain_verify", checks)
 
 
@@ -150,11 +165,22 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
             depend on a request's row.
         offset: int counter, e.g. the decoding step; different offsets give independent draws.
         validate: check every value (NaN / +inf logits, rows without a finite logit, NaN / inf /
-            negative draft probabilities, ids) wherever it lies. On CPU the kernel does this in one
-            extra pass; on accelerators it costs one host sync here. With False, the CPU kernel
-            still rejects bad logits in the rows it reads but skips the rest, and GPU kernels trust
-            the values. Shapes, dtypes, devices and scalar ranges are always checked, and no kernel
-            reads out of bounds either way.
+            negative draft probabilities, ids) wherever it lies, and that every used draft_probs row
+            (b, i < num_draft[b]; padding rows are not checked) sums to 1 within 1e-3. On CPU the
+            kernel does this in one extra pass; on accelerators it costs one host sync here. With
+            False, the CPU kernel still rejects bad logits in the rows it reads but skips the rest,
+            and GPU kernels trust the values. Shapes, dtypes, devices and scalar ranges are always
+            checked, and no kernel reads out of bounds either way.
+            The tolerance: a float32 distribution that was normalized in float32 sums to 1 within
+            its rounding, 2**-24 relative per entry plus the normalizer's error: ~1e-6 for pairwise
+            or tree summation over V = 262,144 terms; torch.softmax on CPU rows of that width sums
+            to within 2.6e-5 (measured, logits N(0, s^2), s from 0.01 to 10). The check's own sums
+            (float64 over 16-value float32 partials on CPU, torch's float32 tree reductions
+            elsewhere) add ~1e-6. 1e-3 is 40x above the worst of these, and 10x below a row off by
+            1%, the size of the bias it is there to catch (a missed renormalization after top-k /
+            top-p or a vocabulary cut); an unnormalized q biases both the acceptance test and the
+            recovered token. Probabilities rounded through bfloat16 (2**-9 per entry) can fail it:
+            normalize them in float32.
 
     Returns:
         out_tokens: [B, K+1] int64: accepted drafts, then the recovered or bonus token, then -1.

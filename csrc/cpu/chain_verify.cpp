@@ -22,6 +22,10 @@
 namespace specops {
 namespace {
 
+// How far from 1 a used draft-probability row may sum (validate only); the reasons are in the
+// docstring of specops.ops.chain_verify, which applies the same tolerance on accelerators.
+constexpr double kProbSumTolerance = 1e-3;
+
 // With fewer requests than threads, one request's row passes are split across threads by chunks.
 // Chunk results are combined in chunk order, so the output does not depend on the thread count.
 constexpr int64_t kSplitMinChunks = 16;  // below ~32K tokens a row is too short to be worth splitting
@@ -167,24 +171,35 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   }
 
   // validate: one scan of every logit row (its maximum, NaN / +inf) and every draft-probability row
-  // up front, so bad values raise wherever they are. Otherwise rows are scanned (and still checked)
-  // only when the chain reaches them, and draft probabilities are trusted.
+  // (NaN / inf / negative entries, and its sum) up front, so bad values raise wherever they are; the
+  // sums are checked for the used rows only (positions < num_draft). Otherwise rows are scanned (and
+  // still checked) only when the chain reaches them, and draft probabilities are trusted.
   const int64_t rows = batch * k1;
   std::vector<float> row_max(static_cast<size_t>(rows), std::numeric_limits<float>::quiet_NaN());
   if (validate) {
     std::vector<char> prob_bad(static_cast<size_t>(batch * (k1 - 1)));
+    std::vector<double> prob_sum(prob_bad.size());
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         row_max[r] = checked_row_max(logit_p + r * vocab, vocab, r / k1, r % k1);
         if (prob_p != nullptr && r % k1 < k1 - 1) {
           const int64_t pr = (r / k1) * (k1 - 1) + r % k1;
-          prob_bad[pr] = passes().bad_probs(prob_p + pr * vocab, vocab);
+          bool bad = false;
+          prob_sum[pr] = passes().scan_probs(prob_p + pr * vocab, vocab, &bad);
+          prob_bad[pr] = bad;
         }
       }
     });
     for (size_t r = 0; r < prob_bad.size(); ++r) {
       TORCH_CHECK_VALUE(!prob_bad[r], "chain_verify: draft_probs[", r / (k1 - 1), ", ", r % (k1 - 1),
                         "] contains NaN, inf or negative values");
+    }
+    for (int64_t b = 0; prob_p != nullptr && b < batch; ++b) {
+      for (int64_t j = 0; j < nd_p[b]; ++j) {
+        const double sum = prob_sum[b * (k1 - 1) + j];
+        TORCH_CHECK_VALUE(std::abs(sum - 1.0) <= kProbSumTolerance, "chain_verify: draft_probs[", b, ", ", j,
+                          "] sums to ", sum, ", not 1 (each used row must be a distribution)");
+      }
     }
   }
 

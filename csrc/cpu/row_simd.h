@@ -104,18 +104,30 @@ int64_t find_first(const float* x, int64_t n, float value) {
   return n - 1;
 }
 
-// Whether a probability row holds NaN, inf or negative entries.
-bool bad_probs(const float* q, int64_t n) {
+// A probability row's sum in float64 (float lanes flushed every 256 values, so its error is about
+// 16 float32 roundings of the row's mass, ~1e-6), and whether the row holds NaN, inf or negative entries.
+double scan_probs(const float* q, int64_t n, bool* bad) {
+  constexpr int64_t kBlock = 256;
   i32x16 ok = i32x16{} - 1;
+  double total = 0.0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const f32x16 v = load16(q + i);
-    ok &= (v >= 0.0f) & (v < kInf);
+  for (; i + kBlock <= n; i += kBlock) {
+    f32x16 acc = {};
+    for (int64_t k = i; k < i + kBlock; k += kLanes) {
+      const f32x16 v = load16(q + k);
+      ok &= (v >= 0.0f) & (v < kInf);
+      acc += v;
+    }
+    total += lane_total(acc);
   }
   bool f = false;
-  for (; i < n; ++i) f |= !(q[i] >= 0.0f && q[i] < kInf);
+  for (; i < n; ++i) {
+    f |= !(q[i] >= 0.0f && q[i] < kInf);
+    total += q[i];
+  }
   for (int l = 0; l < kLanes; ++l) f |= ok[l] == 0;
-  return f;
+  *bad = f;
+  return total;
 }
 
 // Unnormalized kept weight of logits: exp(logit / t - m) if logit / t >= thr, else 0. x / 1 == x

@@ -88,12 +88,12 @@ namespace {
 struct RowPasses {
   float (*scan_row)(const float*, int64_t, bool*);
   int64_t (*find_first)(const float*, int64_t, float);
-  bool (*bad_probs)(const float*, int64_t);
+  double (*scan_probs)(const float*, int64_t, bool*);
   double (*sum_exp)(const float*, int64_t, float, float, float);
   double (*fill_weights)(const float*, const float*, int64_t, float, float, float, float, float*);
 };
 
-#define SPECOPS_PASSES(ns) RowPasses{ns::scan_row, ns::find_first, ns::bad_probs, ns::sum_exp, ns::fill_weights}
+#define SPECOPS_PASSES(ns) RowPasses{ns::scan_row, ns::find_first, ns::scan_probs, ns::sum_exp, ns::fill_weights}
 
 const RowPasses& passes() {
   static const RowPasses selected = [] {
