@@ -11,33 +11,15 @@ from typing import Callable
 
 import torch
 
+from specops._rows import per_row
+from specops._seeds import draw_seed, row_seeds
+
 __all__ = ["chain_verify", "ngram_match", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
 # csrc/cpu/chain_verify.cpp applies the same kProbSumTolerance).
 _PROBS_SUM_TOLERANCE = 1e-3
-# Row b of an int seed s gets seed s + b * golden ratio (mod 2**64): distinct, well-spread streams.
-_SEED_STRIDE = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
-
-
-def _per_row(name: str, value, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A scalar or a [batch] tensor as a contiguous [batch] tensor of `dtype` on `device`."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0:
-            value = value.reshape(1).expand(batch)
-        if value.shape != (batch,):
-            raise ValueError(f"{name} must be a scalar or a [{batch}] tensor, got shape {tuple(value.shape)}")
-        if value.is_floating_point() and not dtype.is_floating_point:
-            raise TypeError(f"{name} must hold integers, got {value.dtype}")
-        return value.to(device=device, dtype=dtype).contiguous()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
-    if isinstance(value, float) and not dtype.is_floating_point:
-        if not value.is_integer():
-            raise TypeError(f"{name} must be an integer, got {value}")
-        value = int(value)
-    return torch.full((batch,), value, dtype=dtype, device=device)
 
 
 def _check_logits(op: str, name: str, value, dims: int, shape: str) -> None:
@@ -57,16 +39,6 @@ def _check_tensor(op: str, name: str, value, shape: tuple[int, ...], shape_rule:
         raise TypeError(f"{op}: {name} must be {str(dtype).removeprefix('torch.')}, got {value.dtype}")
 
 
-def _row_seeds(seed, batch: int, device: torch.device) -> torch.Tensor:
-    if seed is None:
-        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        base = torch.tensor(seed & 0xFFFFFFFFFFFFFFFF, dtype=torch.uint64).view(torch.int64)
-        rows = torch.arange(batch, dtype=torch.int64) * _SEED_STRIDE + base
-        return rows.to(device)
-    return _per_row("seed", seed, batch, torch.int64, device)
-
-
 def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensors: dict, temperature, top_k,
                    top_p, seed, offset) -> tuple[torch.Tensor, ...]:
     """The sampling arguments every stochastic op takes, checked (devices of all tensor arguments,
@@ -82,10 +54,10 @@ def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensor
         raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
     if not 0 <= offset < 2**63:
         raise ValueError(f"{op}: offset must be in [0, 2**63), got {offset}")
-    return (_per_row("temperature", temperature, rows, torch.float32, device),
-            _per_row("top_k", top_k, rows, torch.int64, device),
-            _per_row("top_p", top_p, rows, torch.float32, device),
-            _row_seeds(seed, rows, device))
+    return (per_row("temperature", temperature, rows, torch.float32, device),
+            per_row("top_k", top_k, rows, torch.int64, device),
+            per_row("top_p", top_p, rows, torch.float32, device),
+            row_seeds(draw_seed() if seed is None else seed, rows, device))
 
 
 def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -160,9 +132,10 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
             deterministic drafters (q one-hot on the draft).
         num_draft: [B] int64 in [0, K], valid drafts per row; default K.
         temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
-        seed: int or [B] int64 per-request seeds (None draws one from torch's generator). An int
-            gives row b the stream s + b * 0x9E3779B97F4A7C15; pass [B] seeds for results that do not
-            depend on a request's row.
+        seed: int or [B] int64 per-request seeds (None draws one from torch's generator,
+            `specops._seeds.draw_seed`). An int gives row b the stream s + b * 0x9E3779B97F4A7C15
+            (`specops._seeds.row_seeds`); pass [B] seeds for results that do not depend on a
+            request's row.
         offset: int counter, e.g. the decoding step; different offsets give independent draws.
         validate: check every value (NaN / +inf logits, rows without a finite logit, NaN / inf /
             negative draft probabilities, ids) wherever it lies, and that every used draft_probs row

@@ -1,0 +1,36 @@
+"""Seeds: the one rule for drawing a default seed and the one for giving every row of a batch its own.
+
+Every stochastic path (the ops' `seed=None`, `specops.decode`, the command line) draws a missing seed
+with `draw_seed` and spreads a seed over a batch with `row_seeds`, so one int seed names the same
+random numbers wherever it is given. The kernels key Philox4x32-10 with the 64-bit row seeds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops._rows import per_row
+
+__all__ = ["draw_seed", "row_seeds"]
+
+# Row b of an int seed s gets s + b * 0x9E3779B97F4A7C15 (mod 2**64): the 64-bit golden-ratio Weyl
+# increment, so a batch's rows get distinct, well-spread keys (also for consecutive s).
+_ROW_STRIDE = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
+
+
+def draw_seed() -> int:
+    """A seed uniform in [0, 2**63), from torch's default generator (so torch.manual_seed fixes it).
+    Non-negative and below 2**63: it prints, parses and fits an int64 as it is."""
+    high = int(torch.randint(0, 2**31, ()))
+    low = int(torch.randint(0, 2**32, ()))
+    return high << 32 | low
+
+
+def row_seeds(seed: int | torch.Tensor, rows: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """[rows] int64 seeds on `device`, one per row. An int s (any size; taken mod 2**64) gives row b the
+    seed s + b * 0x9E3779B97F4A7C15 mod 2**64, as a signed int64. A tensor gives the rows' seeds
+    themselves: [rows] (or 0-d: every row the same), integer values."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        base = torch.tensor(seed & 0xFFFFFFFFFFFFFFFF, dtype=torch.uint64).view(torch.int64)
+        return (torch.arange(rows, dtype=torch.int64) * _ROW_STRIDE + base).to(device)
+    return per_row("seed", seed, rows, torch.int64, device)
