@@ -1,4 +1,6 @@
-"""Timing, machine-info, CSV and table helpers shared by the bench/bench_*.py scripts.
+"""Helpers shared by the bench/bench_*.py scripts: importing specops, the common command line, the
+loop over cases, timing (wall clock, CUDA events, CUDA graphs), machine info, CPU load, ratios
+between providers, and the CSV, table and report.
 
 Callers build every input (and draw every random number) before timing; the timed callables only
 launch the work. Times are medians over many runs after a warm-up.
@@ -6,16 +8,105 @@ launch the work. Times are medians over many runs after a warm-up.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
+
+
+def import_specops(attempts: int = 10, wait_s: float = 15.0):
+    """specops, retrying while another engineer's half-written file breaks the import."""
+    for attempt in range(attempts):
+        try:
+            import specops
+            import specops.reference  # noqa: F401
+            return specops
+        except Exception as error:  # noqa: BLE001 - any failure of a file mid-edit looks different
+            if attempt == attempts - 1:
+                raise
+            print(f"import specops failed ({error!r}); retrying in {wait_s:.0f} s", file=sys.stderr)
+            for name in [m for m in sys.modules if m.startswith("specops") and m != "specops._C"]:
+                del sys.modules[name]
+            time.sleep(wait_s)
+
+
+def bench_parser(doc: str, op: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every kernel benchmark takes (--device, --quick, --csv, --threads); the script's
+    docstring's first line describes it. Add the script's own, then call `parse_bench_args`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--csv", default=None, help=f"default bench/results/{op}_<device>.csv")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    return parser
+
+
+def parse_bench_args(parser: argparse.ArgumentParser, op: str) -> tuple[argparse.Namespace, Path]:
+    """The parsed arguments, with torch's CPU threads set, and the CSV path."""
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device available to torch")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args, Path(args.csv or Path(__file__).parent / "results" / f"{op}_{args.device}.csv")
+
+
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of ints (a command-line type)."""
+    return [int(v) for v in text.split(",") if v]
+
+
+def run_cases(cases: Sequence, label: Callable[[object], str], run_case: Callable[[object], list[dict]],
+              info: dict[str, str]) -> tuple[list[dict], float, float]:
+    """Every case's rows from `run_case`, each with `others` (the cores other processes kept busy
+    during its case); progress on stderr. Also returns the run's seconds and the cores other processes
+    kept busy during the whole run, and writes both into `info`."""
+    load = CpuLoad().start()
+    started = time.perf_counter()
+    rows: list[dict] = []
+    for i, case in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {label(case)}", file=sys.stderr, flush=True)
+        case_load = CpuLoad().start()
+        case_rows = run_case(case)
+        busy = case_load.stop()
+        rows += [{**r, "others": busy} for r in case_rows]
+    elapsed = time.perf_counter() - started
+    other_load = load.stop()
+    info["other_cpu_load"] = f"{other_load:.2f}"
+    info["bench_seconds"] = f"{elapsed:.0f}"
+    return rows, elapsed, other_load
+
+
+def add_speedup(rows: list[dict], column: str, baseline: str, keys: Sequence[str]) -> None:
+    """row[column] = the `baseline` provider's median time / this row's, against the baseline row with
+    the same values in `keys` (x faster than the baseline)."""
+    base = {tuple(r[k] for k in keys): r["median_us"] for r in rows
+            if r["provider"] == baseline and r["median_us"]}
+    for r in rows:
+        t = base.get(tuple(r[k] for k in keys))
+        if t and r["median_us"]:
+            r[column] = t / r["median_us"]
+
+
+def mismatch_lines(rows: list[dict], keys: Sequence[str], what: str) -> list[str]:
+    """A MISMATCH line naming the cases (their `keys` values) whose `agree` column is "NO", if any."""
+    cases = sorted({tuple(r[k] for k in keys) for r in rows if r.get("agree") == "NO"})
+    return [f"MISMATCH: {what} at ({', '.join(keys)}) = {cases}"] if cases else []
+
+
+def find_row(rows: list[dict], provider: str, **keys) -> dict | None:
+    """The measured row of `provider` whose columns equal `keys`, or None."""
+    return next((r for r in rows if r["provider"] == provider and r["median_us"]
+                 and all(r[k] == v for k, v in keys.items())), None)
 
 
 def median_time(fn: Callable[[], object], *, warmup: int = 3, min_runs: int = 20,
@@ -39,6 +130,20 @@ def median_time(fn: Callable[[], object], *, warmup: int = 3, min_runs: int = 20
             sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times), len(times)
+
+
+def cuda_graph_of(fn):
+    """`fn` captured once as a CUDA graph (after warm-up on a side stream); returns graph.replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def cuda_median_time(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -142,8 +247,9 @@ def _cell(value) -> str:
 
 
 def report(rows: list[dict], columns: Sequence[str], info: dict[str, str], csv_path, other_load: float,
-           device: str) -> None:
-    """Write the CSV, then print the table, the machine line and how busy other processes kept it."""
+           device: str, notes: Sequence[str] = (), elapsed: float | None = None) -> None:
+    """Write the CSV, then print the table, the machine line, how busy other processes kept it, the
+    script's `notes` (one line each) and, given the run's `elapsed` seconds, what was written."""
     write_csv(csv_path, rows, info)
     print(format_table(rows, columns))
     print()
@@ -153,3 +259,7 @@ def report(rows: list[dict], columns: Sequence[str], info: dict[str, str], csv_p
           + ("  <-- shared machine: CPU times are pessimistic" if other_load > 0.3 else "")
           + ("; --threads 1 avoids waiting on a descheduled worker thread"
              if other_load > 0.3 and device == "cpu" and torch.get_num_threads() > 1 else ""))
+    for line in notes:
+        print(line)
+    if elapsed is not None:
+        print(f"wrote {csv_path} ({len(rows)} rows) in {elapsed:.0f} s")

@@ -22,16 +22,14 @@ Inputs and random numbers are all made before the timed region; times are median
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import itertools
 import sys
-import time
-from pathlib import Path
 
 import torch
 
-from _timing import CpuLoad, cuda_median_time, machine_info, median_time, report
+from _timing import (add_speedup, bench_parser, cuda_graph_of, cuda_median_time, find_row, import_specops, machine_info,
+                     median_time, parse_bench_args, report, run_cases)
 
 TARGET_SCALE = 3.0
 DRAFT_NOISE = 0.6
@@ -45,22 +43,6 @@ DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 # others: cores kept busy by other processes while the case ran (a shared machine inflates CPU times).
 COLUMNS = ["device", "B", "K", "V", "dtype", "provider", "median_us", "GB/s", "accepted", "vs_hf",
            "x_floor", "runs", "others", "note"]
-
-
-def import_specops(attempts: int = 10, wait_s: float = 15.0):
-    """specops, retrying while another engineer's half-written file breaks the import."""
-    for attempt in range(attempts):
-        try:
-            import specops
-            import specops.reference  # noqa: F401
-            return specops
-        except Exception as error:  # noqa: BLE001 - any failure of a file mid-edit looks different
-            if attempt == attempts - 1:
-                raise
-            print(f"import specops failed ({error!r}); retrying in {wait_s:.0f} s", file=sys.stderr)
-            for name in [m for m in sys.modules if m.startswith("specops") and m != "specops._C"]:
-                del sys.modules[name]
-            time.sleep(wait_s)
 
 
 def grid(device: str, quick: bool) -> list[tuple[int, int, int, torch.dtype]]:
@@ -209,20 +191,6 @@ def read_bandwidth_cuda() -> float:
     return 2**30 / seconds
 
 
-def cuda_graph_of(fn):
-    """`fn` captured once as a CUDA graph (after warm-up on a side stream); returns graph.replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def bench_cuda_case(specops, case, quick: bool, have_hf: bool, flashinfer) -> list[dict]:
     batch, k, vocab, dtype = case
     x = make_inputs(batch, k, vocab, dtype, "cuda")
@@ -279,20 +247,15 @@ def bench_cuda_case(specops, case, quick: bool, have_hf: bool, flashinfer) -> li
 
 def add_ratios(rows: list[dict], bandwidth: float | None) -> None:
     """vs_hf: transformers time / this time (x faster than transformers); x_floor: time / floor."""
-    hf = {(r["B"], r["K"], r["V"], r["dtype"]): r["median_us"] for r in rows
-          if r["provider"] == "transformers" and r["median_us"]}
+    add_speedup(rows, "vs_hf", "transformers", ("B", "K", "V", "dtype"))
     for r in rows:
-        base = hf.get((r["B"], r["K"], r["V"], r["dtype"]))
-        if base and r["median_us"]:
-            r["vs_hf"] = base / r["median_us"]
         if bandwidth and r["median_us"]:
             floor_us = must_read_bytes(r["B"], r["K"], r["V"], DTYPES[r["dtype"]]) / bandwidth * 1e6
             r["x_floor"] = r["median_us"] / floor_us
 
 
 def find(rows, batch, k, vocab, dtype, provider):
-    return next((r for r in rows if (r["B"], r["K"], r["V"], r["dtype"], r["provider"]) ==
-                 (batch, k, vocab, DTYPE_NAMES[dtype], provider) and r["median_us"]), None)
+    return find_row(rows, provider, B=batch, K=k, V=vocab, dtype=DTYPE_NAMES[dtype])
 
 
 def summary_lines(rows, device, bandwidth) -> list[str]:
@@ -323,19 +286,8 @@ def summary_lines(rows, device, bandwidth) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="a tiny grid for smoke runs")
-    parser.add_argument("--csv", default=None, help="default bench/results/chain_verify_<device>.csv")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device available to torch")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    csv_path = Path(args.csv or Path(__file__).parent / "results" / f"chain_verify_{args.device}.csv")
-
+    args, csv_path = parse_bench_args(bench_parser(__doc__, "chain_verify", "a tiny grid for smoke runs"),
+                                      "chain_verify")
     specops = import_specops()
     try:
         import transformers.generation.utils  # noqa: F401
@@ -354,40 +306,26 @@ def main() -> int:
     bandwidth = read_bandwidth_cuda() if args.device == "cuda" else None
     if bandwidth:
         info["read_GBps"] = f"{bandwidth / 1e9:.0f}"
-    cases = grid(args.device, args.quick)
-    load = CpuLoad().start()
-    started = time.perf_counter()
-    rows: list[dict] = []
-    for i, case in enumerate(cases, 1):
-        batch, k, vocab, dtype = case
-        print(f"[{i}/{len(cases)}] B={batch} K={k} V={vocab} {DTYPE_NAMES[dtype]}", file=sys.stderr,
-              flush=True)
-        case_load = CpuLoad().start()
+    def run_case(case):
         if args.device == "cpu":
-            case_rows = bench_cpu_case(specops, case, args.quick, have_hf)
-        else:
-            case_rows = bench_cuda_case(specops, case, args.quick, have_hf, flashinfer)
-        busy = case_load.stop()
-        rows += [{**r, "others": busy} for r in case_rows]
-    elapsed = time.perf_counter() - started
-    other_load = load.stop()
-    info["other_cpu_load"] = f"{other_load:.2f}"
-    info["bench_seconds"] = f"{elapsed:.0f}"
+            return bench_cpu_case(specops, case, args.quick, have_hf)
+        return bench_cuda_case(specops, case, args.quick, have_hf, flashinfer)
+
+    rows, elapsed, other_load = run_cases(
+        grid(args.device, args.quick), lambda c: f"B={c[0]} K={c[1]} V={c[2]} {DTYPE_NAMES[c[3]]}", run_case, info)
     add_ratios(rows, bandwidth)
-    report(rows, COLUMNS, info, csv_path, other_load, args.device)
-    print("GB/s: must-read bytes B*(K+1)*V*sizeof(logits) + B*V*4 over the median time, for every provider. "
-          "vs_hf: transformers time / this time.")
+    notes = ["GB/s: must-read bytes B*(K+1)*V*sizeof(logits) + B*V*4 over the median time, for every provider. "
+             "vs_hf: transformers time / this time."]
     if args.device == "cuda":
-        print("x_floor: time / (must-read bytes / measured read bandwidth). triton and flashinfer: "
-              "CUDA events with L2 flushed (triton.testing.do_bench); reference and transformers: "
-              "wall clock with sync.")
+        notes.append("x_floor: time / (must-read bytes / measured read bandwidth). triton and flashinfer: "
+                     "CUDA events with L2 flushed (triton.testing.do_bench); reference and transformers: "
+                     "wall clock with sync.")
         if flashinfer is None:
-            print("flashinfer: not installed, skipped")
+            notes.append("flashinfer: not installed, skipped")
     if not have_hf:
-        print("transformers: not installed, skipped")
-    for line in summary_lines(rows, args.device, bandwidth):
-        print(line)
-    print(f"wrote {csv_path} ({len(rows)} rows) in {elapsed:.0f} s")
+        notes.append("transformers: not installed, skipped")
+    report(rows, COLUMNS, info, csv_path, other_load, args.device,
+           notes + summary_lines(rows, args.device, bandwidth), elapsed)
     return 0
 
 

@@ -22,15 +22,12 @@ rows in Python, so it gets few runs (3 to 10, at least 0.5 s of timed work) and 
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
-from _timing import CpuLoad, cuda_median_time, machine_info, median_time, report
-from bench_chain_verify import cuda_graph_of, import_specops
+from _timing import (add_speedup, bench_parser, cuda_graph_of, cuda_median_time, find_row, import_specops, int_list,
+                     machine_info, median_time, mismatch_lines, parse_bench_args, report, run_cases)
 
 VOCAB = 32000
 ZIPF_EXPONENT = 1.1
@@ -154,29 +151,11 @@ def bench_cuda_case(case: Case, quick: bool, max_tokens: int | None) -> list[dic
     return out
 
 
-def add_ratios(rows: list[dict]) -> None:
-    """vs_ref: reference time / this time (x faster than the torch unfold reference)."""
-    ref = {(r["device"], r["B"], r["L"]): r["median_us"] for r in rows
-           if r["provider"] == "reference" and r["median_us"]}
-    for r in rows:
-        base = ref.get((r["device"], r["B"], r["L"]))
-        if base and r["median_us"]:
-            r["vs_ref"] = base / r["median_us"]
-
-
-def find(rows, batch, length, provider):
-    return next((r for r in rows if (r["B"], r["L"], r["provider"]) == (batch, length, provider)
-                 and r["median_us"]), None)
-
-
 def summary_lines(rows, device) -> list[str]:
-    lines = []
-    mismatches = sorted({(r["B"], r["L"]) for r in rows if r["agree"] == "NO"})
-    if mismatches:
-        lines.append(f"MISMATCH: the op's outputs differ from the reference at (B, L) = {mismatches}")
+    lines = mismatch_lines(rows, ("B", "L"), "the op's outputs differ from the reference")
     batch, length = HEADLINE
-    spec = find(rows, batch, length, "cpu" if device == "cpu" else "triton")
-    ref = find(rows, batch, length, "reference")
+    spec = find_row(rows, "cpu" if device == "cpu" else "triton", B=batch, L=length)
+    ref = find_row(rows, "reference", B=batch, L=length)
     if spec and ref:
         ratio = ref["median_us"] / spec["median_us"]
         goal = f" (goal >= {GOAL:.0f}x: {'met' if ratio >= GOAL else 'NOT met'})" if device == "cpu" else ""
@@ -187,18 +166,8 @@ def summary_lines(rows, device) -> list[str]:
     return lines
 
 
-def int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true",
-                        help="a small grid (B 1,16; L 1024,16384) with fewer runs, for smoke runs")
-    parser.add_argument("--csv", default=None, help="default bench/results/ngram_match_<device>.csv")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser = bench_parser(__doc__, "ngram_match", "a small grid (B 1,16; L 1024,16384) with fewer runs, for smoke runs")
     parser.add_argument("--batches", type=int_list, default=[1, 16, 64], help="comma-separated B values")
     parser.add_argument("--contexts", type=int_list, default=[1024, 4096, 16384, 32768],
                         help="comma-separated context lengths L")
@@ -209,14 +178,9 @@ def main() -> int:
     parser.add_argument("--dtype", choices=list(DTYPES), default="int64", help="token dtype")
     parser.add_argument("--reference-max-tokens", type=int, default=None,
                         help="skip the reference where B*L exceeds this (default: time it everywhere)")
-    args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device available to torch")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args, csv_path = parse_bench_args(parser, "ngram_match")
     if args.quick:
         args.batches, args.contexts = [1, 16], [1024, 16384]
-    csv_path = Path(args.csv or Path(__file__).parent / "results" / f"ngram_match_{args.device}.csv")
     options = dict(min_ngram=args.min_ngram, max_ngram=args.max_ngram, num_candidates=args.num_candidates,
                    width=args.width)
 
@@ -224,37 +188,23 @@ def main() -> int:
     info = machine_info(args.device)
     info.update({key: str(value) for key, value in options.items()})
     info.update(dtype=args.dtype, vocab=str(VOCAB), zipf=str(ZIPF_EXPONENT))
-    cases = [(b, n) for n in args.contexts for b in args.batches]
-    load = CpuLoad().start()
-    started = time.perf_counter()
-    rows: list[dict] = []
-    for i, (batch, length) in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] B={batch} L={length}", file=sys.stderr, flush=True)
-        case = Case(specops, batch, length, options, DTYPES[args.dtype], args.device)
-        case_load = CpuLoad().start()
+    def run_case(batch_length):
+        case = Case(specops, *batch_length, options, DTYPES[args.dtype], args.device)
         if args.device == "cpu":
-            case_rows = bench_cpu_case(case, args.quick, args.reference_max_tokens)
-        else:
-            case_rows = bench_cuda_case(case, args.quick, args.reference_max_tokens)
-        busy = case_load.stop()
-        rows += [{**r, "others": busy} for r in case_rows]
+            return bench_cpu_case(case, args.quick, args.reference_max_tokens)
+        case_rows = bench_cuda_case(case, args.quick, args.reference_max_tokens)
         del case
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - started
-    other_load = load.stop()
-    info["other_cpu_load"] = f"{other_load:.2f}"
-    info["bench_seconds"] = f"{elapsed:.0f}"
-    add_ratios(rows)
-    report(rows, COLUMNS, info, csv_path, other_load, args.device)
-    print("Mtok/s: context tokens (B*L) per second. vs_ref: reference time / this time. found: mean "
-          "candidates per row. agree: outputs equal to the reference's.")
+        torch.cuda.empty_cache()
+        return case_rows
+
+    cases = [(b, n) for n in args.contexts for b in args.batches]
+    rows, elapsed, other_load = run_cases(cases, lambda c: f"B={c[0]} L={c[1]}", run_case, info)
+    add_speedup(rows, "vs_ref", "reference", ("device", "B", "L"))  # x faster than the torch unfold reference
+    notes = ["Mtok/s: context tokens (B*L) per second. vs_ref: reference time / this time. found: mean "
+             "candidates per row. agree: outputs equal to the reference's."]
     if args.device == "cuda":
-        print("triton: CUDA events with L2 flushed (triton.testing.do_bench); "
-              "reference: wall clock with sync.")
-    for line in summary_lines(rows, args.device):
-        print(line)
-    print(f"wrote {csv_path} ({len(rows)} rows) in {elapsed:.0f} s")
+        notes.append("triton: CUDA events with L2 flushed (triton.testing.do_bench); reference: wall clock with sync.")
+    report(rows, COLUMNS, info, csv_path, other_load, args.device, notes + summary_lines(rows, args.device), elapsed)
     return 0
 
 

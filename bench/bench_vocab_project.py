@@ -34,14 +34,11 @@ transformers time / this time.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from pathlib import Path
 
 import torch
-from _timing import CpuLoad, cuda_median_time, machine_info, median_time, report
-from bench_chain_verify import import_specops
+from _timing import (add_speedup, bench_parser, cuda_median_time, find_row, import_specops, int_list, machine_info,
+                     median_time, mismatch_lines, parse_bench_args, report, run_cases)
 
 DRAFT_VOCAB = 49_152
 TARGET_VOCAB = 262_144
@@ -179,30 +176,12 @@ def bench_cuda_case(case: Case, quick: bool) -> list[dict]:
     return out
 
 
-def add_ratios(rows: list[dict]) -> None:
-    """vs_peer: transformers time / this time (x faster than transformers)."""
-    peer = {(r["device"], r["N"], r["workload"]): r["median_us"] for r in rows
-            if r["provider"] == "transformers" and r["median_us"]}
-    for r in rows:
-        base = peer.get((r["device"], r["N"], r["workload"]))
-        if base and r["median_us"]:
-            r["vs_peer"] = base / r["median_us"]
-
-
-def find(rows, n, workload, provider):
-    return next((r for r in rows if (r["N"], r["workload"], r["provider"]) == (n, workload, provider)
-                 and r["median_us"]), None)
-
-
 def summary_lines(rows, device) -> list[str]:
-    lines = []
-    mismatches = sorted({(r["N"], r["workload"]) for r in rows if r["agree"] == "NO"})
-    if mismatches:
-        lines.append(f"MISMATCH: specops differs from the reference at (N, workload) = {mismatches}")
+    lines = mismatch_lines(rows, ("N", "workload"), "specops differs from the reference")
     n, workload = HEADLINE
-    spec = find(rows, n, workload, "cpu" if device == "cpu" else "triton")
-    peer = find(rows, n, workload, "transformers")
-    zeros = find(rows, n, workload, "zeros")
+    spec = find_row(rows, "cpu" if device == "cpu" else "triton", N=n, workload=workload)
+    peer = find_row(rows, "transformers", N=n, workload=workload)
+    zeros = find_row(rows, "zeros", N=n, workload=workload)
     if spec and peer:
         lines.append(f"headline: N={n} {workload} ({device}): specops {spec['median_us']:.0f} us "
                      f"({spec['GB/s']:.1f} GB/s of the {bytes_moved(n) / 1e6:.1f} MB floor), transformers' "
@@ -214,64 +193,37 @@ def summary_lines(rows, device) -> list[str]:
     return lines
 
 
-def int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="N 1,8 and fewer runs, for smoke runs")
-    parser.add_argument("--csv", default=None, help="default bench/results/vocab_project_<device>.csv")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser = bench_parser(__doc__, "vocab_project", "N 1,8 and fewer runs, for smoke runs")
     parser.add_argument("--batches", type=int_list, default=[1, 8, 64], help="comma-separated N values")
-    args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device available to torch")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args, csv_path = parse_bench_args(parser, "vocab_project")
     if args.quick:
         args.batches = [1, 8]
-    csv_path = Path(args.csv or Path(__file__).parent / "results" / f"vocab_project_{args.device}.csv")
 
     specops = import_specops()
     info = machine_info(args.device)
     info.update(draft_vocab=str(DRAFT_VOCAB), target_vocab=str(TARGET_VOCAB), mapped=str(MAPPED),
                 dtype="fp32")
     ids = target_ids_map(args.device)
-    cases = [(n, w) for w in WORKLOADS for n in args.batches]
-    load = CpuLoad().start()
-    started = time.perf_counter()
-    rows: list[dict] = []
-    for i, (n, workload) in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] N={n} {workload}", file=sys.stderr, flush=True)
-        case = Case(specops, n, workload, ids, args.device)
-        case_load = CpuLoad().start()
+    def run_case(n_workload):
+        case = Case(specops, *n_workload, ids, args.device)
         if args.device == "cpu":
-            case_rows = bench_cpu_case(case, args.quick)
-        else:
-            case_rows = bench_cuda_case(case, args.quick)
-        busy = case_load.stop()
-        rows += [{**r, "others": busy} for r in case_rows]
+            return bench_cpu_case(case, args.quick)
+        case_rows = bench_cuda_case(case, args.quick)
         del case
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - started
-    other_load = load.stop()
-    info["other_cpu_load"] = f"{other_load:.2f}"
-    info["bench_seconds"] = f"{elapsed:.0f}"
-    add_ratios(rows)
-    report(rows, COLUMNS, info, csv_path, other_load, args.device)
-    print("GB/s: bytes moved N*(V_d*4 + V_t*4) (logits read, probs written) over the median time, for every "
-          "provider. vs_peer: transformers time / this time. agree: drafts equal to the reference's, probs "
-          "within 1e-6.")
+        torch.cuda.empty_cache()
+        return case_rows
+
+    cases = [(n, w) for w in WORKLOADS for n in args.batches]
+    rows, elapsed, other_load = run_cases(cases, lambda c: f"N={c[0]} {c[1]}", run_case, info)
+    add_speedup(rows, "vs_peer", "transformers", ("device", "N", "workload"))  # x faster than transformers
+    notes = ["GB/s: bytes moved N*(V_d*4 + V_t*4) (logits read, probs written) over the median time, for every "
+             "provider. vs_peer: transformers time / this time. agree: drafts equal to the reference's, probs "
+             "within 1e-6."]
     if args.device == "cuda":
-        print("triton, transformers and zeros: CUDA events with L2 flushed (triton.testing.do_bench); "
-              "reference: wall clock with sync.")
-    for line in summary_lines(rows, args.device):
-        print(line)
-    print(f"wrote {csv_path} ({len(rows)} rows) in {elapsed:.0f} s")
+        notes.append("triton, transformers and zeros: CUDA events with L2 flushed (triton.testing.do_bench); "
+                     "reference: wall clock with sync.")
+    report(rows, COLUMNS, info, csv_path, other_load, args.device, notes + summary_lines(rows, args.device), elapsed)
     return 0
 
 
