@@ -16,19 +16,16 @@ named: "reference" (the spec), "cpp" (torch.ops.specops.chain_verify on CPU tens
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
+from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
 from scipy import stats
 
 import specops
 from specops import reference
 
-try:
-    from specops.kernels.chain_verify import chain_verify_triton
-except ImportError:  # Triton not installed: the "triton" cases skip
-    chain_verify_triton = None
+chain_verify_triton = triton_launcher("chain_verify")
 
 NEG_INF = float("-inf")
 LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -36,14 +33,6 @@ LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (cross-tile maximum, first argmax, inverse CDF). Used where cheap: in the interpreter, top-k/top-p
 # bisection costs 32 passes over every tile, so sampled tests mostly run with one tile.
 SMALL_BLOCK_V = 4
-# Direct Triton calls run on the GPU, else in the interpreter on CPU tensors (see conftest.py).
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-# Triton kernels need a GPU, or the interpreter that conftest.py turns on where there is none.
-_TRITON_RUNS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(chain_verify_triton is None or not _TRITON_RUNS,
-                                  reason="needs triton, and a GPU or TRITON_INTERPRET=1")
-IMPLS = ["reference", "cpp", pytest.param("triton", marks=needs_triton)]
 
 
 # ---- helpers ----
@@ -699,7 +688,7 @@ ARG_NAMES = ["target_logits", "draft_tokens", "draft_probs", "num_draft", "tempe
 
 
 @pytest.mark.parametrize("which", list(STRIDED_GAPS))
-@pytest.mark.parametrize("impl", ["cpp", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("impl", KERNELS)
 def test_op_accepts_non_contiguous_inputs(impl, which):
     # The op itself, not only the wrapper (which makes inputs contiguous), must honour strides: it is
     # reachable directly as torch.ops.specops.chain_verify, and the C++ kernel does honour them.

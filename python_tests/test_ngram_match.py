@@ -18,33 +18,16 @@ Batches are right-padded with junk (-1 and each row's last token) that changes t
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
+from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
 
 import specops
 from specops import reference
 
-try:
-    import triton
-except ImportError:  # Triton not installed: the "triton" cases skip
-    triton = None
-if triton is not None:
-    # With Triton installed the kernel must import: a broken kernel file fails here, never skips.
-    from specops.kernels.ngram_match import ngram_match_triton
-else:
-    ngram_match_triton = None
-
-# Direct Triton calls run on the GPU, else in the interpreter on CPU tensors (see conftest.py).
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-_TRITON_RUNS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(ngram_match_triton is None or not _TRITON_RUNS,
-                                  reason="needs triton, and a GPU or TRITON_INTERPRET=1")
-IMPLS = ["reference", "cpp", pytest.param("triton", marks=needs_triton)]
-KERNELS = ["cpp", pytest.param("triton", marks=needs_triton)]
-
+ngram_match_triton = triton_launcher("ngram_match")
 
 
 # ---- helpers ----

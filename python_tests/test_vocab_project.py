@@ -18,24 +18,15 @@ device), all called with the op's normalized per-row arguments. Batches mix gree
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
 from scipy import stats
 
 import specops
 from specops import reference
 
-try:
-    import triton
-except ImportError:  # Triton not installed: the "triton" cases skip
-    triton = None
-if triton is not None:
-    # With Triton installed the kernel must import: a broken kernel file fails here, never skips.
-    from specops.kernels.vocab_project import vocab_project_triton
-else:
-    vocab_project_triton = None
+vocab_project_triton = triton_launcher("vocab_project")
 
 NEG_INF = float("-inf")
 LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -43,13 +34,6 @@ LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (cross-tile maximum, first argmax, inverse CDF). The interpreter runs every program in Python (tens
 # of ms each, top-k/top-p bisection far more), so Triton cases stay small.
 SMALL_BLOCK_V = 4
-# Direct Triton calls run on the GPU, else in the interpreter on CPU tensors (see conftest.py).
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-_TRITON_RUNS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(vocab_project_triton is None or not _TRITON_RUNS,
-                                  reason="needs triton, and a GPU or TRITON_INTERPRET=1")
-IMPLS = ["reference", "cpp", pytest.param("triton", marks=needs_triton)]
-KERNELS = ["cpp", pytest.param("triton", marks=needs_triton)]
 # Probabilities are float32 softmax values <= 1; backends compute exp and the normalizer in their own
 # order (the C++ exp is a polynomial within ~1 ulp), so they differ by a few float32 ulps of 1 (~1e-7).
 PROBS_ATOL = 1e-6
