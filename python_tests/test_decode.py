@@ -589,10 +589,6 @@ def test_drafter_on_other_device(llama, tok):
 
 
 def test_unknown_embedded_model(tok):
-    try:
-        import specops.models  # noqa: F401
-    except ImportError as error:
-        pytest.skip(f"specops.models not importable yet: {error}")
     with pytest.raises(ValueError,
                        match=r"unknown model 'no-such-model'; known models: .*gemma-3-270m.*smollm2-135m"):
         specops.decode("hi", target="no-such-model", max_new_tokens=2)

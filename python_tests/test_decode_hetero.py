@@ -18,8 +18,7 @@ The toy pair: a target over the tokens {a, b, c, d, ab, cd} and a drafter over {
 5. method="auto" with such a drafter is "tli" when sampling and "slem" when greedy; "sd" refuses it.
 6. EOS, stop strings and max_new_tokens on batches, as "ar" does them.
 
-"slrs" cases carry "slrs" in their ids (`-k slrs` runs them) and skip while slrs.py raises
-NotImplementedError.
+"slrs" cases carry "slrs" in their ids (`-k slrs` runs them).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from test_decode import ALPHA, N_SEQUENCES, PROMPTS, _assert_powered, _fit, chec
 from toy_models import (BYTE_VOCAB, TableLM, byte_tokenizer, letter_tokenizer, merged_byte_tokenizer,
                         random_table, tiny_llama, token_sequence_distribution, token_tokenizer)
 
-decoding = importlib.import_module("specops.decoding")  # the package whose decode() dispatches to methods
+decoding = importlib.import_module("specops.decoding")  # the package whose registry holds the methods
 
 TARGET_TOKENS = ["a", "b", "c", "d", "ab", "cd"]
 DRAFTER_TOKENS = ["a", "b", "c", "d", "ba", "ab", "abc"]
@@ -100,16 +99,11 @@ def toks():
 
 
 def _decode(prompts, method, toks, drafter_table=CLOSE_TABLE, target=None, **kwargs):
-    """specops.decode on the toy pair; skips while "slrs" is not implemented."""
+    """specops.decode on the toy pair."""
     target_tok, drafter_tok = toks
     target = TableLM(TARGET_TABLE) if target is None else target
-    try:
-        return specops.decode(prompts, target=target, tokenizer=target_tok, drafter=TableLM(drafter_table),
-                              drafter_tokenizer=drafter_tok, method=method, **kwargs)
-    except NotImplementedError:
-        if method != "slrs":
-            raise
-        pytest.skip("method 'slrs' is not implemented yet (specops/decoding/slrs.py)")
+    return specops.decode(prompts, target=target, tokenizer=target_tok, drafter=TableLM(drafter_table),
+                          drafter_tokenizer=drafter_tok, method=method, **kwargs)
 
 
 # ---- 1. the vocabulary map ----
@@ -245,14 +239,9 @@ def test_greedy_equals_ar_tiny_llama(llamas, method, target, k):
     target_model, target_tok, drafter_model, drafter_tok = llamas[target]
     expected = specops.decode(PROMPTS, target=target_model, tokenizer=target_tok, method="ar",
                               max_new_tokens=LLAMA_NEW).tokens
-    try:
-        result = specops.decode(PROMPTS, target=target_model, tokenizer=target_tok, drafter=drafter_model,
-                                drafter_tokenizer=drafter_tok, method=method, max_new_tokens=LLAMA_NEW,
-                                num_draft_tokens=k)
-    except NotImplementedError:
-        if method != "slrs":
-            raise
-        pytest.skip("method 'slrs' is not implemented yet (specops/decoding/slrs.py)")
+    result = specops.decode(PROMPTS, target=target_model, tokenizer=target_tok, drafter=drafter_model,
+                            drafter_tokenizer=drafter_tok, method=method, max_new_tokens=LLAMA_NEW,
+                            num_draft_tokens=k)
     assert result.tokens == expected
     check_stats(result, method)
 
@@ -370,9 +359,9 @@ def test_tli_acceptance_higher_than_union_measured(toks):
 
 def test_auto_picks_tli_when_sampling_and_slem_when_greedy(toks, monkeypatch):
     calls = []
-    real_slem, real_intersection = decoding.decode_slem, decoding.tli.intersection
+    real_slem, real_intersection = decoding.slem.StringDrafter, decoding.tli.intersection
     real_union = decoding.tli.union
-    monkeypatch.setattr(decoding, "decode_slem", lambda *a, **k: calls.append("slem") or real_slem(*a, **k))
+    monkeypatch.setattr(decoding.slem, "StringDrafter", lambda *a, **k: calls.append("slem") or real_slem(*a, **k))
     monkeypatch.setattr(decoding.tli, "intersection",
                         lambda *a, **k: calls.append("tli") or real_intersection(*a, **k))
     monkeypatch.setattr(decoding.tli, "union", lambda *a, **k: calls.append("union") or real_union(*a, **k))

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 import specops
-from specops.decoding import engine, model_ngrams
+from specops.decoding import model_ngrams
+from specops.decoding.batch import Batch
 from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, tree_nodes
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
@@ -168,7 +169,7 @@ class _Emitted:
 
 def _spy_emit(monkeypatch) -> list[_Emitted]:
     seen = []
-    emit = engine.Batch.emit
+    emit = Batch.emit
 
     def spy(self, row_tokens):
         requests = list(self.index)
@@ -177,7 +178,7 @@ def _spy_emit(monkeypatch) -> list[_Emitted]:
         seen.extend(map(_Emitted, requests, before, row_tokens, used))
         return finished, used
 
-    monkeypatch.setattr(engine.Batch, "emit", spy)
+    monkeypatch.setattr(Batch, "emit", spy)
     return seen
 
 
@@ -566,13 +567,16 @@ def test_commit_crops_slots_no_row_keeps():
     slots = torch.cat([torch.zeros_like(path[:, :1]), path], dim=1)
     with torch.inference_mode():
         state.commit(tree.nodes, slots, torch.tensor([2, 1]))
-    assert state.mask.shape[1] == 3 + 2 and state.cache.get_seq_length() == 3 + 2
-    assert state.mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]]
-    assert state.positions[:, 3:].tolist() == [[3, 4], [2, 3]]
+        state.append(torch.tensor([[22], [23]]))
+    # The dropped slots left before that forward: each row's tokens contiguous, ending at the last slot, and
+    # the cache grew by the longest kept path (row 1's shorter path became padding at its front).
+    assert state.mask.shape[1] == 3 + 2 + 1 and state.cache.get_seq_length() == 3 + 2 + 1
+    assert state.mask.long().tolist() == [[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]
+    assert state.next_pos.tolist() == [3 + 2 + 1, 2 + 1 + 1]
 
 
 def test_cpu_forward_used_and_restored():
-    """CPU float32 models run through the engine's weight-stationary forward (engine._CpuForward; the
+    """CPU float32 models run through the engine's weight-stationary forward (cpu_forward.CpuForward; the
     fresh-run comparisons above go through it), and the model's own layers are untouched afterwards."""
     model = tiny_llama(layers=1, seed=7)
     lm = CausalLM(model)
@@ -902,10 +906,8 @@ def test_extend():
 
 
 def _drafter(prompts: list[list[int]], bigram=None, unigram=None, max_new_tokens: int = 8) -> NgramDrafter:
-    ids, valid = _left_padded(prompts)
-    batch = SimpleNamespace(prompt_ids=ids, prompt_mask=valid.long(), rows=len(prompts),
-                            max_new_tokens=max_new_tokens)
-    return NgramDrafter(batch, bigram, unigram)
+    batch = SimpleNamespace(prompt_rows=prompts, rows=len(prompts), max_new_tokens=max_new_tokens)
+    return NgramDrafter(batch, bigram, unigram, torch.device("cpu"))
 
 
 def test_ngram_drafter_rows():

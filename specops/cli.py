@@ -111,9 +111,8 @@ def _stream(request: int, text: str) -> None:
 
 
 def _generate(args) -> int:
-    import torch
-
     import specops
+    from specops._seeds import draw_seed
 
     prompt = _read_prompt(args)
     target, tokenizer = specops.models.load(args.target)
@@ -121,7 +120,7 @@ def _generate(args) -> int:
     if drafter is not None and not drafter.startswith("self:"):
         drafter, drafter_tokenizer = specops.models.load(drafter)
     # --compare needs both runs on the same random numbers, so a missing seed is drawn here, once.
-    seed = args.seed if args.seed is not None else int(torch.randint(0, 2**31, ()))
+    seed = args.seed if args.seed is not None else draw_seed()
     settings = dict(target=target, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
     method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,

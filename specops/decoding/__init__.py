@@ -1,4 +1,5 @@
-"""`specops.decode`: the front door to every decoding method, on one shared engine (engine.py).
+"""`specops.decode`: the front door to every decoding method (registry.py), all run by one loop
+(loop.py) on one engine (engine.py).
 
 Methods: "ar" (autoregressive, the baseline), "sd" (standard speculative decoding with a
 same-vocabulary drafter), "tli", "union", "slem" and "slrs" (a drafter with another vocabulary,
@@ -14,23 +15,20 @@ from dataclasses import dataclass
 
 import torch
 
-from specops import vocab as vocab_maps
-from specops.decoding import model_ngrams, tli
-from specops.decoding.ar import decode_ar
-from specops.decoding.draft_length import DraftLength
-from specops.decoding.draft_shape import DraftShape
-from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats
-from specops.decoding.ngram import NgramDrafter, decode_ngram
-from specops.decoding.sd import decode_sd
+from specops._seeds import draw_seed, row_seeds
+from specops.decoding import registry
+from specops.decoding.attention import tree_support
+from specops.decoding.batch import Batch
+from specops.decoding.engine import CausalLM
+from specops.decoding.loop import run
+from specops.decoding.ngram import TABLES as NGRAM_TABLES
 from specops.decoding.self_draft import truncated
-from specops.decoding.slem import decode_slem
-from specops.decoding.slrs import decode_slrs
+from specops.decoding.stats import Stats
+from specops.decoding.step import SamplingParams, Setup
 
-__all__ = ["decode", "DecodeResult", "METHODS"]
+__all__ = ["METHODS", "NGRAM_TABLES", "DecodeResult", "decode"]
 
-METHODS = ("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram")
-_DRAFTER_METHODS = ("sd", "tli", "union", "slem", "slrs")
-NGRAM_TABLES = ("bigram", "unigram", "none")
+METHODS = registry.NAMES
 
 
 @dataclass
@@ -80,9 +78,27 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"decode: top_p must be in (0, 1], got {top_p!r}")
 
 
+def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer):
+    if isinstance(drafter, str) and drafter.startswith("self:"):
+        layers = drafter[len("self:"):]
+        if not layers.isdigit():
+            raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
+        return truncated(target_model, int(layers)), tokenizer
+    return _resolve_model(drafter, drafter_tokenizer, "drafter")
+
+
+def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> None:
+    """Methods that score draft trees need a model that takes them exactly (attention.tree_support)."""
+    reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
+    if reason is not None:
+        working = ", ".join(m.name for m in registry.METHODS.values() if role not in m.trees)
+        raise ValueError(f"decode: method {method.name!r} scores draft trees with the {role}, and {lm.arch} cannot "
+                         f"take them exactly: {reason}. Methods that work with it: {working}")
+
+
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None,
+           num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None, options: dict | None = None,
            ngram_tables: str = "bigram", slrs_max_nodes: int = 256) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
@@ -91,16 +107,22 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     (with a drafter: sd for the same vocabulary, else tli when sampling and slem when greedy; without:
     ar), "ar", "sd", "tli" (drafts from the vocabulary intersection), "union" (TLI's baseline), "slem"
     (drafted text re-encoded for the target, exact-match verification), "slrs" (string-level rejection
-    sampling; exact and exponential in token length, so it raises when a step would need more than
-    slrs_max_nodes drafter positions) or "ngram". Greedy at temperature 0. num_draft_tokens: an
-    int, or "auto" to choose it each step from measured costs and acceptance; for "ngram" an int w is one
-    row of w tokens and a tuple (k, w) is k rows of w tokens. ngram_tables: the model-derived n-grams
-    "ngram" fills rows with when the context has too few matches: "bigram" (computed once per model,
-    with a progress bar, and cached on disk), "unigram" (from the embeddings, instant) or "none". seed: makes sampling
-    reproducible for a fixed num_draft_tokens (with "auto", draft lengths follow measured timings, and
-    the steps they make decide which random numbers each token uses; the distribution is the target's
-    either way). stop: strings that end a request (excluded from its text). stream: called as
-    stream(request_index, text) with each new piece of text as tokens are accepted.
+    sampling; exact and exponential in token length) or "ngram". Greedy at temperature 0.
+    num_draft_tokens: an int, or "auto" to choose it each step from measured costs and acceptance; for
+    "ngram" an int w is one row of w tokens and a tuple (k, w) is k rows of w tokens.
+    options: the method's own settings, a dict:
+      - "ngram": {"tables": "bigram" | "unigram" | "none"}: the model-derived n-grams that fill rows the
+        context does not ("bigram" is computed once per model, with a progress bar, and cached on disk;
+        "unigram" comes from the embeddings, instantly);
+      - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step.
+    ngram_tables and slrs_max_nodes are the same settings as keywords. seed: makes sampling reproducible
+    for a fixed num_draft_tokens (with "auto", draft lengths follow measured timings, and the steps they
+    make decide which random numbers each token uses; the distribution is the target's either way).
+    stop: strings that end a request (excluded from its text). stream: called as stream(request_index,
+    text) with each new piece of text as tokens are accepted.
+
+    Raises ValueError before decoding for a combination it cannot decode exactly (for example a method
+    that scores draft trees with a model whose attention cannot take them), naming what works instead.
     """
     single = isinstance(prompt, str)
     prompts = [prompt] if single else list(prompt) if isinstance(prompt, (list, tuple)) else None
@@ -116,86 +138,54 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError("decode: stop must be a non-empty string or a list of them")
     if stream is not None and not callable(stream):
         raise TypeError("decode: stream must be callable as stream(request_index, text)")
-    if method != "ngram":
-        draft_length = DraftLength(num_draft_tokens)
-    if isinstance(slrs_max_nodes, bool) or not isinstance(slrs_max_nodes, int) or slrs_max_nodes < 1:
-        raise ValueError(f"decode: slrs_max_nodes must be an int >= 1, got {slrs_max_nodes!r}")
-    if ngram_tables not in NGRAM_TABLES:
-        raise ValueError(f"decode: ngram_tables must be one of {', '.join(NGRAM_TABLES)}, got {ngram_tables!r}")
+    registry.check_draft_setting(method, num_draft_tokens)
 
     target_model, tokenizer = _resolve_model(target, tokenizer, "target")
     drafter_model = None
     if drafter is not None:
-        if method not in ("auto", *_DRAFTER_METHODS):
+        if method != "auto" and registry.METHODS[method].drafter == "none":
             raise ValueError(f"decode: method {method!r} does not use a drafter")
-        if isinstance(drafter, str) and drafter.startswith("self:"):
-            layers = drafter[len("self:"):]
-            if not layers.isdigit():
-                raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
-            drafter_model, drafter_tokenizer = truncated(target_model, int(layers)), tokenizer
-        else:
-            drafter_model, drafter_tokenizer = _resolve_model(drafter, drafter_tokenizer, "drafter")
-    elif method in _DRAFTER_METHODS:
+        drafter_model, drafter_tokenizer = _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer)
+    elif method != "auto" and registry.METHODS[method].drafter != "none":
         raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or 'self:N')")
     same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
-    if method == "auto":
-        method = "ar" if drafter_model is None else "sd" if same else "tli" if temperature > 0 else "slem"
-    if method == "sd" and not same:
-        raise ValueError("decode: the drafter's vocabulary differs from the target's, and method 'sd' needs "
-                         "the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or 'union' "
-                         "for a drafter with another vocabulary (or 'auto')")
+    chosen = registry.resolve(method, drafter=drafter_model is not None, same_vocabulary=same,
+                              greedy=temperature == 0)
+    if chosen.drafter == "same" and not same:
+        raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
+                         "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
+                         "'union' for a drafter with another vocabulary (or 'auto')")
+    settings = registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
+                                                        "slrs_max_nodes": slrs_max_nodes})
 
     target_lm = CausalLM(target_model, "target")
     drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
-    if method == "sd" and drafter_lm.vocab_size != target_lm.vocab_size:
+    if chosen.drafter == "same" and drafter_lm.vocab_size != target_lm.vocab_size:
         raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
-                         f"has {target_lm.vocab_size}; method 'sd' needs the same vocabulary")
-    if drafter_model is not None:  # start from what earlier calls with this pair measured
-        draft_length = DraftLength.remembered(num_draft_tokens, target_model,
-                                              drafter if isinstance(drafter, str) else drafter_model, method)
-    vmap = crossing = None
-    if method in ("tli", "union", "slem", "slrs"):
-        vmap = vocab_maps.vocab_map(tokenizer, drafter_tokenizer)
-    if method in ("tli", "union"):
-        crossing = (tli.intersection if method == "tli" else tli.union)(
-            vmap, drafter_tokenizer, drafter_lm.vocab_size, target_lm.vocab_size, target_lm.device)
-
-    if method == "ngram":
-        shape = DraftShape(num_draft_tokens, target_model, target_lm.device, greedy=temperature == 0)
-        bigram = unigram = None  # built (once per model) before the clock starts
-        if ngram_tables == "bigram":
-            bigram = model_ngrams.bigram(target_model, tokenizer, top=max(8, shape.k_max))
-        elif ngram_tables == "unigram":
-            unigram = model_ngrams.unigram(target_model, top=shape.k_max)
+                         f"has {target_lm.vocab_size}; method {chosen.name!r} needs the same vocabulary")
+    if chosen.tokenizers is not None:
+        chosen.tokenizers(tokenizer, drafter_tokenizer)
+    batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream, _eos_ids(target_model, tokenizer))
+    target_lm.check_prompts(batch.prompt_rows, max_new_tokens, "target")
+    _refuse_trees(chosen, "target", target_lm, batch.prompt_rows)
+    if "drafter" in chosen.trees:
+        _refuse_trees(chosen, "drafter", drafter_lm, batch.encode(drafter_tokenizer))
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, ()))
-    seeds = (torch.arange(len(prompts), dtype=torch.long) * 0x9E3779B1 + seed).to(target_lm.device)
-    batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream, _eos_ids(target_model, tokenizer),
-                  target_lm.device)
+    seeds = row_seeds(draw_seed() if seed is None else seed, len(prompts), target_lm.device)
+    setup = Setup(chosen.name, target_lm, tokenizer, batch, params, seeds, num_draft_tokens, settings,
+                  drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model)
     stats = Stats()
+    proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
     start = time.perf_counter()
     with torch.inference_mode():
         if max_new_tokens > 0:
-            if method == "ar":
-                decode_ar(target_lm, batch, params, seeds, stats)
-            elif method == "ngram":
-                decode_ngram(target_lm, batch, params, seeds, stats, NgramDrafter(batch, bigram, unigram), shape)
-            elif method == "sd":
-                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length)
-            elif method in ("tli", "union"):
-                decode_sd(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, crossing,
-                          drafter_tokenizer)
-            elif method == "slem":
-                decode_slem(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, vmap,
-                            drafter_tokenizer)
-            else:
-                decode_slrs(target_lm, drafter_lm, batch, params, seeds, stats, draft_length, vmap,
-                            drafter_tokenizer, max_drafter_nodes=slrs_max_nodes)
+            run(target_lm, batch, params, seeds, stats, proposer)
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(t) for t in batch.generated)
+    stats.target_calls = target_lm.calls
+    stats.drafter_calls = drafter_lm.calls if drafter_lm else 0
     stats.forward_seconds = target_lm.seconds + (drafter_lm.seconds if drafter_lm else 0.0)
     texts = batch.texts()
     tokens = batch.generated

@@ -62,16 +62,7 @@ class DraftShape:
 
     def __init__(self, setting, model, device, greedy: bool = True, k_max: int = 8, w_max: int = 8,
                  sources: int = 8):
-        if setting == "auto":
-            self.fixed = None
-        elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
-            self.fixed = (1, setting)
-        elif (isinstance(setting, tuple) and len(setting) == 2 and
-              all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in setting)):
-            self.fixed = setting
-        else:
-            raise ValueError("num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1 (one row of w "
-                             f"tokens) or a tuple (k, w) of rows and tokens per row, got {setting!r}")
+        self.fixed = self.check(setting)
         self.k_max, self.w_max = self.fixed or (k_max, w_max)
         self.cost = _cost_curve(model, device)
         self.greedy = greedy
@@ -79,6 +70,19 @@ class DraftShape:
         self.accepted = torch.zeros(sources, self.k_max, self.w_max, dtype=torch.float64)
         self.weight = torch.zeros(sources, dtype=torch.float64)
         self.pending: list[tuple[int, int, int, torch.Tensor]] = []  # request, at, source, rows
+
+    @staticmethod
+    def check(setting) -> tuple[int, int] | None:
+        """The fixed shape a num_draft_tokens setting asks for (None for "auto"); raises for anything else."""
+        if setting == "auto":
+            return None
+        if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+            return 1, setting
+        if (isinstance(setting, tuple) and len(setting) == 2 and
+                all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in setting)):
+            return setting
+        raise ValueError("num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1 (one row of w "
+                         f"tokens) or a tuple (k, w) of rows and tokens per row, got {setting!r}")
 
     def expected_accepted(self) -> torch.Tensor:
         """[sources, k_max, w_max] expected accepted tokens of each shape."""

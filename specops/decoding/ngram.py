@@ -15,18 +15,18 @@ that row's accepted prefix, compacted. k and w come from draft_shape.DraftShape.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from specops import ops
-from specops.decoding.ar import prefill
+from specops.decoding import model_ngrams
+from specops.decoding.batch import Batch
 from specops.decoding.draft_shape import DraftShape
-from specops.decoding.engine import Batch, CausalLM, SamplingParams, Stats, sample_tokens
 from specops.decoding.model_ngrams import extend
-from specops.decoding.tree import build_tree, choose_path
+from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult
 
-__all__ = ["NgramDrafter", "decode_ngram"]
+__all__ = ["NgramDrafter", "NgramProposer"]
+
+TABLES = ("bigram", "unigram", "none")
 
 
 class NgramDrafter:
@@ -34,15 +34,14 @@ class NgramDrafter:
 
     contexts [B, C] int64 hold each request's prompt and generated tokens, right-padded; lengths [B]."""
 
-    def __init__(self, batch: Batch, bigram: torch.Tensor | None, unigram: torch.Tensor | None,
+    def __init__(self, batch: Batch, bigram: torch.Tensor | None, unigram: torch.Tensor | None, device,
                  min_ngram: int = 1, max_ngram: int = 4):
-        device = batch.prompt_ids.device
-        prompts = [batch.prompt_ids[b][batch.prompt_mask[b].bool()] for b in range(batch.rows)]
+        prompts = batch.prompt_rows
         self.prompt_lengths = [len(p) for p in prompts]
         self.contexts = torch.zeros(batch.rows, max(self.prompt_lengths) + batch.max_new_tokens + 1,
                                     dtype=torch.int64, device=device)
         for b, p in enumerate(prompts):
-            self.contexts[b, :len(p)] = p
+            self.contexts[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
         self.lengths = torch.tensor(self.prompt_lengths, dtype=torch.int64, device=device)
         self.bigram = None if bigram is None else bigram.to(device=device, dtype=torch.int64)
         self.unigram = None if unigram is None else unigram.to(device=device, dtype=torch.int64)
@@ -95,59 +94,52 @@ class NgramDrafter:
         return rows, torch.where(found[:, 0] > 0, level[:, 0], 0)
 
 
-def decode_ngram(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor, stats: Stats,
-                 drafter: NgramDrafter, shape: DraftShape) -> None:
-    device = target.device
-    state, logits = prefill(target, batch, stats)
-    stats.target_calls += 1
-    last = sample_tokens(logits, params, seeds, 0)  # emitted, not yet seen by the target
-    first = [[t] for t in last.tolist()]
-    drafter.extend_contexts(first)
-    finished, _ = batch.emit(first)
-    step = 1
-    while True:
-        shape.resolve(batch.generated, {batch.index[r] for r in finished})
-        survivors = batch.drop(finished)
-        if survivors is not None:
-            if not batch.rows:
-                return
-            state.select(survivors)
-            drafter.select(survivors)
-            seeds, last = seeds[survivors.to(device)], last[survivors.to(device)]
-        step_start = time.perf_counter()
-        # Draft: the full list (for the acceptance record), then the rows this step can afford.
-        rows, source = drafter.propose(shape.k_max, shape.w_max)
-        shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
-        k, w = shape.choose(rows, source)
-        budget = (batch.remaining() - 1).clamp(min=0).to(device)  # drafts a request may still emit
+class NgramProposer(Proposer):
+    verifier = "tree_path"
+
+    def __init__(self, setup: Setup, bigram: torch.Tensor | None, unigram: torch.Tensor | None, shape: DraftShape):
+        self.batch = setup.batch
+        self.contexts = NgramDrafter(setup.batch, bigram, unigram, setup.target.device)
+        self.shape = shape
+
+    def start(self, first: list[int]) -> None:
+        self.contexts.extend_contexts([[t] for t in first])
+
+    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        # The full draft list (for the acceptance record), then the rows this step can afford.
+        rows, source = self.contexts.propose(self.shape.k_max, self.shape.w_max)
+        batch = self.batch
+        self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
+        k, w = self.shape.choose(rows, source)
         rows = rows[:, :max(k, 1), :max(w, 1)].clone()
-        beyond = torch.arange(rows.shape[2], device=device)[None, None, :] >= budget[:, None, None]
-        rows = rows.masked_fill(beyond | (k == 0), -1)
-        tree = build_tree(last, rows)
-        stats.draft_seconds += time.perf_counter() - step_start
-        # Verify: one forward over every request's tree, then one path per request through chain_verify.
-        start = time.perf_counter()
-        tree_logits = state.append_tree(tree.tokens, tree.valid, tree.depth, tree.visible)
-        chosen = choose_path(tree, tree_logits, params.temperature)
-        arange = torch.arange(batch.rows, device=device)
-        path = tree.paths[arange, chosen]  # [B, w] nodes, -1 past the row's end
-        num_draft = (path >= 0).sum(1)
-        slots = torch.cat([torch.zeros_like(path[:, :1]), path.clamp(min=0)], dim=1)
-        drafts = tree.tokens.gather(1, path.clamp(min=0)).masked_fill(path < 0, -1)
-        out, accepted = ops.chain_verify(tree_logits[arange[:, None], slots], drafts, None, num_draft=num_draft,
-                                         temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                         seed=seeds, offset=step, validate=False)
-        state.commit(tree.nodes, slots, accepted + 1)
-        stats.verify_seconds += time.perf_counter() - start
-        stats.target_calls += 1
-        accepted_list, out_list = accepted.tolist(), out.tolist()
-        new_tokens = [out_list[row][: n + 1] for row, n in enumerate(accepted_list)]
-        last = out[arange, accepted]
-        drafter.extend_contexts(new_tokens)
-        finished, used = batch.emit(new_tokens)
-        stats.drafted += int(num_draft.sum())
-        stats.accepted += sum(min(n, u) for n, u in zip(accepted_list, used))
-        stats.steps += 1
-        stats.draft_lengths.append(tree.nodes - 1)
-        shape.observe_cost(batch.rows * tree.nodes, time.perf_counter() - step_start)
-        step += 1
+        beyond = torch.arange(rows.shape[2], device=rows.device)[None, None, :] >= budget[:, None, None]
+        return Proposal(rows=rows.masked_fill(beyond | (k == 0), -1))
+
+    def accept(self, result: StepResult) -> None:
+        self.contexts.extend_contexts(result.emitted)
+        self.shape.observe_cost(len(result.emitted) * (result.size + 1), result.step_seconds)
+        self.shape.resolve(self.batch.generated, result.finished)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.contexts.select(rows)
+
+
+def _check(options: dict) -> None:
+    if options["tables"] not in TABLES:
+        raise ValueError(f"decode: ngram_tables must be one of {', '.join(TABLES)}, got {options['tables']!r}")
+
+
+def _make(setup: Setup) -> Proposer:
+    model = setup.target.model
+    shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, greedy=setup.params.greedy)
+    bigram = unigram = None  # built (once per model) before the clock starts
+    if setup.options["tables"] == "bigram":
+        bigram = model_ngrams.bigram(model, setup.tokenizer, top=max(8, shape.k_max))
+    elif setup.options["tables"] == "unigram":
+        unigram = model_ngrams.unigram(model, top=shape.k_max)
+    return NgramProposer(setup, bigram, unigram, shape)
+
+
+METHODS = [Method("ngram", "drafts from the context and the model's own n-grams, verified as a token tree", _make,
+                  trees=("target",), options={"tables": "bigram"}, check=_check, legacy={"ngram_tables": "tables"},
+                  draft_setting=DraftShape.check)]

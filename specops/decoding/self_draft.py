@@ -8,36 +8,60 @@ import copy
 
 import torch
 
+__all__ = ["truncated"]
 
-def _decoder_layers(model) -> tuple[torch.nn.Module, str]:
-    """The module holding the decoder layers and the attribute name of their ModuleList."""
-    base = getattr(model, "model", None)
-    if base is not None and isinstance(getattr(base, "layers", None), torch.nn.ModuleList):
-        return base, "layers"
-    base = getattr(model, "transformer", None)
-    if base is not None and isinstance(getattr(base, "h", None), torch.nn.ModuleList):
-        return base, "h"
-    raise ValueError(f"self:N drafting needs a decoder with `model.layers` or `transformer.h`; "
-                     f"{type(model).__name__} has neither")
+
+def _text_config(model):
+    getter = getattr(model.config, "get_text_config", None)
+    return getter() if callable(getter) else model.config
+
+
+def _decoder_layers(model) -> list[str]:
+    """The attribute path from `model` to the ModuleList of its decoder layers (`model.layers`,
+    `transformer.h`, `model.decoder.layers`, `gpt_neox.layers`, ...): the shallowest ModuleList holding
+    as many modules as the config has layers."""
+    layers = getattr(_text_config(model), "num_hidden_layers", None)
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name and len(module) == layers:
+            path = name.split(".")
+            if found is None or len(path) < len(found):
+                found = path
+    if found is None:
+        raise ValueError(f"self:N drafting needs a decoder with `model.layers`, `transformer.h` or another "
+                         f"ModuleList of its layers; {type(model).__name__} has none")
+    return found
 
 
 def truncated(model, num_layers: int):
     """A view of `model` that runs only its first `num_layers` decoder layers."""
-    base, attr = _decoder_layers(model)
-    total = len(getattr(base, attr))
+    path = _decoder_layers(model)
+    total = len(model.get_submodule(".".join(path)))
     if not 1 <= num_layers < total:
         raise ValueError(f"self:N needs 1 <= N < {total} (the target has {total} layers), got {num_layers}")
     config = copy.deepcopy(model.config)
-    config.num_hidden_layers = num_layers
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:num_layers]
-    # Shallow copies with their own child-module tables: the target itself is left untouched.
-    short_base = copy.copy(base)
-    short_base._modules = dict(base._modules)
-    setattr(short_base, attr, torch.nn.ModuleList(list(getattr(base, attr))[:num_layers]))
-    short_base.config = config
+    text = _text_config(model)
+    short = config.get_text_config() if hasattr(config, "get_text_config") else config
+    short.num_hidden_layers = num_layers
+    for name, value in vars(text).items():  # per-layer settings: layer_types, attention_layers, ...
+        if isinstance(value, list) and len(value) == total and name != "architectures":
+            setattr(short, name, value[:num_layers])
+    # Shallow copies of the modules on the way to the layers, each with its own child-module table, so the
+    # target itself is left untouched; every module that held the target's config holds the copy.
     draft = copy.copy(model)
     draft._modules = dict(model._modules)
-    setattr(draft, "model" if attr == "layers" else "transformer", short_base)
-    draft.config = config
+    parent = draft
+    for name in path[:-1]:
+        child = copy.copy(parent._modules[name])
+        child._modules = dict(child._modules)
+        parent._modules[name] = child
+        parent = child
+    parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[:num_layers])
+    node = draft
+    for name in [None, *path[:-1]]:
+        node = node if name is None else node._modules[name]
+        if getattr(node, "config", None) is model.config:
+            node.config = config
+        elif getattr(node, "config", None) is text:
+            node.config = short
     return draft

@@ -23,16 +23,14 @@ enumeration tree of every request (tree attention over the drafter's KV cache).
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from specops import ops
-from specops.decoding.ar import prefill
-from specops.decoding.draft_length import DraftLength
-from specops.decoding.engine import Batch, CausalLM, KVState, SamplingParams, Stats, sample_tokens
-from specops.decoding.sd import _DRAFT_SHIFT, _left_aligned, close_step, drop_finished, prompt_rows
-from specops.decoding.slem import _Text, matched
+from specops import vocab as vocab_maps
+from specops.decoding.crossing import TextCrossing, matched
+from specops.decoding.drafter import DrafterProposer
+from specops.decoding.engine import KVState
+from specops.decoding.step import Method, Proposal, Proposer, SamplingParams, Setup, StepResult, draft_offset
 from specops.vocab import VocabMap
 
 
@@ -87,11 +85,11 @@ class _Node:
 class _Enumerator:
     """The drafter trees of one step, one per request, scored level by level."""
 
-    def __init__(self, drafter: CausalLM, state, strings: _Strings, params: SamplingParams, seeds: torch.Tensor,
-                 step: int, max_nodes: int, stats: Stats):
-        self.drafter, self.state, self.strings = drafter, state, strings
+    def __init__(self, state: KVState, strings: _Strings, params: SamplingParams, seeds: torch.Tensor, step: int,
+                 max_nodes: int):
+        self.state, self.strings = state, strings
         self.params, self.seeds, self.step = params, seeds, step
-        self.max_nodes, self.stats = max_nodes, stats
+        self.max_nodes = max_nodes
         self.roots: list[_Node] = []
         self.nodes: list[list[_Node]] = []  # per request, in creation order (parents first)
         self.expanded = [0] * seeds.shape[0]
@@ -113,7 +111,7 @@ class _Enumerator:
             q, _, tokens = ops.vocab_project(
                 logits[index], ids, logits.shape[1], temperature=self.params.temperature,
                 top_k=self.params.top_k, top_p=self.params.top_p, seed=self.seeds[rows],
-                offset=(self.step << _DRAFT_SHIFT) | (depth + 1), validate=False)
+                offset=draft_offset(self.step, depth + 1), validate=False)
             for i, qi, t in zip(index, q.cpu(), tokens.tolist()):
                 items[i][1].q, items[i][1].sample = qi, t
 
@@ -121,7 +119,7 @@ class _Enumerator:
         """One drafter forward over every request's tree; q for the wanted nodes."""
         width = max(len(n) for n in self.nodes)
         rows = len(self.nodes)
-        device = self.drafter.device
+        device = self.state.lm.device
         tokens = torch.zeros(rows, width, dtype=torch.long)
         valid = torch.zeros(rows, width, dtype=torch.bool)
         depth = torch.zeros(rows, width, dtype=torch.long)
@@ -136,7 +134,6 @@ class _Enumerator:
                     tree[row, i] |= tree[row, slot[id(node.parent)]]
         logits = self.state.append_tree(tokens.to(device), valid.to(device), depth.to(device), tree.to(device))
         self.state.discard(width)
-        self.stats.drafter_calls += 1
         picked = torch.stack([logits[row, slot[id(node)]] for row, node in wanted])
         self._distributions(wanted, picked)
 
@@ -146,9 +143,6 @@ class _Enumerator:
             child = node.children[token] = _Node(token, node, node.depth + 1)
             self.nodes[row].append(child)
         return child
-
-    def _determined(self, s: bytes, token: int) -> bool:
-        return self.strings.draft_bytes[token] is None or s not in self.strings.open
 
     def proposals(self, starts: dict[int, tuple[_Node, bytes]]) -> dict[int, torch.Tensor]:
         """psi per request: the distribution of the token proposed from `node` with remainder `s`."""
@@ -207,44 +201,39 @@ class _Enumerator:
                 return node, rest, t, t == self.strings.null
 
 
-def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor,
-                stats: Stats, draft_length: DraftLength, vmap: VocabMap, drafter_tokenizer,
-                max_drafter_nodes: int) -> None:
-    device = target.device
-    text = _Text(vmap, batch.tokenizer, drafter_tokenizer)
-    strings = _Strings(vmap, batch.eos_ids)
-    target_state, logits = prefill(target, batch, stats)
-    stats.target_calls += 1
-    drafter_state = KVState(drafter, batch.rows)
-    last = sample_tokens(logits, params, seeds, 0)
-    pending = [prompt + (text.to_drafter(vmap.target.text_bytes([t])) or [text.stand_in])  # the drafter reads
-               for prompt, t in zip(prompt_rows(batch, drafter_tokenizer), last.tolist())]   # them with its first draft
-    finished, _ = batch.emit([[t] for t in last.tolist()])
-    step = 1
-    width = vmap.target.size + 1  # the target's ids and "no token"
-    while True:
-        seeds, last, (pending,) = drop_finished(batch, finished, (target_state, drafter_state), seeds, last, pending)
-        if not batch.rows:
-            return
-        step_start = time.perf_counter()
-        forwards_before = target.seconds + drafter.seconds
-        k = draft_length.choose()
-        limit = [max(0, r - 1) for r in batch.remaining().tolist()]
-        drafts = [[] for _ in range(batch.rows)]
-        psis = [[] for _ in range(batch.rows)]
-        walked: list[_Node | None] = [None] * batch.rows
-        drafter_seconds = None
-        if k and any(limit):
-            # The drafter reads the text it has not seen; its distribution there is every tree's root.
-            start = time.perf_counter()
-            calls_before, seconds_before = drafter.calls, drafter.seconds
-            tokens, valid = _left_aligned(pending, device)
-            root_logits = drafter_state.append(tokens, valid)[:, -1]
-            stats.drafter_calls += 1
-            enumerator = _Enumerator(drafter, drafter_state, strings, params, seeds, step, max_drafter_nodes, stats)
-            enumerator.start(root_logits)
-            cursor = {row: (enumerator.roots[row], b"") for row in range(batch.rows) if limit[row]}
-            walked = list(enumerator.roots)
+class StringSampler(DrafterProposer):
+    """Per step: the drafter reads what it has not seen, then each request's enumeration tree gives psi
+    for up to k target positions along the drafter's own sampled path."""
+
+    def __init__(self, setup: Setup, max_nodes: int):
+        self.vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
+        self.text = TextCrossing(self.vmap, setup.tokenizer, setup.drafter_tokenizer)
+        prompts = setup.batch.encode(setup.drafter_tokenizer)
+        setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
+        super().__init__(setup, prompts)
+        self.strings = _Strings(self.vmap, setup.batch.eos_ids)
+        self.max_nodes = max_nodes
+        # Verification ids: the target's ids (LM head or tokenizer, whichever is wider; the target gives
+        # ids past its LM head probability 0), then "no token", which it never emits either.
+        self.width = max(setup.target.vocab_size, self.strings.null) + 1
+        self.walked: list[_Node | None] = []
+
+    def start(self, first: list[int]) -> None:
+        self.pending = [p + (self.text.to_drafter(self.vmap.target.text_bytes([t])) or [self.text.stand_in])
+                        for p, t in zip(self.pending, first)]
+
+    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        rows, device = budget.shape[0], budget.device
+        limit = budget.tolist()
+        self.k = k = self.draft_length.choose() if any(limit) else 0
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        psis: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        self.walked = [None] * rows
+        if k:
+            enumerator = _Enumerator(self.state, self.strings, self.params, self.seeds, step, self.max_nodes)
+            enumerator.start(self.read())  # the drafter's distribution after what it has read: every tree's root
+            cursor = {row: (enumerator.roots[row], b"") for row in range(rows) if limit[row]}
+            self.walked = list(enumerator.roots)
             for _ in range(k):
                 if not cursor:
                     break
@@ -252,57 +241,47 @@ def decode_slrs(target: CausalLM, drafter: CausalLM, batch: Batch, params: Sampl
                 advanced = {}
                 for row, (node, s) in cursor.items():
                     node, rest, t, stop = enumerator.walk(row, node, s)
-                    drafts[row].append(t)
+                    drafts[row].append(self.width - 1 if t == self.strings.null else t)
                     psis[row].append(psi[row])
-                    walked[row] = node
+                    self.walked[row] = node
                     if not stop and len(drafts[row]) < limit[row]:
                         advanced[row] = (node, rest)
                 cursor = advanced
-            stats.draft_seconds += time.perf_counter() - start
-            drafter_seconds = (drafter.seconds - seconds_before) / max(1, drafter.calls - calls_before)
-        m = max(len(d) for d in drafts)
-        draft_tensor = torch.tensor([d + [0] * (m - len(d)) for d in drafts], dtype=torch.long).view(batch.rows, m)
-        q = torch.zeros(batch.rows, m, width, dtype=torch.float32)
-        for row, rows_psi in enumerate(psis):
-            for j, p in enumerate(rows_psi):
-                q[row, j] = p.float()
-        num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
-        # Verify: the proposed tokens ("no token" scored with probability 0) in one target forward.
-        start = time.perf_counter()
-        target_before = target.seconds
-        scored = torch.where(draft_tensor.to(device) >= vmap.target.size, 0, draft_tensor.to(device))
-        verify_logits = target_state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=m + 1)
-        target_seconds = target.seconds - target_before
-        columns = verify_logits.shape[-1]
-        if columns < width:
-            verify_logits = torch.cat([verify_logits, verify_logits.new_full(
-                (*verify_logits.shape[:-1], width - columns), float("-inf"))], dim=-1)
-        else:  # an LM head wider than the tokenizer: its extra ids are never proposed
-            q = torch.cat([q[..., :-1], q.new_zeros(*q.shape[:-1], columns - width + 1), q[..., -1:]], dim=-1)
-            verify_logits = torch.cat([verify_logits, verify_logits.new_full(
-                (*verify_logits.shape[:-1], 1), float("-inf"))], dim=-1)
-            draft_tensor = torch.where(draft_tensor >= vmap.target.size, columns, draft_tensor)
-        out, accepted = ops.chain_verify(verify_logits, draft_tensor.to(device), q.to(device), num_draft=num_draft,
-                                         temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                         seed=seeds, offset=step, validate=False)
-        stats.verify_seconds += time.perf_counter() - start
-        stats.target_calls += 1
-        target_state.rollback(m + 1, accepted + 1)
-        accepted_list, out_list = accepted.tolist(), out.tolist()
-        new_tokens = [out_list[row][: n + 1] for row, n in enumerate(accepted_list)]
-        last = out[torch.arange(batch.rows, device=device), accepted]
-        # The drafter keeps the drawn tokens whose text was emitted, and reads the rest in its tokens
-        # (after a step without drafts it has read nothing since its last draft).
-        previous, pending = pending, []
-        for row, tokens_row in enumerate(new_tokens):
-            emitted = vmap.target.text_bytes(tokens_row)
-            if walked[row] is None:
-                pending.append(previous[row] + (text.to_drafter(emitted) or [text.stand_in]))
+        width = max(len(d) for d in drafts)
+        q = torch.zeros(rows, width, self.width, dtype=torch.float32)
+        null = self.strings.null  # psi's last column is "no token"
+        for row, row_psi in enumerate(psis):
+            for j, p in enumerate(row_psi):
+                q[row, j, :null] = p[:null].float()
+                q[row, j, -1] = float(p[null])
+        tensor = torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long).view(rows, width)
+        num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.long)
+        return Proposal(tensor.to(device), num_draft.to(device), q.to(device), width=self.width, size=k)
+
+    def advance(self, result: StepResult) -> None:
+        """The drafter keeps the drawn tokens whose text was emitted, and reads the rest in its tokens
+        (after a step without drafts it has read nothing since its last draft)."""
+        previous, self.pending = self.pending, []
+        for row, tokens in enumerate(result.emitted):
+            emitted = self.vmap.target.text_bytes(tokens)
+            if self.walked[row] is None:
+                self.pending.append(previous[row] + (self.text.to_drafter(emitted) or [self.text.stand_in]))
                 continue
-            path = walked[row].path()
-            count, covered = matched(path, emitted, vmap.draft.token_bytes)
-            pending.append((path[:count] + text.to_drafter(emitted[covered:])) or [text.stand_in])
-        finished = close_step(batch, stats, draft_length, k, new_tokens, accepted_list, num_draft.tolist(),
-                              target_seconds, drafter_seconds,
-                              time.perf_counter() - step_start - (target.seconds + drafter.seconds - forwards_before))
-        step += 1
+            path = self.walked[row].path()
+            count, covered = matched(path, emitted, self.vmap.draft.token_bytes)
+            self.pending.append((path[:count] + self.text.to_drafter(emitted[covered:])) or [self.text.stand_in])
+
+
+def _check(options: dict) -> None:
+    value = options["max_nodes"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"decode: slrs_max_nodes must be an int >= 1, got {value!r}")
+
+
+def _make(setup: Setup) -> Proposer:
+    return StringSampler(setup, setup.options["max_nodes"])
+
+
+METHODS = [Method("slrs", "string-level rejection sampling for drafters with short tokens (exact)", _make,
+                  drafter="any", tokenizers=vocab_maps.vocab_map, trees=("drafter",), options={"max_nodes": 256},
+                  check=_check, legacy={"slrs_max_nodes": "max_nodes"})]

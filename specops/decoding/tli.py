@@ -8,53 +8,45 @@ distribution the draft was drawn from. The union keeps the drafter's whole distr
 of both vocabularies; its drafter-only tokens have target probability 0 and are always rejected, which
 is why TLI's acceptance rate is at least the union's (Theorem 4.1).
 
-Both run on the speculative-decoding loop of sd.py; only the vocabulary crossing differs. Tokens the
-target emits go back to the drafter through the intersection, or, outside it, as their bytes in the
-drafter's own tokens.
+Both are the token drafter of sd with another vocabulary crossing. Tokens the target emits go back to the
+drafter through the intersection, or, outside it, as the drafter's encoding of their bytes.
 """
 
 from __future__ import annotations
 
-from specops.decoding.sd import DraftVocab
+from specops import vocab as vocab_maps
+from specops.decoding.crossing import DraftVocab, TextCrossing
+from specops.decoding.drafter import TokenDrafter
+from specops.decoding.step import Method, Proposer, Setup
 from specops.vocab import VocabMap
 
 
-def _to_drafter(vmap: VocabMap, drafter_tokenizer):
-    """target ids -> drafter ids saying the same bytes: through the intersection where a token is in it,
-    else the bytes' drafter tokens (single-byte tokens, or the drafter's encoding of the text); a token
-    that stands for no text (a special token) becomes the drafter's unk, eos or 0."""
-    mapped = vmap.target_to_draft.tolist()
-    single = [vmap.draft.canonical.get(bytes([b])) for b in range(256)]
-    fallback = next((i for i in (getattr(drafter_tokenizer, "unk_token_id", None),
-                                 getattr(drafter_tokenizer, "eos_token_id", None)) if i is not None), 0)
-
-    def convert(ids) -> list[int]:
-        out = []
-        for t in ids:
-            d = mapped[t] if 0 <= t < len(mapped) else -1
-            if d >= 0:
-                out.append(d)
-                continue
-            data = vmap.target.token_bytes[t] if 0 <= t < vmap.target.size else None
-            if not data:
-                out.append(fallback)
-            elif all(single[b] is not None for b in data):
-                out.extend(single[b] for b in data)
-            else:
-                out.extend(drafter_tokenizer(data.decode("utf-8", errors="replace"),
-                                             add_special_tokens=False)["input_ids"] or [fallback])
-        return out
-
-    return convert
-
-
-def intersection(vmap: VocabMap, drafter_tokenizer, drafter_rows: int, target_rows: int, device) -> DraftVocab:
+def intersection(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: int, device) -> DraftVocab:
     """TLI: drafts only from the intersection, verified in the target's vocabulary."""
-    return DraftVocab(vmap.projection(drafter_rows).to(device), target_rows, target_rows,
-                      _to_drafter(vmap, drafter_tokenizer))
+    return DraftVocab(vmap.projection(drafter_rows).to(device), target_rows, target_rows, text.tokens_to_drafter)
 
 
-def union(vmap: VocabMap, drafter_tokenizer, drafter_rows: int, target_rows: int, device) -> DraftVocab:
+def union(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: int, device) -> DraftVocab:
     """Alg 1: drafts from the drafter's whole vocabulary, verified over the union of both."""
     ids, width = vmap.union(drafter_rows, target_rows)
-    return DraftVocab(ids.to(device), width, target_rows, _to_drafter(vmap, drafter_tokenizer))
+    return DraftVocab(ids.to(device), width, target_rows, text.tokens_to_drafter)
+
+
+def _maker(crossing):
+    def make(setup: Setup) -> Proposer:
+        vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
+        text = TextCrossing(vmap, setup.tokenizer, setup.drafter_tokenizer)
+        prompts = setup.batch.encode(setup.drafter_tokenizer)
+        setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
+        vocab = crossing(vmap, text, setup.drafter.vocab_size, setup.target.vocab_size, setup.target.device)
+        return TokenDrafter(setup, vocab, prompts)
+
+    return make
+
+
+METHODS = [
+    Method("tli", "a drafter with another vocabulary, drafting from the tokens both vocabularies share",
+           _maker(lambda *args: intersection(*args)), drafter="any", tokenizers=vocab_maps.vocab_map),
+    Method("union", "TLI's baseline: the drafter's whole vocabulary, its own tokens always rejected",
+           _maker(lambda *args: union(*args)), drafter="any", tokenizers=vocab_maps.vocab_map),
+]

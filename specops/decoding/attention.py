@@ -1,0 +1,277 @@
+"""The attention path for draft trees: a forward over a token tree per request, where a node sees the
+valid prefix of its row and its own ancestors, exactly as if its root-to-node path had been appended as
+a chain.
+
+transformers builds every attention mask from index functions (`masking_utils`: causal, sliding window,
+chunked, per layer type) and calls attention through a registry (`AttentionInterface`). For a tree
+forward, specops registers one mask function and one attention function under the name `specops_tree`
+and switches the model's configs to it for the duration of the call:
+
+- the mask function evaluates the model's own mask function for each layer type on *chain indices*: a
+  node at depth d is queried as if it sat at the slot right after its row's prefix plus d, and the node
+  it looks at as a key likewise, so windows and chunks count tokens along the path, never the slots of
+  cousins; then it keeps only the row's valid keys and, among the tree's nodes, the ancestors;
+- the attention function hands that mask to the attention implementation the model was configured with
+  (its eager function, as a float mask; anything else through SDPA, as a boolean mask).
+
+So whatever windows, soft-caps or sinks a model defines stay the model's own. A model whose attention
+does not go through the registry (ALiBi models build their biases from the 2-D mask, GPT-Neo keeps its
+own local-attention buffer) cannot take trees exactly; `tree_support` finds that out once per model, by
+a forward that must reach the registered functions in every layer and reproduce the logits of the same
+paths run as chains, and decoding refuses such a model before it starts.
+
+Models that are not transformers `PreTrainedModel`s receive the tree as a 4-D boolean mask [B, 1, n, L]
+(query i may see key j) with the position ids of each node; honouring them is their contract (the test
+suite's table-defined models check every mask they get).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["TreeMask", "tree_forward", "tree_support"]
+
+NAME = "specops_tree"
+_ACTIVE = threading.local()
+_REGISTERED = False
+
+
+@dataclass
+class TreeMask:
+    """One tree forward's layout. valid [B, S] bool: which slots hold a token (the new nodes included;
+    padding nodes are invalid); depth [B, N] int64: each new node's depth below its root (the root, the
+    row's last emitted token, at depth 0); visible [B, N, N] bool: node i may see node j (j is i or an
+    ancestor of i). The new nodes are the last N of the S slots."""
+
+    valid: torch.Tensor
+    depth: torch.Tensor
+    visible: torch.Tensor
+    original: str = "sdpa"  # the attention implementation the model was configured with
+    attention_calls: int = 0
+    mask_calls: int = 0
+
+    def dense(self) -> torch.Tensor:
+        """[B, 1, N, S] bool: the mask for a model with no index-based mask functions (plain causal, no
+        window): every valid prefix slot, the tree's ancestors, and always the query's own slot."""
+        batch, nodes = self.depth.shape
+        slots = self.valid.shape[1]
+        base = slots - nodes
+        allowed = self.valid[:, None, :].expand(batch, nodes, slots).clone()
+        allowed[:, :, base:] &= self.visible
+        allowed[:, torch.arange(nodes), torch.arange(base, slots)] = True
+        return allowed[:, None]
+
+
+def _chain_index(tree: TreeMask, base: int, slots: torch.Tensor) -> torch.Tensor:
+    """[B, len(slots)]: prefix slots unchanged, node slots as base + depth (where the node would sit in
+    its own root-to-node chain)."""
+    nodes = tree.depth.shape[1]
+    node = slots - base
+    inside = (node >= 0) & (node < nodes)
+    depth = tree.depth.gather(1, node.clamp(0, nodes - 1).expand(tree.depth.shape[0], -1))
+    return torch.where(inside, base + depth, slots)
+
+
+def _mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
+          attention_mask=None, dtype=torch.float32, device=None, cache_position=None, **_):
+    """AttentionMaskInterface entry: the model's mask function on chain indices, restricted to valid keys
+    and to each node's ancestors (module docstring). Bool for SDPA, additive float for eager."""
+    tree = _active()
+    tree.mask_calls += 1
+    nodes = tree.depth.shape[1]
+    if cache_position is not None:  # older transformers pass the query slots themselves
+        q_offset, q_length = int(cache_position[0]), cache_position.shape[0]
+        kv_length = kv_length if kv_length is not None else attention_mask.shape[-1]
+    slots = tree.valid.shape[1]
+    base = slots - nodes
+    if q_length != nodes or q_offset != base or kv_offset != 0 or kv_length != slots:
+        raise RuntimeError(f"specops tree attention: the model asked for a mask of {q_length} queries at slot "
+                           f"{q_offset} over keys {kv_offset}..{kv_offset + kv_length}, not the tree's {nodes} "
+                           f"nodes after {base} cached slots")
+    device = tree.valid.device
+    queries = (base + tree.depth)[:, None, :, None]
+    keys = _chain_index(tree, base, torch.arange(slots, device=device)[None])[:, None, None, :]
+    rows = torch.arange(tree.depth.shape[0], device=device)[:, None, None, None]
+    heads = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    if mask_function is None:
+        allowed = keys <= queries
+    else:
+        allowed = torch.as_tensor(mask_function(rows, heads, queries, keys), device=device)
+    allowed = allowed.expand(tree.depth.shape[0], 1, nodes, slots) & tree.dense()
+    if tree.original == "eager":
+        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return allowed
+
+
+def _eager_function(module):
+    function = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if function is None:
+        raise RuntimeError(f"specops tree attention: {type(module).__name__} has no eager_attention_forward")
+    return function
+
+
+def _attention(module, query, key, value, attention_mask, **kwargs):
+    """AttentionInterface entry: the model's configured attention with the tree mask."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    tree = _active()
+    tree.attention_calls += 1
+    if tree.original == "eager":
+        function = _eager_function(module)
+    else:  # flash and flex kernels take no arbitrary mask: SDPA computes the same attention
+        function = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return function(module, query, key, value, attention_mask, **kwargs)
+
+
+def _active() -> TreeMask:
+    tree = getattr(_ACTIVE, "tree", None)
+    if tree is None:
+        raise RuntimeError(f"the '{NAME}' attention implementation is only usable inside specops' tree forwards")
+    return tree
+
+
+def _register() -> None:
+    global _REGISTERED
+    if not _REGISTERED:
+        from transformers.masking_utils import AttentionMaskInterface
+        from transformers.modeling_utils import AttentionInterface
+
+        AttentionInterface.register(NAME, _attention)
+        AttentionMaskInterface.register(NAME, _mask)
+        _REGISTERED = True
+
+
+def _configs(model) -> list:
+    """Every distinct config object the model's modules read (a `self:N` view holds a copy of the
+    target's, while its layers still read the target's own)."""
+    from transformers import PretrainedConfig
+
+    seen = {}
+    for module in (model, *model.modules()):
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig):
+            seen[id(config)] = config
+            for name in getattr(config, "sub_configs", {}) or {}:
+                sub = getattr(config, name, None)
+                if isinstance(sub, PretrainedConfig):
+                    seen[id(sub)] = sub
+    return list(seen.values())
+
+
+def is_transformers_model(model) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+@contextmanager
+def tree_forward(model, tree: TreeMask):
+    """Within this block, forwards of `model` attend along `tree` (a transformers model through the
+    registered functions; anything else is given tree.dense() as its attention mask by the caller)."""
+    if not is_transformers_model(model):
+        yield
+        return
+    _register()
+    configs = _configs(model)
+    saved = [config._attn_implementation for config in configs]
+    tree.original = model.config._attn_implementation or "eager"
+    _ACTIVE.tree = tree
+    try:
+        for config in configs:
+            config._attn_implementation_internal = NAME
+        yield
+    finally:
+        for config, implementation in zip(configs, saved):
+            config._attn_implementation_internal = implementation
+        _ACTIVE.tree = None
+
+
+_SUPPORT: weakref.WeakKeyDictionary[object, str | None] = weakref.WeakKeyDictionary()
+
+
+def tree_support(lm, tokens: list[int]) -> str | None:
+    """None if draft trees are exact on `lm` (a CausalLM), else the reason they are not; probed once per
+    model, with ids from `tokens` (ones its tokenizer produces): a ragged batch of two prompts, a branching
+    tree per row, every node's logits compared with the same root-to-node path decoded as a plain chain
+    from scratch."""
+    if not is_transformers_model(lm.model):
+        return None  # the 4-D mask contract (module docstring)
+    try:
+        return _SUPPORT[lm.model]
+    except (KeyError, TypeError):
+        pass
+    reason = _probe(lm, sorted(set(tokens)))
+    try:
+        _SUPPORT[lm.model] = reason
+    except TypeError:
+        pass
+    return reason
+
+
+def _probe(model_lm, pool: list[int]) -> str | None:
+    from specops.decoding.engine import CausalLM, KVState
+
+    lm = CausalLM(model_lm.model, model_lm.name)  # its own call counters
+    token = lambda i: pool[(7 * i) % len(pool)]
+    prompts = [[token(i) for i in range(5)], [token(i + 11) for i in range(3)]]
+    # Per row: root, two children of the root, a grandchild under the first child; row 1 has no
+    # grandchild (a padding node).
+    parents = [[-1, 0, 0, 1], [-1, 0, 0, -1]]
+    nodes = [[token(20), token(21), token(22), token(23)], [token(30), token(31), token(32), token(0)]]
+    depth = torch.tensor([[0, 1, 1, 2], [0, 1, 1, 0]])
+    valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    visible = torch.zeros(2, 4, 4, dtype=torch.bool)
+    for b in range(2):
+        for i in range(4):
+            j = i
+            while j >= 0 and valid[b, i]:
+                visible[b, i, j] = True
+                j = parents[b][j]
+        visible[b, 3, 3] = True
+    device = lm.device
+    try:
+        with torch.inference_mode():
+            state = KVState(lm, 2)
+            state.prefill(prompts)
+            tree = state.append_tree(torch.tensor(nodes, device=device), valid.to(device), depth.to(device),
+                                     visible.to(device))
+            checks = state.last_tree
+            if checks.mask_calls == 0 or checks.attention_calls != lm.attention_layers:
+                return (f"its attention does not go through transformers' attention registry in every layer "
+                        f"({checks.attention_calls} of {lm.attention_layers} layers did)")
+            for b in range(2):
+                for i in range(4):
+                    if not valid[b, i]:
+                        continue
+                    path, j = [], i
+                    while j >= 0:
+                        path.append(nodes[b][j])
+                        j = parents[b][j]
+                    want = KVState(lm, 1).prefill([prompts[b] + path[::-1]])[0]
+                    tolerance = 1e-3 if lm.dtype == torch.float32 else 3e-2
+                    if not _close(want, tree[b, i], tolerance):
+                        return ("its logits for a draft tree differ from the same paths decoded as chains "
+                                "(its attention or positions do not follow the mask and position ids specops "
+                                "passes)")
+    except Exception as error:  # a model that cannot take the tree at all
+        return f"a tree forward fails ({type(error).__name__}: {error})"
+    return None
+
+
+def _close(want: torch.Tensor, got: torch.Tensor, tolerance: float) -> bool:
+    """Equal up to `tolerance` of the largest finite logit (summation order differs between a tree and a
+    chain forward: about 1e-6 of the scale in float32; a wrong mask or position moves logits by a large
+    fraction of it); -inf (impossible tokens) must match exactly."""
+    finite = torch.isfinite(want)
+    if not torch.equal(finite, torch.isfinite(got)) or not bool(finite.any()):
+        return bool(torch.equal(want, got))
+    scale = want[finite].abs().max().clamp(min=1e-6)
+    return bool((want[finite] - got[finite]).abs().max() <= tolerance * scale)

@@ -1,0 +1,129 @@
+"""How drafts cross from a drafter's vocabulary into the target's, and emitted text back.
+
+- `DraftVocab`: token-level crossing (sd: the identity; tli: the vocabulary intersection; union: both
+  vocabularies). It samples a draft from drafter logits through `specops.ops.vocab_project`, which also
+  gives the exact q that verification needs.
+- `TextCrossing`: string-level crossing (slem, slrs, and the way back for tli / union): drafted bytes
+  re-encoded by the target's tokenizer behind a look-behind, emitted bytes re-encoded by the drafter's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops import ops
+from specops.decoding.step import SamplingParams, draft_offset
+from specops.vocab import VocabMap
+
+__all__ = ["DraftVocab", "TextCrossing", "matched"]
+
+LOOK_BEHIND = 4  # target tokens re-encoded with each draft
+
+
+class DraftVocab:
+    """How drafts cross from the drafter's vocabulary into the target's.
+
+    target_ids [drafter LM-head rows]: each drafter id's id in the verification vocabulary (-1: never
+    drafted), which has `width` >= the target's vocabulary; the columns past it (the union's
+    drafter-only tokens, paper 000 Alg 1) get target logits of -inf. to_drafter: target ids -> the
+    drafter ids that say the same (what the drafter reads after the target emitted them).
+    """
+
+    def __init__(self, target_ids: torch.Tensor, width: int, target_vocab: int, to_drafter):
+        self.target_ids = target_ids
+        self.width = width
+        self.target_vocab = target_vocab
+        self.to_drafter = to_drafter
+
+    @classmethod
+    def same(cls, vocab_size: int, device) -> DraftVocab:
+        """The target's own vocabulary (standard speculative decoding)."""
+        return cls(torch.arange(vocab_size, device=device), vocab_size, vocab_size, lambda ids: list(ids))
+
+    def draft(self, logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int, index: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One draft per row from drafter logits [B, V_d]: (target ids, drafter ids, q [B, width] or None
+        when greedy), q being exactly the distribution the draft was drawn from."""
+        q, tokens, drafter_tokens = ops.vocab_project(
+            logits, self.target_ids, self.width, temperature=params.temperature, top_k=params.top_k,
+            top_p=params.top_p, seed=seeds, offset=draft_offset(step, index), validate=False)
+        return tokens, drafter_tokens, None if params.greedy else q
+
+
+def _valid_prefix(data: bytes) -> str:
+    """The longest prefix of `data` that is whole UTF-8 characters, as text."""
+    for cut in range(min(4, len(data)) + 1):
+        try:
+            return data[:len(data) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", errors="replace")
+
+
+def matched(tokens: list[int], emitted: bytes, token_bytes: list) -> tuple[int, int]:
+    """(how many of `tokens` spell a prefix of `emitted`, the bytes they cover): the drafter keeps
+    those and reads the rest of the emitted text in its own tokens."""
+    count, covered = 0, 0
+    for token in tokens:
+        piece = token_bytes[token] or b""
+        if not piece or emitted[covered:covered + len(piece)] != piece:
+            break
+        count, covered = count + 1, covered + len(piece)
+    return count, covered
+
+
+class TextCrossing:
+    """Moves text between the two tokenizers."""
+
+    def __init__(self, vmap: VocabMap, target_tokenizer, drafter_tokenizer):
+        self.vmap = vmap
+        self.target_tokenizer = target_tokenizer
+        self.drafter_tokenizer = drafter_tokenizer
+        self.single = [vmap.draft.canonical.get(bytes([b])) for b in range(256)]
+        # What the drafter reads for emitted text that is no text at all (a special token).
+        self.stand_in = next((i for i in (getattr(drafter_tokenizer, "unk_token_id", None),
+                                          getattr(drafter_tokenizer, "eos_token_id", None)) if i is not None), 0)
+        self._mapped = vmap.target_to_draft.tolist()
+
+    def to_target(self, history: list[int], draft: bytes) -> list[int]:
+        """Target tokens for drafted bytes that follow `history` (target ids), via the look-behind:
+        tokenizers merge across boundaries (" fo" + "o" is " foo"), so the widest window of the last
+        target tokens that comes back unchanged decides where the drafts start."""
+        text = _valid_prefix(draft)
+        if not text:
+            return []
+        encode = self.target_tokenizer
+        for behind in range(min(LOOK_BEHIND, len(history)), 0, -1):
+            window = history[-behind:]
+            try:
+                context = self.vmap.target.text_bytes(window).decode("utf-8")
+            except UnicodeDecodeError:  # the window starts inside a character
+                continue
+            ids = encode(context + text, add_special_tokens=False)["input_ids"]
+            if ids[:behind] == window:
+                return ids[behind:]
+        return encode(text, add_special_tokens=False)["input_ids"]
+
+    def to_drafter(self, data: bytes) -> list[int]:
+        """Drafter tokens for emitted bytes: its own encoding of whole characters, single-byte tokens for a
+        trailing partial character."""
+        text = _valid_prefix(data)
+        ids = self.drafter_tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        for b in data[len(text.encode("utf-8")):]:
+            if self.single[b] is not None:
+                ids.append(self.single[b])
+        return ids
+
+    def tokens_to_drafter(self, ids) -> list[int]:
+        """Target ids -> drafter ids saying the same bytes: through the vocabulary intersection where a token
+        is in it, else the drafter's encoding of its bytes; a token that stands for no text becomes the
+        stand-in."""
+        out = []
+        for t in ids:
+            d = self._mapped[t] if 0 <= t < len(self._mapped) else -1
+            if d >= 0:
+                out.append(d)
+                continue
+            data = self.vmap.target.token_bytes[t] if 0 <= t < self.vmap.target.size else None
+            out.extend((self.to_drafter(data) if data else []) or [self.stand_in])
+        return out

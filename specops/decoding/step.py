@@ -1,0 +1,143 @@
+"""What a decoding method and the loop hand each other every step.
+
+A method is a `Proposer`: each step it proposes drafts for every running request (`Proposal`: a chain of
+drafts with the distribution they were drawn from, or rows of a token tree), names the verifier that
+checks them, and afterwards hears what was accepted (`StepResult`) so it can advance or roll back its own
+state (a drafter's KV cache, a context of n-grams) and tune its draft sizes. The loop (loop.py) does
+everything else: it runs the target, verifies, emits, times and counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Method", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "draft_offset"]
+
+_DRAFT_BITS = 32  # random-number offsets of drafts: step << 32 | draft index
+
+
+def draft_offset(step: int, index: int) -> int:
+    """The random-number offset of draft `index` of step `step`: distinct for every (step, index) with
+    index < 2**32 (more drafts than that in one step could not fit in memory)."""
+    if not 0 <= index < 2 ** _DRAFT_BITS or not 0 <= step < 2 ** (63 - _DRAFT_BITS):
+        raise ValueError(f"draft offset out of range: step {step}, draft {index}")
+    return (step << _DRAFT_BITS) | index
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Setup:
+    """What a method's proposer is built from, before decoding starts (registry.Method.make)."""
+
+    method: str
+    target: object  # CausalLM
+    tokenizer: object
+    batch: object  # Batch
+    params: SamplingParams
+    seeds: torch.Tensor
+    num_draft_tokens: object
+    options: dict
+    drafter: object = None  # CausalLM
+    drafter_tokenizer: object = None
+    drafter_key: object = None  # what the draft-length memory is kept under ("self:N" or the model)
+
+
+@dataclass
+class Proposal:
+    """One step's drafts for the running requests.
+
+    Chains (verifier "chain"): drafts [B, K] int64 in the verification vocabulary, num_draft [B] (how
+    many of them each request proposes), probs [B, K, W] float32 (the distribution each draft was drawn
+    from; None for deterministic drafts, whose q is one-hot) and width W >= the target's vocabulary (ids
+    from the target's vocabulary size up are tokens the target cannot emit: always rejected).
+    Trees (verifier "tree_path"): rows [B, k, w] int64, k candidate continuations per request, -1 past a
+    row's end; they form one token tree per request under its last emitted token.
+    size: draft tokens per request in flight, for the statistics (None: the verifier's count)."""
+
+    drafts: torch.Tensor | None = None
+    num_draft: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    width: int | None = None
+    rows: torch.Tensor | None = None
+    size: int | None = None
+
+    @classmethod
+    def empty(cls, rows: int, device) -> Proposal:
+        """No drafts: a plain decoding step."""
+        return cls(torch.empty(rows, 0, dtype=torch.long, device=device),
+                   torch.zeros(rows, dtype=torch.long, device=device), size=0)
+
+
+@dataclass
+class StepResult:
+    """What a step did, for the proposer: per running request the tokens emitted (the accepted drafts
+    and one more token from the target, before any cut at EOS or a stop string) and the drafts
+    accepted and offered; which requests finished; and what the step cost."""
+
+    emitted: list[list[int]]
+    accepted: list[int]
+    num_draft: list[int]
+    finished: set[int]
+    size: int
+    target_seconds: float
+    drafter_seconds: float | None  # per drafter forward that read a few tokens (None: no such call)
+    step_seconds: float
+    outside_seconds: float  # of the step, outside model forwards
+    accepted_tensor: torch.Tensor = field(repr=False, default=None)
+
+
+class Proposer:
+    """Base of every method. `drafters` lists the drafter models (CausalLM) the method runs, so the loop
+    can time and count them; `verifier` names how drafts are checked (verify.py)."""
+
+    verifier = "chain"
+    drafters: tuple = ()
+
+    def start(self, first: list[int]) -> None:
+        """The first token of every request, sampled from the prompt's logits (already emitted)."""
+
+    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        """Drafts for this step; budget [B]: how many drafts each request may still use; last [B]: each
+        request's last emitted token (the target has not read it yet)."""
+        raise NotImplementedError
+
+    def accept(self, result: StepResult) -> None:
+        """What the target accepted this step."""
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (finished requests leave the batch)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """name: what decode(method=...) says. drafter: "none" (no drafter), "same" (a drafter with the
+    target's vocabulary) or "any" (any vocabulary). trees: the roles ("target", "drafter") whose model
+    scores draft trees. options: option name -> default; check(options) raises ValueError for bad
+    values. legacy: decode() keywords that set an option (keyword -> option name). draft_setting:
+    validates num_draft_tokens (default: "auto" or an int >= 1). tokenizers(target_tokenizer,
+    drafter_tokenizer) checks what the tokenizers alone decide (a vocabulary map), before any prompt is
+    encoded. make(setup) builds the proposer, before decoding starts."""
+
+    name: str
+    summary: str
+    make: Callable[[Setup], Proposer]
+    drafter: str = "none"
+    trees: tuple[str, ...] = ()
+    options: dict = field(default_factory=dict)
+    check: Callable[[dict], None] | None = None
+    legacy: dict = field(default_factory=dict)
+    draft_setting: Callable[[object], None] | None = None
+    tokenizers: Callable[[object, object], None] | None = None
