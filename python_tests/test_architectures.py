@@ -43,11 +43,24 @@ import specops
 from arch_zoo import ARCHITECTURES
 from toy_models import EOS_ID, PAD_ID, byte_tokenizer, merged_byte_tokenizer
 
-# (architecture or pair id, method) -> why decode must refuse it. Filled in as the engine learns which
-# combinations it cannot make exact. Pair ids are "target+drafter" (see PAIRS); the method is a decode
-# method ("sd": every sd case) or one of the METHODS ids ("sd-k3": that case only). Empty: transformers'
-# own generate() works for every architecture of the zoo.
-EXPECTED_REFUSALS: dict[tuple[str, str], str] = {}
+# (architecture or pair id, method) -> why decode must refuse it. Pair ids are "target+drafter" (see
+# PAIRS); the method is a decode method ("sd": every sd case) or one of the METHODS ids ("sd-k3": that case
+# only). Chains work on every architecture (the cache is compacted, so each forward is what generate()
+# does with a left-padded batch); draft trees (ngram) need attention that goes through transformers'
+# attention registry in every layer (specops/decoding/attention.py), which these architectures bypass.
+_OWN_ATTENTION = {
+    "gpt_neo": "local attention from its own slot-indexed buffer",
+    "bloom": "ALiBi built from the 2-D mask's running count",
+    "falcon_alibi": "ALiBi built from the 2-D mask's running count",
+    "mpt": "ALiBi built from slot indices",
+    "gptj": "its own attention module",
+    "falcon": "its own attention module",
+    "codegen": "its own attention module",
+    "xglm": "its own attention module",
+}
+EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
+    (arch, "ngram"): f"draft trees: {why}, outside transformers' attention registry"
+    for arch, why in _OWN_ATTENTION.items()}
 
 # Architectures whose own generate() gives other greedy tokens for a prompt in a left-padded batch than
 # for the prompt alone (see test_generate_padded_equals_alone).
