@@ -1,0 +1,223 @@
+"""The engine under every method (specops/decoding/engine.py, attention.py): memory linear in the
+context, the context limit, models whose LM head or tokenizer do not fit the usual pattern, per-method
+options, and the KV cache's compaction; nothing downloads.
+
+1. Long context: a prompt of thousands of tokens decodes (greedy sd and ngram equal ar), and the largest
+   attention mask any forward builds grows linearly with the prompt (measured by wrapping every mask
+   function transformers calls and specops' own tree mask), while a single forward over the whole
+   prompt would build L x L. A prompt past the model's context raises before any forward.
+2. Robustness: an LM head that is not an nn.Linear decodes; one pruned by transformers' universal
+   assisted generation is refused; a tokenizer with ids the model cannot embed is refused.
+3. Options: per-method options travel in one dict; unknown ones are refused.
+4. Compaction: after ragged acceptance every row's tokens are contiguous and end at the last slot.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy_models import BYTE_VOCAB, byte_tokenizer, tiny_gemma3, tiny_llama
+
+import specops
+from specops.decoding import attention, engine
+from specops.decoding.engine import PREFILL_CHUNK, CausalLM, KVState
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_tokenizer()
+
+
+# ---- 1. long context ----
+
+class _MaskSizes:
+    """Wraps every mask function transformers can call and specops' tree mask; records the elements of
+    each mask they return."""
+
+    def __init__(self, monkeypatch):
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        self.sizes: list[int] = []
+        mapping = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+        for name, function in list(mapping.items()):
+            monkeypatch.setitem(mapping, name, self._wrap(function))
+        monkeypatch.setattr(attention.TreeMask, "dense", self._wrap(attention.TreeMask.dense))
+
+    def _wrap(self, function):
+        def wrapped(*args, **kwargs):
+            mask = function(*args, **kwargs)
+            if isinstance(mask, torch.Tensor):
+                self.sizes.append(mask.numel())
+            return mask
+
+        return wrapped
+
+
+def _long_prompt(length: int) -> str:
+    text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+    return (text * (length // len(text) + 1))[:length]
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "ngram"])
+def test_mask_memory_linear_in_context(tok, monkeypatch, method):
+    """Prompts of 1,200 and 2,400 tokens (byte tokenizer: one token per byte), ragged with a short one:
+    the largest mask of any forward stays within B x PREFILL_CHUNK x L elements and doubles (not
+    quadruples) with the prompt; greedy outputs equal ar's."""
+    model = tiny_gemma3(layers=2, seed=3, sliding_window=64, layer_types=["sliding_attention", "full_attention"])
+    model.config.max_position_embeddings = 4096
+    kwargs = dict(target=model, tokenizer=tok, max_new_tokens=8, num_draft_tokens=(2, 3) if method == "ngram" else 2)
+    if method == "sd":
+        kwargs["drafter"] = "self:1"
+    if method == "ngram":
+        kwargs["ngram_tables"] = "none"
+    peaks = {}
+    for length in (1200, 2400):
+        prompts = [_long_prompt(length), "short prompt"]
+        with monkeypatch.context() as patch:
+            sizes = _MaskSizes(patch)
+            result = specops.decode(prompts, method=method, **kwargs)
+        peaks[length] = max(sizes.sizes)
+        assert peaks[length] <= len(prompts) * PREFILL_CHUNK * (length + 16)
+        assert result.tokens == specops.decode(prompts, method="ar", target=model, tokenizer=tok,
+                                               max_new_tokens=8).tokens
+    assert peaks[2400] <= 2.2 * peaks[1200], peaks  # linear: L x L would be 4x
+
+
+def test_chunked_prefill_matches_one_forward():
+    """A prompt read in PREFILL_CHUNK pieces gives the logits of one forward over the whole prompt."""
+    model = tiny_llama(layers=2, seed=4)
+    ids = torch.randint(2, BYTE_VOCAB, (1, 2 * PREFILL_CHUNK + 37), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        want = model(input_ids=ids).logits[0, -1]
+        got = KVState(CausalLM(model), 1).prefill([ids[0].tolist()])[0]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_past_context_raises_before_any_forward(tok):
+    model = tiny_llama(layers=1, seed=0)  # 2,048 positions
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"prompt 1 is 2100 target tokens .* context of 2048 positions "
+                                             r"\(max_position_embeddings\)"):
+            specops.decode(["ok", "x" * 2100], target=model, tokenizer=tok, max_new_tokens=4)
+        with pytest.raises(ValueError, match="max_new_tokens asks for 100 more"):
+            specops.decode("x" * 2000, target=model, tokenizer=tok, max_new_tokens=100)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+# ---- 2. robustness ----
+
+class _Head(torch.nn.Module):
+    """An LM head that is not an nn.Linear and has no weight attribute of its own."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.inner = linear
+
+    def forward(self, hidden):
+        return self.inner(hidden)
+
+
+def test_lm_head_not_linear_decodes(tok):
+    model = tiny_llama(layers=2, seed=8)
+    expected = specops.decode(["Hello", "a b c"], target=model, tokenizer=tok, method="ar", max_new_tokens=10).tokens
+    wrapped = tiny_llama(layers=2, seed=8)
+    wrapped.lm_head = _Head(wrapped.lm_head)
+    for method, extra in (("ar", {}), ("sd", {"drafter": "self:1"}), ("ngram", {"ngram_tables": "none"})):
+        result = specops.decode(["Hello", "a b c"], target=wrapped, tokenizer=tok, method=method, max_new_tokens=10,
+                                **extra)
+        assert result.tokens == expected, method
+
+
+def test_pruned_drafter_refused(tok):
+    from transformers.generation.candidate_generator import _PruneReindexingLMHead
+
+    target = tiny_llama(layers=2, seed=0)
+    drafter = tiny_llama(layers=1, seed=1)
+    drafter.set_output_embeddings(_PruneReindexingLMHead(drafter.get_output_embeddings(), torch.arange(100)))
+    with pytest.raises(ValueError, match=r"drafter's LM head was pruned in place .*pass an unmodified drafter"):
+        specops.decode("hi", target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok, max_new_tokens=2)
+
+
+def test_tokenizer_larger_than_model_refused(tok):
+    small = tiny_llama(layers=1, seed=0, vocab=100)  # the byte tokenizer's ids go up to 257
+    with pytest.raises(ValueError, match=r"gives prompt 0 the id \d+, but the target \(LlamaForCausalLM\) embeds "
+                                         r"only ids 0\.\.99"):
+        specops.decode("héllo", target=small, tokenizer=tok, max_new_tokens=2)
+
+
+# ---- 3. options ----
+
+def test_options_dict_equals_keywords(tok):
+    model = tiny_llama(layers=2, seed=2)
+    prompts = ["abab abab", "xyz xyz xy"]
+    kwargs = dict(target=model, tokenizer=tok, method="ngram", max_new_tokens=12, num_draft_tokens=(2, 3))
+    by_keyword = specops.decode(prompts, ngram_tables="none", **kwargs)
+    by_option = specops.decode(prompts, options={"tables": "none"}, **kwargs)
+    assert by_option.tokens == by_keyword.tokens
+    assert by_option.stats.drafted == by_keyword.stats.drafted
+
+
+@pytest.mark.parametrize("method,options,match", [
+    ("ngram", {"tabels": "none"}, r"unknown option 'tabels' for method 'ngram'; it takes tables"),
+    ("ar", {"tables": "none"}, r"unknown option 'tables' for method 'ar'; it takes none"),
+    ("ngram", {"tables": "trigram"}, "ngram_tables must be one of bigram, unigram, none, got 'trigram'"),
+])
+def test_bad_options(tok, method, options, match):
+    with pytest.raises(ValueError, match=match):
+        specops.decode("hi", target=tiny_llama(layers=1), tokenizer=tok, method=method, options=options,
+                       max_new_tokens=2)
+
+
+# ---- 4. compaction ----
+
+def test_rows_contiguous_after_ragged_rollback():
+    """Rows that keep different numbers of appended tokens are compacted before the next forward: each
+    row's tokens end at the last slot, padding only in front, and logits equal a fresh run."""
+    model = tiny_llama(layers=2, seed=9)
+    lm = CausalLM(model)
+    state = KVState(lm, 3)
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    with torch.inference_mode():
+        state.prefill(rows)
+        state.append(torch.tensor([[20, 21, 22], [30, 31, 32], [40, 41, 42]]), keep=3)
+        state.rollback(3, torch.tensor([3, 1, 2]))
+        logits = state.append(torch.tensor([[50], [51], [52]]))[:, -1]
+    kept = [rows[0] + [20, 21, 22, 50], rows[1] + [30, 51], rows[2] + [40, 41, 52]]
+    assert state.next_pos.tolist() == [len(k) for k in kept]
+    width = state.mask.shape[1]
+    for b, sequence in enumerate(kept):
+        assert state.mask[b].tolist() == [False] * (width - len(sequence)) + [True] * len(sequence)
+        assert state.tokens[b, width - len(sequence):].tolist() == sequence
+        with torch.inference_mode():
+            fresh = model(input_ids=torch.tensor([sequence])).logits[0, -1]
+        assert torch.allclose(logits[b], fresh, atol=1e-5, rtol=1e-4), b
+    assert state.cache.get_seq_length() == width == max(len(k) for k in kept)
+
+
+def test_extend_rereads_for_ragged_catch_up():
+    """A drafter catching up on 1 token in one row and 3 in another: the short row re-reads its own last
+    tokens, so the logits after each row's last token equal a fresh run."""
+    model = tiny_llama(layers=2, seed=10)
+    state = KVState(CausalLM(model), 2)
+    with torch.inference_mode():
+        state.extend([[5, 6, 7], [8, 9]])
+        logits = state.extend([[10], [11, 12, 13]])
+    for b, sequence in enumerate([[5, 6, 7, 10], [8, 9, 11, 12, 13]]):
+        with torch.inference_mode():
+            fresh = model(input_ids=torch.tensor([sequence])).logits[0, -1]
+        assert torch.allclose(logits[b], fresh, atol=1e-5, rtol=1e-4), b
+
+
+def test_engine_module_has_no_quadratic_buffers():
+    """What the engine keeps per request is O(L): a [B, L] mask and token record next to the cache."""
+    state = KVState(CausalLM(tiny_llama(layers=1)), 2)
+    with torch.inference_mode():
+        state.prefill([[5] * 300, [6] * 20])
+    assert state.mask.shape == state.tokens.shape == (2, 300)
+    assert not [name for name, value in vars(state).items()
+                if isinstance(value, torch.Tensor) and value.dim() > 2]
+    assert engine.PREFILL_CHUNK <= 1024
