@@ -1,7 +1,8 @@
 """specops: speculative-decoding kernels for PyTorch, and the decoders built on them.
 
 Public API: `specops.decode` (generation with any method), `specops.ops` (the kernels, as typed
-wrappers over `torch.ops.specops.*`) and `specops.models` (the embedded default models).
+wrappers over `torch.ops.specops.*`), `specops.models` (the embedded default models) and
+`specops.vocab` (vocabulary maps between two tokenizers: `specops.vocab.vocab_map`).
 """
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -9,9 +10,10 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from specops import _C  # noqa: F401  (registers the op schemas and the C++ CPU kernels)
 from specops import ops
 from specops import kernels  # noqa: F401  (registers the Triton kernels for CUDA)
+from specops import vocab
 from specops.decoding import DecodeResult, decode
 
-__all__ = ["decode", "DecodeResult", "ops", "models"]
+__all__ = ["decode", "DecodeResult", "ops", "models", "vocab"]
 __version__ = "0.1.0"
 
 

@@ -247,20 +247,22 @@ def _probe(model_lm, pool: list[int]) -> str | None:
             if checks.mask_calls == 0 or checks.attention_calls != lm.attention_layers:
                 return (f"its attention does not go through transformers' attention registry in every layer "
                         f"({checks.attention_calls} of {lm.attention_layers} layers did)")
+            # Every node's root-to-node path as a chain from scratch, all in one left-padded batch.
+            cases, chains = [], []
             for b in range(2):
                 for i in range(4):
-                    if not valid[b, i]:
-                        continue
-                    path, j = [], i
-                    while j >= 0:
-                        path.append(nodes[b][j])
-                        j = parents[b][j]
-                    want = KVState(lm, 1).prefill([prompts[b] + path[::-1]])[0]
-                    tolerance = 1e-3 if lm.dtype == torch.float32 else 3e-2
-                    if not _close(want, tree[b, i], tolerance):
-                        return ("its logits for a draft tree differ from the same paths decoded as chains "
-                                "(its attention or positions do not follow the mask and position ids specops "
-                                "passes)")
+                    if valid[b, i]:
+                        path, j = [], i
+                        while j >= 0:
+                            path.append(nodes[b][j])
+                            j = parents[b][j]
+                        cases.append((b, i))
+                        chains.append(prompts[b] + path[::-1])
+            want = KVState(lm, len(chains)).prefill(chains)
+            tolerance = 1e-3 if lm.dtype == torch.float32 else 3e-2
+            if not all(_close(want[n], tree[b, i], tolerance) for n, (b, i) in enumerate(cases)):
+                return ("its logits for a draft tree differ from the same paths decoded as chains (its attention "
+                        "or positions do not follow the mask and position ids specops passes)")
     except Exception as error:  # a model that cannot take the tree at all
         return f"a tree forward fails ({type(error).__name__}: {error})"
     return None
