@@ -118,7 +118,11 @@ class CausalLM:
         # back and compacted (transformers' sliding-window layers drop what they no longer attend to).
         from transformers import DynamicCache
 
-        return DynamicCache()
+        cache = DynamicCache()
+        layer = _compacting_layer()
+        if layer is not None and getattr(cache, "layer_class_to_replicate", None) is layer.__base__:
+            cache.layer_class_to_replicate = layer
+        return cache
 
     def check_prompts(self, rows: list[list[int]], new_tokens: int, role: str) -> None:
         """Clear errors, before any forward, for ids the model has no embedding for and for prompts that
@@ -170,26 +174,77 @@ class CausalLM:
         return logits
 
 
+def _layers(cache) -> list:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"cannot compact a {type(cache).__name__}: unknown cache layout")
+    return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4]
+
+
 def _map_cache(cache, function) -> None:
     """Replace every key and value tensor [B, H, L, D] of a transformers cache by function(tensor)."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        for layer in layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4:
-                layer.keys, layer.values = function(layer.keys), function(layer.values)
-        return
-    if hasattr(cache, "key_cache"):  # transformers 4.x
-        cache.key_cache[:] = [function(t) for t in cache.key_cache]
-        cache.value_cache[:] = [function(t) for t in cache.value_cache]
-        return
-    raise TypeError(f"cannot compact a {type(cache).__name__}: unknown cache layout")
+    for layer in _layers(cache):
+        layer.keys, layer.values = function(layer.keys), function(layer.values)
 
 
-def _shift_right(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """t [B, ...slots on dim 2...] gathered along its slot dim by index [B, L]."""
+def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t [B, L] or [B, H, L, D] gathered along its slot dim by index [B, L']."""
     if t.dim() == 2:
         return t.gather(1, index)
     return t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], index.shape[1], t.shape[3]))
+
+
+def _moved(old: torch.Tensor, offsets: list[int], length: int, new: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, H, length (+ new's slots), D]: row b's slot j is old's slot j + offsets[b] (zeros where that
+    is before old's first slot: padding, and never NaN, which masked attention would still multiply),
+    then `new` [B, H, n, D] if given. One copy per row; one for all rows when they move alike."""
+    batch, heads, _, dim = old.shape
+    extra = 0 if new is None else new.shape[2]
+    out = old.new_empty(batch, heads, length + extra, dim)
+    if min(offsets) == max(offsets) >= 0:
+        out[:, :, :length] = old[:, :, offsets[0]:offsets[0] + length]
+    else:
+        for b, offset in enumerate(offsets):
+            start = max(0, -offset)
+            out[b, :, :start] = 0
+            out[b, :, start:length] = old[b, :, start + offset:length + offset]
+    if new is not None:
+        out[:, :, length:] = new
+    return out
+
+
+_LAYER = []
+
+
+def _compacting_layer():
+    """A transformers DynamicLayer that applies a pending compaction in the concatenation it does anyway
+    when it next grows, so moving rows costs no extra pass over the cache (None without transformers'
+    layered caches)."""
+    if _LAYER:
+        return _LAYER[0]
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        _LAYER.append(None)
+        return None
+
+    class CompactingLayer(DynamicLayer):
+        pending: tuple[list[int], int] | None = None  # (row offsets, length): see _moved
+
+        def get_seq_length(self) -> int:
+            return self.pending[1] if self.pending is not None else super().get_seq_length()
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if self.pending is None:
+                return super().update(key_states, value_states, *args, **kwargs)
+            offsets, length = self.pending
+            self.pending = None
+            self.keys = _moved(self.keys, offsets, length, key_states)
+            self.values = _moved(self.values, offsets, length, value_states)
+            return self.keys, self.values
+
+    _LAYER.append(CompactingLayer)
+    return CompactingLayer
 
 
 class KVState:
@@ -297,7 +352,7 @@ class KVState:
         width = slots.shape[1]
 
         def gather(t):
-            block = _shift_right(t[:, base:] if t.dim() == 2 else t[:, :, base:], slots)
+            block = _gather_slots(t[:, base:] if t.dim() == 2 else t[:, :, base:], slots)
             if t.dim() == 2:
                 t[:, base:base + width] = block
             else:
@@ -328,28 +383,27 @@ class KVState:
         _map_cache(self.cache, lambda t: t[:, :, :end])
 
     def _compact(self) -> None:
-        """Remove the trailing slots rows dropped: cut what every row drops, shift each row right by the
-        rest (its padding grows), then cut leading slots no row uses."""
+        """Remove the trailing slots rows dropped: every row ends at the new last slot (its padding grows)
+        and leading slots no row uses leave. Layers that can (`_compacting_layer`) move their rows in their
+        next concatenation; any other cache moves them now."""
         if not bool(self.trim.any()):
             return
-        common = int(self.trim.min())
-        if common:
-            self._cut(self.mask.shape[1] - common)
-        shift = self.trim - common
-        self.trim = torch.zeros_like(self.trim)
         length = self.mask.shape[1]
-        if bool(shift.any()):
-            index = torch.arange(length, device=shift.device)[None] - shift[:, None]
-            inside = index >= 0
-            index = index.clamp(min=0)
-            _map_cache(self.cache, lambda t: _shift_right(t, index))
-            self.mask = self.mask.gather(1, index) & inside
-            self.tokens = self.tokens.gather(1, index)
+        index = torch.arange(length - int(self.trim.min()), device=self.trim.device)[None] - (
+            self.trim - self.trim.min())[:, None]  # [B, L']: each slot's old slot (< 0: padding)
+        self.trim = torch.zeros_like(self.trim)
+        self.mask = self.mask.gather(1, index.clamp(min=0)) & (index >= 0)
         used = self.mask.any(0)
-        lead = int(used.long().argmax()) if bool(used.any()) else length
-        if lead:
-            self.mask, self.tokens = self.mask[:, lead:], self.tokens[:, lead:]
-            _map_cache(self.cache, lambda t: t[:, :, lead:])
+        lead = int(used.long().argmax()) if bool(used.any()) else index.shape[1]
+        index, self.mask = index[:, lead:], self.mask[:, lead:]
+        self.tokens = self.tokens.gather(1, index.clamp(min=0))
+        size = index.shape[1]
+        offsets = index[:, 0].tolist() if size else [0] * index.shape[0]
+        for layer in _layers(self.cache):
+            if isinstance(layer, _compacting_layer() or ()):
+                layer.pending = (offsets, size)
+            else:
+                layer.keys, layer.values = _moved(layer.keys, offsets, size), _moved(layer.values, offsets, size)
 
 
 def _left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
