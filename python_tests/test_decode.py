@@ -13,8 +13,6 @@
    reproducibility from a seed.
 4. Bad input raises ValueError / TypeError naming the problem.
 5. The draft-length controller (draft_length.py) on synthetic CPU-like and GPU-like costs.
-
-
 """
 
 from __future__ import annotations
