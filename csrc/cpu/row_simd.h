@@ -11,57 +11,7 @@ namespace specops {
 namespace {
 namespace SPECOPS_ISA {
 
-constexpr int64_t kLanes = 16;
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// ---- 16-lane vectors (GCC vector extensions: lowered to AVX-512, AVX2 or SSE per clone) ----
-
-using f32x16 = float __attribute__((vector_size(64)));
-using i32x16 = int32_t __attribute__((vector_size(64)));
-
-SPECOPS_INLINE f32x16 load16(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-SPECOPS_INLINE void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
-
-SPECOPS_INLINE double lane_total(f32x16 v) {
-  double s = 0.0;
-  for (int l = 0; l < kLanes; ++l) s += v[l];
-  return s;
-}
-
-// exp for x <= 0 (softmax arguments): Cody-Waite reduction and a degree-6 polynomial, about 1 ulp;
-// x below the normal range gives 0. Written once for vectors and scalars alike.
-template <typename F, typename I>
-SPECOPS_INLINE F exp_nonpositive_t(F x) {
-  const float lo = -87.33654475f;
-  const F xc = x < lo ? F{} + lo : x;
-  const F n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  F r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  const F z = r * r;
-  F y = F{} + 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  I bits;
-  if constexpr (std::is_same_v<F, float>) {
-    bits = (static_cast<int32_t>(n) + 127) << 23;
-  } else {
-    bits = (__builtin_convertvector(n, I) + 127) << 23;
-  }
-  const F scale = std::bit_cast<F>(bits);
-  return x < lo ? F{} : y * scale;
-}
-
-SPECOPS_INLINE float exp_nonpositive(float x) { return exp_nonpositive_t<float, int32_t>(x); }
-SPECOPS_INLINE f32x16 exp_nonpositive(f32x16 x) { return exp_nonpositive_t<f32x16, i32x16>(x); }
+#include "simd_math.h"
 
 // ---- vectorized row passes ----
 
