@@ -30,4 +30,9 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "vocab_project(Tensor draft_logits, Tensor target_ids, int target_vocab, Tensor temperature, "
       "Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
+  // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.
+  m.def(
+      "tree_attention(Tensor query, Tensor key, Tensor value, Tensor tree_mask, Tensor kv_mask, float scale, "
+      "int window, float softcap, Tensor? sinks, bool validate=True) -> Tensor");
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
-           "NGRAM_KEY_BITS"]
+           "tree_attention", "tree_visibility", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -256,3 +256,59 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
             d = _inverse_cdf(w, uniform(seed[row], offset, 0, STREAM_DRAFT))
         draft_tokens[row] = d
     return probs, target_ids[draft_tokens], draft_tokens
+
+
+def tree_visibility(tree_mask: torch.Tensor, nodes: int) -> torch.Tensor:
+    """[B, N, ceil(N/32)] int32 ancestor words -> [B, N, N] bool: node i sees node j (bit j % 32 of word
+    j // 32 of row i)."""
+    shifts = torch.arange(32, device=tree_mask.device, dtype=torch.int64)
+    bits = (tree_mask.to(torch.int64)[..., None] >> shifts) & 1  # [B, N, W, 32]
+    return bits.reshape(*tree_mask.shape[:2], -1)[:, :, :nodes].bool()
+
+
+def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree_mask: torch.Tensor,
+                   kv_mask: torch.Tensor, scale: float, window: int, softcap: float,
+                   sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention of N draft-tree nodes over a cached prefix and the tree (RSD's tree attention, paper 003
+    Alg 5, with grouped-query heads): node i attends to the prefix slots that hold a token and to the nodes
+    whose bits are set in its row, its ancestors and itself.
+
+    Positions count tokens: a prefix slot's position is the number of valid prefix slots before it; node
+    i sits at P + depth(i), P the valid prefix slots, depth(i) = popcount(row i) - 1. window > 0 keeps
+    only keys with position(query) - position(key) < window (a sliding window in tokens, whatever holes
+    the prefix has). scores = q.k * scale, then softcap * tanh(scores / softcap) when softcap > 0; sinks
+    [Hq] adds one logit per query head to the softmax's denominator (attention sinks), with no value.
+    float32 throughout; a row with nothing to attend to gives zeros.
+
+    Shapes: query [B, Hq, N, D]; key, value [B, Hkv, S, D] with the nodes in the last N slots, Hq a
+    multiple of Hkv; tree_mask [B, N, ceil(N/32)] int32; kv_mask [B, S - N] bool. Returns [B, Hq, N, D]
+    in query's dtype.
+    """
+    batch, heads, nodes, _ = query.shape
+    group = heads // key.shape[1]
+    sees = tree_visibility(tree_mask, nodes)
+    depth = sees.sum(-1) - 1  # [B, N]
+    valid = kv_mask.bool()
+    prefix_pos = valid.long().cumsum(1) - 1  # [B, S - N]
+    query_pos = valid.sum(1, keepdim=True) + depth  # [B, N]
+    allowed_prefix = valid[:, None, :].expand(batch, nodes, valid.shape[1])
+    allowed_tree = sees
+    if window > 0:
+        allowed_prefix = allowed_prefix & (query_pos[:, :, None] - prefix_pos[:, None, :] < window)
+        allowed_tree = allowed_tree & (depth[:, :, None] - depth[:, None, :] < window)
+    allowed = torch.cat([allowed_prefix, allowed_tree], dim=-1)[:, None]  # [B, 1, N, S]
+    q = query.float()
+    k = key.float().repeat_interleave(group, dim=1)
+    v = value.float().repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float()[None, :, None, None].expand(batch, heads, nodes, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    total = weights.sum(-1, keepdim=True)
+    out = weights[..., :key.shape[2]] @ v / torch.where(total > 0, total, torch.ones_like(total))
+    return out.to(query.dtype)
