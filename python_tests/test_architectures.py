@@ -16,8 +16,9 @@ For each architecture x method:
 Methods: "ar"; "sd" with drafter "self:1" (the target's first layer) and num_draft_tokens 3 or "auto",
 and with the target itself as its drafter ("sd-same": every draft accepted, the bonus-token path);
 "ngram" with ngram_tables="none" and num_draft_tokens (2, 3) (two rows of three tokens: a small draft
-tree); "tli" and "slem" on PAIRS of architectures with different tokenizers (a byte-level target and a
-drafter with multi-byte tokens of another architecture, and the reverse). Random models of different
+tree, whose forwards must attend through specops.ops.tree_attention); "tli" and "slem" on PAIRS of
+architectures with different tokenizers (a byte-level target and a drafter with multi-byte tokens of
+another architecture, and the reverse). Random models of different
 architectures almost never agree, so those pairs test the rejection path only (at most 1 of 80 to 420
 drafts accepted); "twin" pairs add a drafter of the target's own architecture and weights over the other
 vocabulary (`twin`). It still reads the prompts in its own tokens, so it agrees with the target only now
@@ -41,6 +42,8 @@ import torch
 
 import specops
 from arch_zoo import ARCHITECTURES
+from specops.decoding.attention import tree_support
+from specops.decoding.engine import CausalLM
 from toy_models import EOS_ID, PAD_ID, byte_tokenizer, merged_byte_tokenizer
 
 # (architecture or pair id, method) -> why decode must refuse it. Pair ids are "target+drafter" (see
@@ -301,6 +304,9 @@ def test_greedy_equals_generate(zoo, tokenizers, arch, method_id):
     assert mismatch is None, f"{arch} ({type(model).__name__}), {method_id}: {mismatch}"
     if method_id in ALWAYS_DRAFTS:
         assert result.stats.drafted > 0, f"{arch}, {method_id}: nothing was drafted"
+    if method_id == "ngram":  # its tree forwards attended through specops.ops.tree_attention
+        lm = CausalLM(model)
+        assert tree_support(lm, list(range(3, 40))) is None and lm.tree_kernel, arch
 
 
 # ---- 2. sampled runs, same-vocabulary methods ----

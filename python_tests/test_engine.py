@@ -10,6 +10,9 @@ options, and the KV cache's compaction; nothing downloads.
    assisted generation is refused; a tokenizer with ids the model cannot embed is refused.
 3. Options: per-method options travel in one dict; unknown ones are refused.
 4. Compaction: after ragged acceptance every row's tokens are contiguous and end at the last slot.
+5. Tree attention: the window read off transformers' mask functions; tree forwards attend through
+   specops.ops.tree_attention where every layer's mask is causal with at most a window, and through the
+   model's own attention with a dense mask otherwise, with the same greedy tokens either way.
 """
 
 from __future__ import annotations
@@ -221,3 +224,54 @@ def test_engine_module_has_no_quadratic_buffers():
     assert not [name for name, value in vars(state).items()
                 if isinstance(value, torch.Tensor) and value.dim() > 2]
     assert engine.PREFILL_CHUNK <= 1024
+
+
+# ---- 5. tree attention ----
+
+def test_causal_window_read_from_mask_functions():
+    from transformers import masking_utils as mu
+
+    window = lambda function: attention._causal_window(function, torch.device("cpu"))
+    assert window(None) == 0
+    assert window(mu.causal_mask_function) == 0
+    for size in (1, 5, 64, 511, 512, 4096, 12345):
+        assert window(mu.sliding_window_causal_mask_function(size)) == size
+        assert window(mu.and_masks(mu.causal_mask_function, mu.sliding_window_overlay(size))) == size
+    assert window(mu.chunked_causal_mask_function(16, torch.zeros(1, dtype=torch.long))) is None
+    assert window(mu.bidirectional_mask_function) is None
+    assert window(mu.sliding_window_bidirectional_mask_function(8)) is None
+    blocks = torch.tensor([[0, 0, -1, -1]])  # per-token groups, as multimodal models overlay them
+    assert window(mu.or_masks(mu.causal_mask_function, mu.blockwise_overlay(blocks))) is None
+
+
+def _ngram_greedy(model, tok, prompts):
+    return specops.decode(prompts, method="ngram", target=model, tokenizer=tok, max_new_tokens=12,
+                          temperature=0.0, ngram_tables="none", num_draft_tokens=(2, 3))
+
+
+@pytest.mark.parametrize("build", [
+    lambda: tiny_llama(layers=2, seed=11),
+    lambda: tiny_gemma3(layers=2, seed=12, sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
+], ids=["llama", "gemma3-sliding"])
+def test_tree_forwards_use_the_kernel_or_the_dense_mask(tok, monkeypatch, build):
+    """Kernel mode on models whose masks are causal with a window; forcing the dense path (a mask the
+    kernel could not reproduce) changes no greedy token, and the kernel is then never called."""
+    prompts = ["def add(a, b): return a + b\ndef add(", "x = x + 1; x = x + 1; x = x"]
+    calls = []
+    real = specops.ops.tree_attention
+    monkeypatch.setattr(specops.ops, "tree_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = build()
+    want = specops.decode(prompts, method="ar", target=model, tokenizer=tok, max_new_tokens=12).tokens
+    lm = CausalLM(model)
+    assert attention.tree_support(lm, list(range(3, 40))) is None and lm.tree_kernel
+    result = _ngram_greedy(model, tok, prompts)
+    assert result.tokens == want and result.stats.drafted > 0
+    assert calls, "no tree forward reached specops.ops.tree_attention"
+
+    dense = build()  # a fresh model: support is probed once per model
+    monkeypatch.setattr(attention, "_causal_window", lambda function, device: None)
+    lm = CausalLM(dense)
+    assert attention.tree_support(lm, list(range(3, 40))) is None and not lm.tree_kernel
+    calls.clear()
+    assert _ngram_greedy(dense, tok, prompts).tokens == want
+    assert not calls

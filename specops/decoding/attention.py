@@ -31,11 +31,11 @@ import sys
 import threading
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeMask", "tree_forward", "tree_support"]
+__all__ = ["TreeMask", "pack_rows", "tree_forward", "tree_support"]
 
 NAME = "specops_tree"
 _ACTIVE = threading.local()
@@ -52,9 +52,20 @@ class TreeMask:
     valid: torch.Tensor
     depth: torch.Tensor
     visible: torch.Tensor
+    kernel: bool = False  # attend with specops.ops.tree_attention where a layer's mask allows
     original: str = "sdpa"  # the attention implementation the model was configured with
     attention_calls: int = 0
     mask_calls: int = 0
+    kernel_calls: int = 0
+    windows: dict = field(default_factory=dict)  # data_ptr of a mask handle -> its layer's window (0: none)
+    handles: list = field(default_factory=list)  # the handles themselves, alive while the forward runs
+
+    @property
+    def bits(self) -> torch.Tensor:
+        """[B, N, ceil(N/32)] int32: the ancestor rows packed as tree_attention takes them."""
+        if not hasattr(self, "_bits"):
+            self._bits = pack_rows(self.visible)
+        return self._bits
 
     def dense(self) -> torch.Tensor:
         """[B, 1, N, S] bool: the mask for a model with no index-based mask functions (plain causal, no
@@ -66,6 +77,61 @@ class TreeMask:
         allowed[:, :, base:] &= self.visible
         allowed[:, torch.arange(nodes), torch.arange(base, slots)] = True
         return allowed[:, None]
+
+
+def pack_rows(visible: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] bool (node i sees node j) -> [B, N, ceil(N/32)] int32, bit j % 32 of word j // 32."""
+    batch, nodes, _ = visible.shape
+    words = (nodes + 31) // 32
+    padded = torch.zeros(batch, nodes, words * 32, dtype=torch.int64, device=visible.device)
+    padded[:, :, :nodes] = visible.long()
+    weights = torch.ones(32, dtype=torch.int64, device=visible.device) << torch.arange(32, device=visible.device)
+    packed = (padded.view(batch, nodes, words, 32) * weights).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+_FAR = 1 << 40  # a query index far from any real one: windows are measured there
+
+
+def _causal_window(mask_function, device) -> int | None:
+    """The window W of a mask function that is causal with keys kept while q - kv < W (0: no window up to
+    2**40), found by probing it; None if it is anything else (chunked, bidirectional, data-dependent),
+    whose masks tree_attention cannot reproduce."""
+    if mask_function is None:
+        return 0
+    try:
+        return _probe_window(mask_function, device)
+    except (IndexError, RuntimeError, ValueError):  # it reads per-token data (blockwise overlays)
+        return None
+
+
+def _probe_window(mask_function, device) -> int | None:
+    distances = sorted({0, 1, 2, 3} | {2**k + e for k in range(2, 40) for e in (-1, 0)})
+    d = torch.tensor(distances + [-1, -2], device=device)  # -1, -2: keys after the query
+    rows = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    answers = []
+    for q in (_FAR, _FAR + 12345):
+        queries = torch.full((1, 1, 1, 1), q, dtype=torch.long, device=device)
+        got = mask_function(rows, rows, queries, (q - d).view(1, 1, 1, -1))
+        answers.append(torch.as_tensor(got, device=device).reshape(-1).expand(d.shape[0]))
+    if not torch.equal(answers[0], answers[1]):
+        return None  # not translation-invariant (chunks)
+    allowed = answers[0].tolist()
+    if allowed[-1] or allowed[-2] or not allowed[0]:
+        return None  # sees the future, or not itself
+    seen = allowed[:-2]
+    cut = next((i for i, a in enumerate(seen) if not a), None)
+    if cut is None:
+        return 0
+    if any(seen[cut:]):
+        return None  # not a window
+    low, high = distances[cut - 1], distances[cut]  # allowed at low, not at high: W in (low, high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        probe = torch.tensor([[[[_FAR - middle]]]], device=device)
+        inside = bool(torch.as_tensor(mask_function(rows, rows, torch.full_like(probe, _FAR), probe)).reshape(-1)[0])
+        low, high = (middle, high) if inside else (low, middle)
+    return high
 
 
 def _chain_index(tree: TreeMask, base: int, slots: torch.Tensor) -> torch.Tensor:
@@ -95,6 +161,13 @@ def _mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0, ma
                            f"{q_offset} over keys {kv_offset}..{kv_offset + kv_length}, not the tree's {nodes} "
                            f"nodes after {base} cached slots")
     device = tree.valid.device
+    if tree.kernel:
+        window = _causal_window(mask_function, device)
+        if window is not None:  # tree_attention computes this layer's mask itself: pass a handle
+            handle = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+            tree.windows[handle.data_ptr()] = window
+            tree.handles.append(handle)
+            return handle
     queries = (base + tree.depth)[:, None, :, None]
     keys = _chain_index(tree, base, torch.arange(slots, device=device)[None])[:, None, None, :]
     rows = torch.arange(tree.depth.shape[0], device=device)[:, None, None, None]
@@ -122,11 +195,31 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
 
     tree = _active()
     tree.attention_calls += 1
+    window = tree.windows.get(attention_mask.data_ptr()) if attention_mask is not None else None
+    if window is not None and attention_mask.numel() == 1:
+        tree.kernel_calls += 1
+        return _kernel(module, query, key, value, tree, window, kwargs), None
     if tree.original == "eager":
         function = _eager_function(module)
     else:  # flash and flex kernels take no arbitrary mask: SDPA computes the same attention
         function = ALL_ATTENTION_FUNCTIONS["sdpa"]
     return function(module, query, key, value, attention_mask, **kwargs)
+
+
+def _kernel(module, query, key, value, tree: TreeMask, window: int, kwargs) -> torch.Tensor:
+    """specops.ops.tree_attention for one layer: [B, N, Hq, D], as transformers' attention functions
+    return it."""
+    from specops import ops
+
+    scale = kwargs.get("scaling")
+    if scale is None:
+        scale = getattr(module, "scaling", None)
+    sinks = kwargs.get("s_aux")
+    nodes, slots = query.shape[2], key.shape[2]
+    out = ops.tree_attention(query, key, value, tree.bits, kv_mask=tree.valid[:, :slots - nodes], scale=scale,
+                             window=window or None, softcap=kwargs.get("softcap") or None,
+                             sinks=None if sinks is None else sinks.float(), validate=False)
+    return out.transpose(1, 2).contiguous()
 
 
 def _active() -> TreeMask:
@@ -194,32 +287,42 @@ def tree_forward(model, tree: TreeMask):
         _ACTIVE.tree = None
 
 
-_SUPPORT: weakref.WeakKeyDictionary[object, str | None] = weakref.WeakKeyDictionary()
+_SUPPORT: weakref.WeakKeyDictionary[object, tuple[str | None, bool]] = weakref.WeakKeyDictionary()
 
 
 def tree_support(lm, tokens: list[int]) -> str | None:
     """None if draft trees are exact on `lm` (a CausalLM), else the reason they are not; probed once per
     model, with ids from `tokens` (ones its tokenizer produces): a ragged batch of two prompts, a branching
     tree per row, every node's logits compared with the same root-to-node path decoded as a plain chain
-    from scratch."""
+    from scratch. Sets lm.tree_kernel: whether its layers attend through specops.ops.tree_attention (every
+    layer's mask is causal with at most a window, and the probe passes that way) or through the model's
+    own attention with a dense mask."""
+    lm.tree_kernel = False
     if not is_transformers_model(lm.model):
         return None  # the 4-D mask contract (module docstring)
-    try:
-        return _SUPPORT[lm.model]
-    except (KeyError, TypeError):
-        pass
-    reason = _probe(lm, sorted(set(tokens)))
-    try:
-        _SUPPORT[lm.model] = reason
-    except TypeError:
-        pass
+    known = _SUPPORT.get(lm.model) if _weakly_keyed(lm.model) else None
+    if known is None:
+        pool = sorted(set(tokens))
+        known = (None, True) if _probe(lm, pool, kernel=True) is None else (_probe(lm, pool, kernel=False), False)
+        if _weakly_keyed(lm.model):
+            _SUPPORT[lm.model] = known
+    reason, lm.tree_kernel = known
     return reason
 
 
-def _probe(model_lm, pool: list[int]) -> str | None:
+def _weakly_keyed(model) -> bool:
+    try:
+        weakref.ref(model)
+        return True
+    except TypeError:
+        return False
+
+
+def _probe(model_lm, pool: list[int], kernel: bool) -> str | None:
     from specops.decoding.engine import CausalLM, KVState
 
     lm = CausalLM(model_lm.model, model_lm.name)  # its own call counters
+    lm.tree_kernel = kernel
     token = lambda i: pool[(7 * i) % len(pool)]
     prompts = [[token(i) for i in range(5)], [token(i + 11) for i in range(3)]]
     # Per row: root, two children of the root, a grandchild under the first child; row 1 has no
@@ -247,6 +350,8 @@ def _probe(model_lm, pool: list[int]) -> str | None:
             if checks.mask_calls == 0 or checks.attention_calls != lm.attention_layers:
                 return (f"its attention does not go through transformers' attention registry in every layer "
                         f"({checks.attention_calls} of {lm.attention_layers} layers did)")
+            if kernel and checks.kernel_calls != lm.attention_layers:
+                return f"tree_attention cannot reproduce its masks ({checks.kernel_calls} of its layers' can)"
             # Every node's root-to-node path as a chain from scratch, all in one left-padded batch.
             cases, chains = [], []
             for b in range(2):

@@ -102,6 +102,7 @@ class CausalLM:
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}
         self.transformers = is_transformers_model(model)
         self._cpu_forward: CpuForward | None | bool = False  # probed on first use
+        self.tree_kernel = False  # tree forwards through specops.ops.tree_attention (attention.tree_support)
         self.calls = 0
         self.seconds = 0.0
         self.log: list[tuple[int, float]] = []  # (tokens fed, seconds) of each forward since the last clear
@@ -340,7 +341,7 @@ class KVState:
         positions = self.next_pos.unsqueeze(1) + depth
         self.mask = torch.cat([self.mask, valid.bool()], dim=1)
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
-        self.last_tree = TreeMask(self.mask, depth, visible.bool())
+        self.last_tree = TreeMask(self.mask, depth, visible.bool(), kernel=self.lm.tree_kernel)
         return self.lm.forward(tokens, self.mask, positions, self.cache, tokens.shape[1], self.last_tree)
 
     def commit(self, appended: int, slots: torch.Tensor, count: torch.Tensor) -> None:
