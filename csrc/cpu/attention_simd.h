@@ -1,8 +1,7 @@
 // SIMD row passes of tree_attention's online softmax (csrc/cpu/tree_attention.cpp): scale, soft-cap and
 // mask a row of scores, exponentiate it against the running maximum, rescale an accumulator row.
-// Compiled once per instruction set like row_simd.h: tree_attention.cpp includes this file several
-// times, each inside `#pragma GCC target(...)` and with SPECOPS_ISA naming the namespace. No include
-// guard; internal linkage.
+// Compiled once per instruction set through per_isa.h, with SPECOPS_ISA naming the namespace. No
+// include guard; internal linkage.
 
 namespace specops {
 namespace {

@@ -1,11 +1,8 @@
 // SIMD row passes over a vocabulary row (maximum, first index of a value, probability checks, softmax
 // sums and sampling weights) for the sampling kernels, chain_verify and vocab_project. Compiled once
-// per instruction set: csrc/cpu/sampling.h includes this file several times, each inside
-// `#pragma GCC target(...)` and with SPECOPS_ISA naming the namespace. (GCC's target_clones lowers
-// generic vectors for the base target before cloning, which scalarizes the comparisons; a pragma
-// region compiles helpers and callers for the same target.) No include guard: included once per
-// instruction set. Internal linkage: every kernel's translation unit that includes sampling.h gets
-// its own copy.
+// per instruction set through per_isa.h (sampling.h includes it with this file's name), with
+// SPECOPS_ISA naming the namespace. No include guard. Internal linkage: every kernel's translation
+// unit that includes sampling.h gets its own copy.
 
 namespace specops {
 namespace {

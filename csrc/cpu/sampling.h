@@ -62,24 +62,9 @@ constexpr uint32_t kStreamDraft = 2;
 }  // namespace specops
 
 // The SIMD passes, once per instruction set.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
-#define SPECOPS_ISA avx512
-#include "row_simd.h"
-#undef SPECOPS_ISA
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#define SPECOPS_ISA avx2
-#include "row_simd.h"
-#undef SPECOPS_ISA
-#pragma GCC pop_options
-#define SPECOPS_X86_DISPATCH 1
-#endif
-#define SPECOPS_ISA base
-#include "row_simd.h"
-#undef SPECOPS_ISA
+#define SPECOPS_ISA_HEADER "row_simd.h"
+#include "per_isa.h"
+#undef SPECOPS_ISA_HEADER
 
 namespace specops {
 namespace {
@@ -97,14 +82,13 @@ struct RowPasses {
 
 const RowPasses& passes() {
   static const RowPasses selected = [] {
+    switch (cpu_isa()) {
 #ifdef SPECOPS_X86_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-      return SPECOPS_PASSES(avx512);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SPECOPS_PASSES(avx2);
+      case Isa::avx512: return SPECOPS_PASSES(avx512);
+      case Isa::avx2: return SPECOPS_PASSES(avx2);
 #endif
-    return SPECOPS_PASSES(base);
+      default: return SPECOPS_PASSES(base);
+    }
   }();
   return selected;
 }

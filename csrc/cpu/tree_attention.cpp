@@ -22,26 +22,9 @@
 #include <limits>
 #include <vector>
 
-#define SPECOPS_INLINE __attribute__((always_inline)) inline
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
-#define SPECOPS_ISA avx512
-#include "attention_simd.h"
-#undef SPECOPS_ISA
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#define SPECOPS_ISA avx2
-#include "attention_simd.h"
-#undef SPECOPS_ISA
-#pragma GCC pop_options
-#define SPECOPS_X86_DISPATCH 1
-#endif
-#define SPECOPS_ISA base
-#include "attention_simd.h"
-#undef SPECOPS_ISA
+#define SPECOPS_ISA_HEADER "attention_simd.h"
+#include "per_isa.h"
+#undef SPECOPS_ISA_HEADER
 
 namespace specops {
 namespace {
@@ -57,17 +40,13 @@ struct RowPasses {
 
 const RowPasses& passes() {
   static const RowPasses selected = [] {
+    switch (cpu_isa()) {
 #ifdef SPECOPS_X86_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-      return RowPasses{avx512::prepare_row, avx512::exp_row, avx512::scale_row};
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      return RowPasses{avx2::prepare_row, avx2::exp_row, avx2::scale_row};
-    }
+      case Isa::avx512: return RowPasses{avx512::prepare_row, avx512::exp_row, avx512::scale_row};
+      case Isa::avx2: return RowPasses{avx2::prepare_row, avx2::exp_row, avx2::scale_row};
 #endif
-    return RowPasses{base::prepare_row, base::exp_row, base::scale_row};
+      default: return RowPasses{base::prepare_row, base::exp_row, base::scale_row};
+    }
   }();
   return selected;
 }

@@ -1,0 +1,57 @@
+// Compiles the header named by SPECOPS_ISA_HEADER (a string literal) once per instruction set, each copy
+// inside `#pragma GCC target(...)` and in the namespace SPECOPS_ISA names: avx512 and avx2 on x86-64
+// with GCC (then SPECOPS_X86_DISPATCH is defined), and base everywhere. (GCC's target_clones lowers
+// generic vectors for the base target before cloning, which scalarizes the comparisons; a pragma region
+// compiles helpers and callers for the same target.) cpu_isa() says which copy the running CPU takes.
+// No include guard around the copies: a translation unit may include this once per SIMD header.
+
+#ifndef SPECOPS_PER_ISA_ONCE
+#define SPECOPS_PER_ISA_ONCE
+#ifndef SPECOPS_INLINE  // helpers are forced inline so that every instruction-set copy inlines them
+#define SPECOPS_INLINE __attribute__((always_inline)) inline
+#endif
+
+namespace specops {
+namespace {
+
+enum class Isa { avx512, avx2, base };
+
+// The instruction set of the running CPU, found once.
+Isa cpu_isa() {
+  static const Isa isa = [] {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+      return Isa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+    return Isa::base;
+  }();
+  return isa;
+}
+
+}  // namespace
+}  // namespace specops
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
+#define SPECOPS_ISA avx512
+#include SPECOPS_ISA_HEADER
+#undef SPECOPS_ISA
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define SPECOPS_ISA avx2
+#include SPECOPS_ISA_HEADER
+#undef SPECOPS_ISA
+#pragma GCC pop_options
+#ifndef SPECOPS_X86_DISPATCH
+#define SPECOPS_X86_DISPATCH 1
+#endif
+#endif
+#define SPECOPS_ISA base
+#include SPECOPS_ISA_HEADER
+#undef SPECOPS_ISA
