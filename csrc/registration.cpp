@@ -20,6 +20,14 @@ TORCH_LIBRARY(specops, m) {
       "chain_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
       "Tensor num_draft, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
       "SymInt offset, bool validate=True) -> (Tensor, Tensor)");
+  // Recursive rejection sampling over a draft tree (RSD; SpecInfer's with replacement=True): children
+  // tried in node order, residual target and (without replacement) renormalized draft after each
+  // rejection, a token from the current target where no child is accepted.
+  // Returns (out_tokens, out_nodes, num_accepted).
+  m.def(
+      "tree_verify(Tensor target_logits, Tensor tokens, Tensor parents, Tensor? draft_probs, Tensor num_nodes, "
+      "bool replacement, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, "
+      "bool validate=True) -> (Tensor, Tensor, Tensor)");
   // Context n-gram drafts: top k continuations of earlier matches of each row's last tokens.
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "

@@ -14,7 +14,7 @@ import torch
 from specops._rows import per_row
 from specops._seeds import draw_seed, row_seeds
 
-__all__ = ["chain_verify", "ngram_match", "tree_attention", "vocab_project"]
+__all__ = ["chain_verify", "ngram_match", "tree_attention", "tree_verify", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
@@ -200,6 +200,126 @@ def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temp
     out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)
     return out_tokens, num_accepted
+
+
+def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                draft_probs: torch.Tensor | None = None, *, num_nodes: torch.Tensor | None = None,
+                replacement: bool = False, temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                validate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify a draft tree per request by recursive rejection sampling (RSD, Jeon et al. 2024; SpecInfer's
+    multi-step speculative sampling with `replacement=True`): the output follows the target exactly.
+
+    From the root, a node's children are tried in node order (the order they were drawn in): child x_i
+    is accepted with probability min(1, p_i(x_i) / q_i(x_i)) and the walk descends into it. On a
+    rejection p_{i+1} = norm(max(0, p_i - q_i)) and, for children drawn without replacement, q_{i+1} = q_i
+    without x_i, renormalized (i.i.d. children keep q). When no child is accepted, or at a leaf, a token
+    is emitted from the current p. p is softmax(logits / T) after top-k then top-p at that node; q is
+    draft_probs[b, n] for node n's children, or one-hot on each child (deterministic drafts: n-gram
+    rows, top-k trees). Temperature 0 is greedy: follow the child equal to the first argmax, emit the
+    argmax where none is (also where logits / T overflows float32). A residual with no mass (round-off
+    only) is kept as the previous p, chain_verify's policy. On a chain this is chain_verify, with the
+    same tokens for the same seeds.
+
+    Shape:
+        target_logits: [B, N, V] float32, bfloat16 or float16: row n is the target's logits after the
+            path to node n.
+        tokens: [B, N] int64: node 0 is the root (the last emitted token, not read), nodes 1.. drafts.
+        parents: [B, N] int64, parents[b, n] < n for 1 <= n < num_nodes[b] (parents[b, 0] is not read).
+        draft_probs: [B, N, V] float32 or None: the distribution node n's children were drawn from,
+            before any was removed.
+        num_nodes: [B] int64 in [1, N], valid nodes per request (default N); later nodes are ignored.
+        replacement: children drawn i.i.d. (True) or without replacement (False, RSD).
+        temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
+        seed, offset: as chain_verify. Node c's acceptance test uses position c - 1 of the accept stream
+            and a token emitted at node n position n of the sample stream.
+        validate: check every value: NaN / +inf logits and rows without a finite logit, ids outside
+            [0, V), parents not before their children, draft_probs rows that are not finite and >= 0 or
+            (for nodes with children) do not sum to 1 within chain_verify's 1e-3, a child whose q is 0
+            (it could not have been drawn; without replacement this includes a repeated sibling).
+            On CPU the kernel checks; on accelerators it costs one host sync here. With False the values
+            are trusted, and no kernel reads out of bounds either way.
+
+    Returns:
+        out_tokens: [B, N] int64: accepted drafts along the path, then the emitted token, then -1.
+        out_nodes: [B, N] int64: the node of each accepted draft, -1 elsewhere.
+        num_accepted: [B] int64.
+    """
+    op = "tree_verify"
+    _check_logits(op, "target_logits", target_logits, 3, "a [B, N, V]")
+    batch, nodes, vocab = target_logits.shape
+    if nodes < 1 or vocab < 1:
+        raise ValueError(f"{op}: target_logits shape {tuple(target_logits.shape)} needs N >= 1 and V >= 1")
+    device = target_logits.device
+    for name, t in (("tokens", tokens), ("parents", parents)):
+        _check_tensor(op, name, t, (batch, nodes), f"[B, N] = [{batch}, {nodes}] to match target_logits", torch.int64)
+    tensors = {"tokens": tokens, "parents": parents}
+    if draft_probs is not None:
+        _check_tensor(op, "draft_probs", draft_probs, (batch, nodes, vocab), f"[B, N, V] = [{batch}, {nodes}, {vocab}]",
+                      torch.float32)
+        tensors["draft_probs"] = draft_probs
+    if num_nodes is None:
+        num_nodes = torch.full((batch,), nodes, dtype=torch.int64, device=device)
+    elif isinstance(num_nodes, torch.Tensor):
+        if num_nodes.dtype != torch.int64 or num_nodes.shape != (batch,):
+            raise ValueError(f"{op}: num_nodes must be a [{batch}] int64 tensor, got {tuple(num_nodes.shape)} "
+                             f"{num_nodes.dtype}")
+        tensors["num_nodes"] = num_nodes
+    else:
+        raise TypeError(f"{op}: num_nodes must be a [B] int64 tensor or None")
+    if not isinstance(replacement, bool):
+        raise TypeError(f"{op}: replacement must be a bool, got {type(replacement).__name__}")
+    temperature, top_k, top_p, seeds = _sampling_args(op, "target_logits", device, batch, tensors, temperature,
+                                                      top_k, top_p, seed, offset)
+    if validate and device.type != "cpu":
+        _raise_first(op, _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement)
+                     + _sampling_checks(temperature, top_k, top_p))
+    return torch.ops.specops.tree_verify(
+        target_logits.contiguous(), tokens.contiguous(), parents.contiguous(),
+        None if draft_probs is None else draft_probs.contiguous(), num_nodes.contiguous(), replacement,
+        temperature, top_k, top_p, seeds, offset, validate)
+
+
+def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement) -> list:
+    """tree_verify's value checks (the CPU kernel makes the same ones), for `_raise_first`."""
+    batch, nodes, vocab = target_logits.shape
+    index = torch.arange(nodes, device=target_logits.device)
+    valid = index < num_nodes.unsqueeze(1)  # [B, N]
+    drafts = valid & (index > 0)
+    logits = target_logits.float()
+    checks = [(((num_nodes < 1) | (num_nodes > nodes)).any(), f"num_nodes must be in [1, {nodes}]"),
+              ((valid & (torch.isnan(logits) | torch.isposinf(logits)).any(-1)).any(),
+               "target_logits contains NaN or +inf"),
+              ((valid & ~(logits > float("-inf")).any(-1)).any(), "target_logits has a row with no finite logit"),
+              ((drafts & ((tokens < 0) | (tokens >= vocab))).any(), f"tokens has draft ids outside [0, {vocab})"),
+              ((drafts & ((parents < 0) | (parents >= index))).any(),
+               "parents must satisfy 0 <= parents[b, n] < n for every valid node n >= 1")]
+    if draft_probs is not None:
+        parent = parents.clamp(0, nodes - 1).masked_fill(~drafts, 0)
+        has_children = torch.zeros(batch, nodes, dtype=torch.bool, device=target_logits.device)
+        has_children.scatter_(1, parent, drafts)
+        sums = draft_probs.sum(-1)
+        q_child = draft_probs.gather(1, parent.unsqueeze(-1).expand(batch, nodes, vocab))
+        q_child = q_child.gather(2, tokens.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
+        checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
+                   ((has_children & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)).any(),
+                    "draft_probs has a row of a node with children that does not sum to 1"),
+                   ((drafts & (q_child <= 0)).any(), "a child has q = 0 under its parent's draft_probs row "
+                                                     "(it could not have been drawn)")]
+        if not replacement:
+            same = (parent.unsqueeze(2) == parent.unsqueeze(1)) & (tokens.unsqueeze(2) == tokens.unsqueeze(1))
+            pairs = same & drafts.unsqueeze(2) & drafts.unsqueeze(1) & ~torch.eye(nodes, dtype=torch.bool,
+                                                                                   device=same.device)
+            checks.append((pairs.any(), "two siblings share a token although drawn without replacement"))
+    return checks
+
+
+@torch.library.register_fake("specops::tree_verify")
+def _tree_verify_fake(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k,
+                      top_p, seed, offset, validate=True):
+    batch, nodes, _ = target_logits.shape
+    return (target_logits.new_empty((batch, nodes), dtype=torch.int64),
+            target_logits.new_empty((batch, nodes), dtype=torch.int64),
+            target_logits.new_empty((batch,), dtype=torch.int64))
 
 
 def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, min_ngram: int = 1,

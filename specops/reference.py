@@ -312,3 +312,100 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     total = weights.sum(-1, keepdim=True)
     out = weights[..., :key.shape[2]] @ v / torch.where(total > 0, total, torch.ones_like(total))
     return out.to(query.dtype)
+
+
+def tree_children(parents: torch.Tensor, nodes: int) -> list[list[int]]:
+    """Each node's children in node order (the order siblings were drawn in), for nodes < `nodes`."""
+    children: list[list[int]] = [[] for _ in range(nodes)]
+    for c in range(1, nodes):
+        children[int(parents[c])].append(c)
+    return children
+
+
+def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                draft_probs: torch.Tensor | None, num_nodes: torch.Tensor, replacement: bool,
+                temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
+                offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling over a draft tree (RSD, Jeon et al. 2024, paper 003 Alg 3-4; SpecInfer's
+    multi-step speculative sampling with `replacement`).
+
+    At node n, with p the target's distribution there (softmax(logits / T) after top-k / top-p) and q
+    the distribution its children were drawn from (draft_probs[b, n]; one-hot on each child without
+    draft_probs), the children x_1, x_2, ... are tried in node order: accept x_i iff
+    u * q_i(x_i) < p_i(x_i), u = uniform(seed[b], offset, child - 1, STREAM_ACCEPT), then descend into it.
+    On rejection p_{i+1} = norm(max(0, p_i - q_i)) (kept as p_i if that has no mass, chain_verify's
+    policy) and, drawn without replacement, q_{i+1} = q_i without x_i, renormalized (i.i.d. children:
+    q_{i+1} = q_i). When no child is accepted, or at a leaf, emit a token from the current p by inverse
+    CDF at u = uniform(seed[b], offset, n, STREAM_SAMPLE). A chain is chain_verify, draw for draw.
+    Temperature 0 (or logits / T overflowing) is greedy: follow the first child equal to the first
+    argmax of the logits, and emit the argmax where none is.
+
+    Arithmetic: p float32; the residual r float32 with its float64 mass R (p_i = r / R); a
+    probabilistic q_i(x) = q(x) / s, s the float64 mass not yet drawn; the update is
+    r <- max(0, r * f32(1 / R) - q * f32(1 / s)); a one-hot update zeroes r[x] and subtracts it from R.
+
+    Shapes: target_logits [B, N, V]; tokens, parents [B, N] int64 (parents[b, n] < n for 1 <= n <
+    num_nodes[b]; node 0 is the root); draft_probs [B, N, V] float32 or None; num_nodes, top_k, seed [B]
+    int64; temperature, top_p [B] float32. Returns out_tokens [B, N] (accepted drafts, then the emitted
+    token, -1 padding), out_nodes [B, N] (the node of each accepted draft, -1 elsewhere) and
+    num_accepted [B], all int64.
+    """
+    batch, nodes, vocab = target_logits.shape
+    device = target_logits.device
+    out_tokens = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
+    out_nodes = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
+    num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+    for b in range(batch):
+        count = int(num_nodes[b])
+        children = tree_children(parents[b], count)
+        greedy = float(temperature[b]) == 0.0
+        rows = filter_logits(target_logits[b, :count], temperature[b].expand(count), top_k[b].expand(count),
+                             top_p[b].expand(count))
+        node, depth = 0, 0
+        while True:
+            raw = target_logits[b, node].float()
+            kids = children[node]
+            if greedy or bool(raw.max() / temperature[b] == float("inf")):
+                best = int(torch.argmax(raw))  # first index of the maximum
+                follow = next((c for c in kids if int(tokens[b, c]) == best), None)
+                out_tokens[b, depth] = best
+                if follow is None:
+                    break
+                out_nodes[b, depth] = follow
+                node, depth = follow, depth + 1
+                continue
+            residual = torch.softmax(rows[node], dim=-1)
+            mass = 1.0  # float64 mass of the residual: p_i = residual / mass
+            q = draft_probs[b, node].float() if draft_probs is not None else None
+            left = 1.0  # float64 mass of q not yet drawn
+            accepted = None
+            for c in kids:
+                x = int(tokens[b, c])
+                q_x = 1.0 if q is None else float(q[x]) / left
+                u = float(uniform(seed[b], offset, c - 1, STREAM_ACCEPT))
+                if u * q_x * mass < float(residual[x]):
+                    accepted = c
+                    break
+                if q is None:  # max(0, p_i - onehot(x)): p_i without x
+                    rest = mass - float(residual[x])
+                    if rest > 0.0:  # else no mass would be left: keep p_i
+                        residual = residual.clone()
+                        residual[x] = 0.0
+                        mass = rest
+                else:
+                    update = torch.clamp(residual * torch.tensor(1.0 / mass, dtype=torch.float32)
+                                         - q * torch.tensor(1.0 / left, dtype=torch.float32), min=0.0)
+                    total = float(update.to(torch.float64).sum())
+                    if total > 0.0:
+                        residual, mass = update, total
+                    if not replacement:
+                        left -= float(q[x])
+            if accepted is None:
+                u = uniform(seed[b], offset, node, STREAM_SAMPLE)
+                out_tokens[b, depth] = _inverse_cdf(residual, u)
+                break
+            out_tokens[b, depth] = int(tokens[b, accepted])
+            out_nodes[b, depth] = accepted
+            node, depth = accepted, depth + 1
+        num_accepted[b] = depth
+    return out_tokens, out_nodes, num_accepted
