@@ -303,8 +303,8 @@ def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, 
         checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
                    ((has_children & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)).any(),
                     "draft_probs has a row of a node with children that does not sum to 1"),
-                   ((drafts & (q_child <= 0)).any(), "a child has q = 0 under its parent's draft_probs row "
-                                                     "(it could not have been drawn)")]
+                   ((drafts & (q_child <= 0)).any(),
+                    "a child has q = 0 under its parent's draft_probs row (it could not have been drawn)")]
         if not replacement:
             same = (parent.unsqueeze(2) == parent.unsqueeze(1)) & (tokens.unsqueeze(2) == tokens.unsqueeze(1))
             pairs = same & drafts.unsqueeze(2) & drafts.unsqueeze(1) & ~torch.eye(nodes, dtype=torch.bool,

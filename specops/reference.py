@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
-           "tree_attention", "tree_visibility", "NGRAM_KEY_BITS"]
+           "tree_attention", "tree_visibility", "tree_children", "tree_verify", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -350,7 +350,7 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     token, -1 padding), out_nodes [B, N] (the node of each accepted draft, -1 elsewhere) and
     num_accepted [B], all int64.
     """
-    batch, nodes, vocab = target_logits.shape
+    batch, nodes, _ = target_logits.shape
     device = target_logits.device
     out_tokens = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
     out_nodes = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
