@@ -28,6 +28,11 @@ TORCH_LIBRARY(specops, m) {
       "tree_verify(Tensor target_logits, Tensor tokens, Tensor parents, Tensor? draft_probs, Tensor num_nodes, "
       "bool replacement, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, "
       "bool validate=True) -> (Tensor, Tensor, Tensor)");
+  // Sampling without replacement: num_samples distinct tokens per row in draw order from the filtered
+  // softmax, and that softmax (q). Returns (tokens [N, num_samples], probs [N, V]).
+  m.def(
+      "sample_without_replacement(Tensor logits, int num_samples, Tensor temperature, Tensor top_k, "
+      "Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor)");
   // Context n-gram drafts: top k continuations of earlier matches of each row's last tokens.
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "

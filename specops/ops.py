@@ -14,7 +14,8 @@ import torch
 from specops._rows import per_row
 from specops._seeds import draw_seed, row_seeds
 
-__all__ = ["chain_verify", "ngram_match", "tree_attention", "tree_verify", "vocab_project"]
+__all__ = ["chain_verify", "ngram_match", "sample_without_replacement", "tree_attention", "tree_verify",
+           "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
@@ -200,6 +201,57 @@ def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temp
     out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)
     return out_tokens, num_accepted
+
+
+def sample_without_replacement(logits: torch.Tensor, num_samples: int, *, temperature=1.0, top_k=0, top_p=1.0,
+                               seed=None, offset: int = 0,
+                               validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """num_samples distinct tokens per row, in the order drawn, from q = softmax(logits / T) after top-k
+    then top-p, and q itself: a draft tree's siblings for RSD-C (paper 003) and the draft_probs that
+    `tree_verify` needs for them (pass replacement=False there).
+
+    The draws are exactly sequential sampling without replacement (the distribution of Gumbel-top-k):
+    draw i comes from q with draws 0..i-1 removed, renormalized. Draws past the support of q are -1.
+    Temperature 0 is greedy: the num_samples largest logits (ties: lower index first), with a one-hot q
+    on the first argmax (such rows only make sense under a greedy target); so is a row whose logits / T
+    overflows float32. For a drafter with another vocabulary, pass log q of `vocab_project`'s q at T = 1.
+
+    Shape:
+        logits: [N, V] float32, bfloat16 or float16.
+        num_samples: int in [1, V].
+        temperature, top_p: float or [N] tensor. top_k: int or [N] tensor (0 = off).
+        seed, offset: as chain_verify; draw i uses position i of Philox stream 3, so it never shares
+            random numbers with chain_verify / tree_verify (streams 0, 1) or vocab_project (2).
+        validate: check the logits for NaN / +inf and rows without a finite value: one host sync here
+            on accelerators. The CPU kernel reads every row and always checks them.
+
+    Returns:
+        tokens: [N, num_samples] int64.
+        probs: [N, V] float32, q (each row sums to 1).
+    """
+    op = "sample_without_replacement"
+    _check_logits(op, "logits", logits, 2, "an [N, V]")
+    rows, vocab = logits.shape
+    if vocab < 1:
+        raise ValueError(f"{op}: logits has no columns")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= vocab:
+        raise ValueError(f"{op}: num_samples must be an int in [1, V = {vocab}], got {num_samples!r}")
+    temperature, top_k, top_p, seeds = _sampling_args(op, "logits", logits.device, rows, {}, temperature, top_k,
+                                                      top_p, seed, offset)
+    if validate and logits.device.type != "cpu":
+        x = logits.float()
+        _raise_first(op, [(_nan_or_posinf(x), "logits contains NaN or +inf"),
+                          (~(x > float("-inf")).any(-1).all(), "logits has a row with no finite value"),
+                          *_sampling_checks(temperature, top_k, top_p)])
+    return torch.ops.specops.sample_without_replacement(logits.contiguous(), num_samples, temperature, top_k, top_p,
+                                                        seeds, offset, validate)
+
+
+@torch.library.register_fake("specops::sample_without_replacement")
+def _sample_without_replacement_fake(logits, num_samples, temperature, top_k, top_p, seed, offset, validate=True):
+    rows, vocab = logits.shape
+    return (logits.new_empty((rows, num_samples), dtype=torch.int64),
+            logits.new_empty((rows, vocab), dtype=torch.float32))
 
 
 def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
-           "tree_attention", "tree_visibility", "tree_children", "tree_verify", "NGRAM_KEY_BITS"]
+           "tree_attention", "tree_visibility", "tree_children", "tree_verify",
+           "sample_without_replacement", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -20,6 +21,7 @@ _PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 STREAM_ACCEPT = 0
 STREAM_SAMPLE = 1
 STREAM_DRAFT = 2
+STREAM_WITHOUT_REPLACEMENT = 3
 
 
 def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,3 +411,43 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
             node, depth = accepted, depth + 1
         num_accepted[b] = depth
     return out_tokens, out_nodes, num_accepted
+
+
+def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperature: torch.Tensor,
+                               top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
+                               offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """num_samples distinct tokens per row in draw order, drawn without replacement from q =
+    softmax(filter_logits(logits)): the siblings of a draft tree (RSD-C, paper 003) and the q that
+    tree_verify needs. Equal in distribution to Gumbel-top-k (the k largest log q + Gumbel keys, in
+    descending order); drawn here sequentially: draw i is the inverse CDF of the weights left after
+    draws 0..i-1 are zeroed, at u = uniform(seed[n], offset, i, STREAM_WITHOUT_REPLACEMENT). Draws past
+    q's support are -1. Greedy rows (T == 0, or a scaled maximum overflowing float32) take the
+    num_samples largest logits (ties: lower index first; -inf logits are never taken) and a one-hot q
+    on the first argmax.
+
+    Shapes: logits [N, V]; temperature, top_p [N] float32; top_k, seed [N] int64.
+    Returns tokens [N, num_samples] int64 and probs [N, V] float32 (q).
+    """
+    rows, vocab = logits.shape
+    device = logits.device
+    filtered = filter_logits(logits, temperature, top_k, top_p)
+    tokens = torch.full((rows, num_samples), -1, dtype=torch.int64, device=device)
+    probs = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+    for n in range(rows):
+        raw = logits[n].float()
+        if float(temperature[n]) == 0.0 or bool(raw.max() / temperature[n] == float("inf")):
+            order = torch.sort(raw, descending=True, stable=True).indices[:num_samples]
+            order = order[raw[order] > float("-inf")]
+            tokens[n, : order.numel()] = order
+            probs[n, order[0]] = 1.0
+            continue
+        q = torch.softmax(filtered[n], dim=-1)
+        probs[n] = q
+        weights = q.clone()
+        for i in range(num_samples):
+            if not bool((weights > 0).any()):
+                break
+            token = _inverse_cdf(weights, uniform(seed[n], offset, i, STREAM_WITHOUT_REPLACEMENT))
+            tokens[n, i] = token
+            weights[token] = 0.0
+    return tokens, probs

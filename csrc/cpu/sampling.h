@@ -57,6 +57,7 @@ SPECOPS_INLINE double uniform(int64_t seed, uint64_t offset, int64_t position, u
 constexpr uint32_t kStreamAccept = 0;
 constexpr uint32_t kStreamSample = 1;
 constexpr uint32_t kStreamDraft = 2;
+constexpr uint32_t kStreamWithoutReplacement = 3;
 
 }  // namespace
 }  // namespace specops
