@@ -133,6 +133,26 @@ double fill_weights(const float* logit, const float* q, int64_t n, float t, floa
                    : fill_weights_impl<true>(logit, q, n, t, m, inv_z, thr, w);
 }
 
+// tree_verify's residual update for one chunk: w_i = max(0, r_i * a - q_i * b), written to w; returns
+// their float64 sum.
+double update_residual(const float* r, const float* q, int64_t n, float a, float b, float* w) {
+  f32x16 acc = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    f32x16 d = load16(r + i) * a - load16(q + i) * b;
+    d = d > 0.0f ? d : f32x16{};
+    store16(w + i, d);
+    acc += d;
+  }
+  double total = lane_total(acc);
+  for (; i < n; ++i) {
+    const float d = r[i] * a - q[i] * b;
+    w[i] = d > 0.0f ? d : 0.0f;
+    total += w[i];
+  }
+  return total;
+}
+
 }  // namespace SPECOPS_ISA
 }  // namespace
 }  // namespace specops

@@ -77,9 +77,11 @@ struct RowPasses {
   double (*scan_probs)(const float*, int64_t, bool*);
   double (*sum_exp)(const float*, int64_t, float, float, float);
   double (*fill_weights)(const float*, const float*, int64_t, float, float, float, float, float*);
+  double (*update_residual)(const float*, const float*, int64_t, float, float, float*);
 };
 
-#define SPECOPS_PASSES(ns) RowPasses{ns::scan_row, ns::find_first, ns::scan_probs, ns::sum_exp, ns::fill_weights}
+#define SPECOPS_PASSES(ns) \
+  RowPasses{ns::scan_row, ns::find_first, ns::scan_probs, ns::sum_exp, ns::fill_weights, ns::update_residual}
 
 const RowPasses& passes() {
   static const RowPasses selected = [] {

@@ -1,11 +1,10 @@
 // tree_verify on the CPU: recursive rejection sampling over a draft tree (RSD, Jeon et al. 2024;
 // SpecInfer's multi-step speculative sampling with replacement). Semantics: specops/reference.py.
 //
-// Per request the walk starts at the root and reads only the rows it reaches. At a node, the target's
-// softmax statistics come from one pass over the row. A child's acceptance test reads p(x) without
-// materializing p, until a child is rejected; from then on the node keeps the residual in a buffer.
-// With one-hot q (deterministic drafts) a rejection zeroes one entry; with draft probabilities it is one
-// pass max(0, r / R - q / s) over the row. The emitted token is drawn by the chunked inverse CDF of
+// Per request the walk starts at the root and reads only the rows it reaches. At a node, one pass after
+// the row's maximum writes the unnormalized target weights w = exp(x - m) into a residual buffer with
+// their mass, so p(x) = w(x) / z needs no normalization pass. With one-hot q (deterministic drafts) a
+// rejection zeroes one entry; with draft probabilities it is one SIMD pass max(0, r / R - q / s). The emitted token is drawn by the chunked inverse CDF of
 // chain_verify. Requests run in parallel; with fewer requests than threads, a request's row passes are
 // split across threads instead.
 #include <ATen/ATen.h>
@@ -100,33 +99,24 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
     }
     const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
     const float thr = filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter) : -kInf;
-    for_each_chunk(num_chunks, split, [&](int64_t c) {
-      const int64_t begin = c * kChunk;
-      s.chunk_sums[c] = passes().sum_exp(logit + begin, std::min(kChunk, vocab - begin), t, m, thr);
+    // One pass: the kept weights w = exp(x - m) into the residual buffer, with their chunk sums. The
+    // residual r and its mass R then stand for p_i = r / R, starting at p = w / z.
+    for_each_chunk(num_chunks, split, [&](int64_t k) {
+      const int64_t begin = k * kChunk;
+      s.chunk_sums[k] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m, 1.0f,
+                                              thr, s.residual.data() + begin);
     });
-    double z = 0.0;
-    for (double v : s.chunk_sums) z += v;
-    const float inv_z = static_cast<float>(1.0 / z);
+    double mass = 0.0;
+    for (double v : s.chunk_sums) mass += v;
     const float* q = rq.probs != nullptr ? rq.probs + node * vocab : nullptr;
-    bool materialized = false;  // the residual buffer holds p_i (else p_i = p, not written out)
-    double mass = 1.0;          // p_i = residual / mass
-    double left = 1.0;          // q_i = q / left (the mass not yet drawn, without replacement)
+    double left = 1.0;  // q_i = q / left (the mass not yet drawn, without replacement)
     int64_t accepted = -1;
     for (int64_t c = s.first_child[node]; c >= 0; c = s.next_sibling[c]) {
       const int64_t x = rq.tokens[c];
-      const double p_x = materialized ? s.residual[x] : kept_weight(logit[x], t, m, thr) * inv_z;
       const double q_x = q != nullptr ? q[x] / left : 1.0;
-      if (uniform(rq.seed, offset, c - 1, kStreamAccept) * q_x * mass < p_x) {
+      if (uniform(rq.seed, offset, c - 1, kStreamAccept) * q_x * mass < s.residual[x]) {
         accepted = c;
         break;
-      }
-      if (!materialized) {  // the residual starts as p
-        for_each_chunk(num_chunks, split, [&](int64_t k) {
-          const int64_t begin = k * kChunk;
-          s.chunk_sums[k] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m,
-                                                  inv_z, thr, s.residual.data() + begin);
-        });
-        materialized = true;
       }
       if (q == nullptr) {  // max(0, p_i - onehot(x)): p_i without x, unless nothing would be left
         const double rest = mass - s.residual[x];
@@ -137,20 +127,12 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
         }
         continue;
       }
-      // max(0, p_i - q_i) = max(0, r / R - q / s) into `next`.
-      const float a = static_cast<float>(1.0 / mass), bq = static_cast<float>(1.0 / left);
+      // max(0, p_i - q_i) = max(0, r / R - q / left) into `next`.
+      const float a = static_cast<float>(1.0 / mass), b = static_cast<float>(1.0 / left);
       for_each_chunk(num_chunks, split, [&](int64_t k) {
-        const int64_t begin = k * kChunk, len = std::min(kChunk, vocab - begin);
-        float* out = s.next.data() + begin;
-        const float* r = s.residual.data() + begin;
-        const float* qq = q + begin;
-        double sum = 0.0;
-        for (int64_t i = 0; i < len; ++i) {
-          const float d = r[i] * a - qq[i] * bq;
-          out[i] = d > 0.0f ? d : 0.0f;
-          sum += out[i];
-        }
-        s.next_sums[k] = sum;
+        const int64_t begin = k * kChunk;
+        s.next_sums[k] = passes().update_residual(s.residual.data() + begin, q + begin,
+                                                  std::min(kChunk, vocab - begin), a, b, s.next.data() + begin);
       });
       double total = 0.0;
       for (double v : s.next_sums) total += v;
@@ -162,13 +144,6 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
       if (!replacement) left -= q[x];
     }
     if (accepted < 0) {
-      if (!materialized) {  // emit from p
-        for_each_chunk(num_chunks, split, [&](int64_t k) {
-          const int64_t begin = k * kChunk;
-          s.chunk_sums[k] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m,
-                                                  inv_z, thr, s.residual.data() + begin);
-        });
-      }
       out_tokens[depth] = inverse_cdf(s.residual.data(), s.chunk_sums, vocab,
                                       uniform(rq.seed, offset, node, kStreamSample));
       return depth;
