@@ -22,6 +22,7 @@ STREAM_ACCEPT = 0
 STREAM_SAMPLE = 1
 STREAM_DRAFT = 2
 STREAM_WITHOUT_REPLACEMENT = 3
+SMALLEST_NORMAL_LOG = -87.33654475  # log(2**-126): exp below it is 0 in the kernels
 
 
 def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,7 +422,7 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperatu
     tree_verify needs. Equal in distribution to Gumbel-top-k (the k largest log q + Gumbel keys, in
     descending order); drawn here sequentially: draw i is the inverse CDF of the weights left after
     draws 0..i-1 are zeroed, at u = uniform(seed[n], offset, i, STREAM_WITHOUT_REPLACEMENT). Draws past
-    q's support are -1. Greedy rows (T == 0, or a scaled maximum overflowing float32) take the
+    q's support are -1; a token whose weight exp(x/T - m) is below float32's smallest normal is outside it. Greedy rows (T == 0, or a scaled maximum overflowing float32) take the
     num_samples largest logits (ties: lower index first; -inf logits are never taken) and a one-hot q
     on the first argmax.
 
@@ -441,7 +442,11 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperatu
             tokens[n, : order.numel()] = order
             probs[n, order[0]] = 1.0
             continue
-        q = torch.softmax(filtered[n], dim=-1)
+        shifted = filtered[n] - filtered[n].max()
+        # A weight exp(x - m) below float32's smallest normal is 0 (what the kernels' exp gives): such a
+        # token is outside q's support, and draws past the support are -1.
+        weights = torch.where(shifted < SMALLEST_NORMAL_LOG, 0.0, torch.exp(shifted))
+        q = weights / weights.sum()
         probs[n] = q
         weights = q.clone()
         for i in range(num_samples):

@@ -1,0 +1,242 @@
+"""Triton kernels for `specops::sample_without_replacement`: num_samples distinct tokens per row, in draw
+order, from q = softmax of the filtered logits (the siblings of an RSD-C draft tree, paper 003), and q.
+
+Four launches, none of which holds a whole vocabulary row in one program:
+
+1. `_tile_stats_kernel`, grid (N, n_tiles): per tile the maximum of x = logits / T (T = 1 for greedy
+   rows) and sum(exp(x - that maximum)), and the raw logits' maximum with its first index.
+2. `_row_kernel`, grid (N,): the row's maximum m and normalizer Z from the tile statistics; top-k and
+   top-p cuts by bisection over the row (`_sampling.py`); greedy rows (T = 0, or logits / T overflowing
+   float32) and rows without a finite logit are marked as such.
+3. `_probs_kernel`, grid (N, n_tiles): q = exp(x - m) / Z on the kept ids (one-hot on the first argmax
+   for greedy rows) into probs and, for sampled rows, into a float32 weights scratch row, with the
+   tile's float64 mass.
+4. `_draw_kernel`, grid (N,): the draws in order. Draw i is the inverse CDF of the weights left,
+   first over the tile masses, then inside the chosen tile, at target u_i * sum(masses),
+   u_i = uniform(seed, offset, i, STREAM_WITHOUT_REPLACEMENT); the drawn weight is then zeroed and its
+   tile's mass re-summed. Draws once no mass is left are -1. Greedy rows take, num_samples times, the
+   largest (logit, -index) below the previous pick, tile by tile, stopping at -inf.
+
+The random numbers are Philox4x32-10 as in `specops.reference`, so the tokens equal the reference's
+for the same seeds up to float ties.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specops.kernels._sampling import (_KEEP_ALL, _STREAM_WITHOUT_REPLACEMENT, _filter_cut, _inverse_cdf_index,
+                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _scaled_tile,
+                                       _store_tile_stats, _uniform, offset_words, vocab_tiling)
+
+__all__ = ["sample_without_replacement_triton"]
+
+# Row states left by `_row_kernel`: sample by inverse CDF, greedy, or no finite logit (reachable only
+# without validation: probs stay zero and the tokens -1).
+_SAMPLED: tl.constexpr = tl.constexpr(0)
+_GREEDY: tl.constexpr = tl.constexpr(1)
+_EMPTY: tl.constexpr = tl.constexpr(2)
+
+
+_SMALLEST_NORMAL_LOG: tl.constexpr = tl.constexpr(-87.33654475)  # log(2**-126)
+
+@triton.jit
+def _tile_stats_kernel(logits_ptr, temperature_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr,
+                       stride_ln, V, n_tiles, BLOCK_V: tl.constexpr):
+    """Per tile of row n: m_t = max x, s_t = sum exp(x - m_t), x = logits / T (online softmax, Milakov &
+    Gimelshein 2018), and the raw logits' maximum with its first index."""
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + row)
+    temperature = tl.where(temperature == 0.0, 1.0, temperature)
+    row_ptr = logits_ptr + row * stride_ln
+    offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
+    raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
+    _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, row * n_tiles + tile, offs, in_row,
+                      x, raw, V)
+
+
+@triton.jit
+def _row_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
+                tile_arg_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, row_best_ptr,
+                stride_ln, V, n_tiles, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Row n's maximum m and normalizer Z = sum_t s_t exp(m_t - m); with top-k (Fan et al. 2018) or top-p
+    (Holtzman et al. 2020), their cut on x and Z over the kept ids; the first argmax of the logits."""
+    row = tl.program_id(0).to(tl.int64)
+    tiles = tl.arange(0, BLOCK_T)
+    tile_ok = tiles < n_tiles
+    stats = row * n_tiles + tiles
+    tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
+    row_max = tl.max(tile_max, 0)
+    raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
+    temperature = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    greedy = (temperature == 0.0) | (row_max == float("inf"))
+    # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
+    empty = ~(raw_max > -float("inf"))
+    state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))
+    z = _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max)
+    cut = tl.full([], _KEEP_ALL, tl.int32)
+    if state == _SAMPLED:
+        cut, z = _filter_cut(logits_ptr + row * stride_ln, temperature, top_k, top_p, row_max, z, V, n_tiles,
+                             BLOCK_V)
+    tl.store(row_max_ptr + row, row_max)
+    tl.store(row_z_ptr + row, z)
+    tl.store(row_cut_ptr + row, cut)
+    tl.store(row_state_ptr + row, state)
+    tl.store(row_best_ptr + row, best)
+
+
+@triton.jit
+def _probs_kernel(logits_ptr, temperature_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, row_best_ptr,
+                  probs_ptr, weights_ptr, mass_ptr, stride_ln, V, n_tiles, BLOCK_V: tl.constexpr):
+    """q of one tile, float32 like the reference's softmax: exp(x - m) / Z on the kept ids, 0 elsewhere;
+    one-hot on the first argmax for greedy rows, 0 for rows without a finite logit. Sampled rows also
+    get their weights scratch and the tile's float64 mass."""
+    row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    state = tl.load(row_state_ptr + row)
+    temperature = tl.load(temperature_ptr + row)
+    # Greedy rows never use x; T = 0 would only make NaNs there.
+    scale = tl.where(state == _SAMPLED, temperature, 1.0)
+    offs, in_row, x = _scaled_tile(logits_ptr + row * stride_ln, tile, scale, V, BLOCK_V)
+    keep = in_row & (_ordered_key(x) >= tl.load(row_cut_ptr + row))
+    shifted = x - tl.load(row_max_ptr + row)
+    # Weights below float32's smallest normal are 0, as the CPU kernel's exp gives them (the spec's rule).
+    keep = keep & (shifted >= _SMALLEST_NORMAL_LOG)
+    sampled = tl.where(keep, tl.math.div_rn(tl.exp(shifted), tl.load(row_z_ptr + row)), 0.0)
+    one_hot = tl.where(offs == tl.load(row_best_ptr + row), 1.0, 0.0)
+    q = tl.where(state == _SAMPLED, sampled, tl.where(state == _GREEDY, one_hot, 0.0))
+    tl.store(probs_ptr + row * V + offs, q, mask=in_row)
+    if state == _SAMPLED:
+        tl.store(weights_ptr + row * V + offs, q, mask=in_row)
+        tl.store(mass_ptr + row * n_tiles + tile, tl.sum(q.to(tl.float64), 0))
+
+
+@triton.jit
+def _greedy_pick(row_ptr, prev_value, prev_index, V, n_tiles, BLOCK_V: tl.constexpr):
+    """The largest (logit, -index) strictly below (prev_value, -prev_index) among the logits above
+    -inf, as (value, index); (-inf, V) when none is left."""
+    best_value = tl.full([], -float("inf"), tl.float32)
+    best_index = tl.zeros([], tl.int32) + V
+    for tile in range(0, n_tiles):
+        offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+        in_row = offs < V
+        raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
+        below = (raw < prev_value) | ((raw == prev_value) & (offs > prev_index))
+        # -inf logits are never taken; NaNs (unchecked without validation) fail every comparison.
+        candidate = in_row & below & (raw > -float("inf"))
+        tile_value = tl.max(tl.where(candidate, raw, -float("inf")), 0)
+        tile_index = tl.min(tl.where(candidate & (raw == tile_value), offs, V), 0)
+        # Tiles come in index order, so an equal value in a later tile never wins.
+        better = tile_value > best_value
+        best_value = tl.where(better, tile_value, best_value)
+        best_index = tl.where(better, tile_index, best_index)
+    return best_value, best_index
+
+
+@triton.jit(do_not_specialize=["num_samples", "offset_lo", "offset_hi"])
+def _draw_kernel(logits_ptr, seed_ptr, row_state_ptr, weights_ptr, mass_ptr, tokens_ptr, stride_ln, V, n_tiles,
+                 num_samples, offset_lo, offset_hi, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Row n's draws in order: sequential sampling without replacement, each draw the first index whose
+    float64 running sum of the weights left exceeds u_i * sum(weights left), the last index with weight
+    if round-off leaves none; greedy rows: the num_samples largest logits, ties to the lower index."""
+    row = tl.program_id(0).to(tl.int64)
+    state = tl.load(row_state_ptr + row)
+    tokens_row_ptr = tokens_ptr + row * num_samples
+    if state == _SAMPLED:
+        seed = tl.load(seed_ptr + row)
+        weights_row_ptr = weights_ptr + row * V
+        tiles = tl.arange(0, BLOCK_T)
+        tile_ok = tiles < n_tiles
+        mass = tl.load(mass_ptr + row * n_tiles + tiles, mask=tile_ok, other=0.0)
+        for i in range(0, num_samples):
+            i64 = tl.cast(i, tl.int64)  # the interpreter's loop index is a Python int
+            total = tl.sum(mass, 0)
+            token = tl.full([], -1, tl.int64)
+            # Masses are re-summed from the weights, so a tile whose weights are all zero has mass
+            # exactly 0: no mass left means q's support is drawn (the reference stops there), and a
+            # tile chosen below always holds a positive weight. NaN q (unchecked NaN logits) stops too.
+            if total > 0.0:
+                target = _uniform(seed, i64, _STREAM_WITHOUT_REPLACEMENT, offset_lo, offset_hi) * total
+                tile, prefix, found = _inverse_cdf_tile(mass, tiles, tile_ok, target, BLOCK_T)
+                offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+                in_row = offs < V
+                w = tl.load(weights_row_ptr + offs, mask=in_row, other=0.0).to(tl.float64)
+                token = _inverse_cdf_index(w, offs, in_row, prefix, target, found, V).to(tl.int64)
+                valid = (token >= 0) & (token < V)
+                # Re-summed rather than decremented: a subtraction can leave round-off mass in a tile
+                # with no weight left.
+                tile_mass = tl.sum(tl.where(offs == token, 0.0, w), 0)
+                mass = tl.where(valid & (tiles == tile), tile_mass, mass)
+                tl.store(weights_row_ptr + token, 0.0, mask=valid)
+                # The next draw's tile load may read this weight in other threads of the program.
+                tl.debug_barrier()
+                token = tl.where(valid, token, -1)
+            tl.store(tokens_row_ptr + i64, token)
+    elif state == _GREEDY:
+        row_ptr = logits_ptr + row * stride_ln
+        # (+inf, -1): everything, an unchecked +inf logit included, is below it.
+        value = tl.full([], float("inf"), tl.float32)
+        index = tl.full([], -1, tl.int32)
+        for i in range(0, num_samples):
+            value, index = _greedy_pick(row_ptr, value, index, V, n_tiles, BLOCK_V)
+            # Once none is left the pick stays (-inf, V), and so do the later ones.
+            tl.store(tokens_row_ptr + i, tl.where(index < V, index, -1).to(tl.int64))
+    else:
+        for i in range(0, num_samples):
+            tl.store(tokens_row_ptr + i, tl.full([], -1, tl.int64))
+
+
+def sample_without_replacement_triton(logits: torch.Tensor, num_samples: int, temperature: torch.Tensor,
+                                      top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor, offset: int,
+                                      validate: bool = True,
+                                      block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton implementation of `specops::sample_without_replacement` on the op's normalized arguments
+    (see `specops.ops.sample_without_replacement`): tensors on one device. Values are not checked here
+    (that would be a host sync inside the op); the wrapper checks them when `validate` is true. Without
+    that check a row with no finite logit gives a zero probs row and tokens -1. `block_v` overrides the
+    vocabulary tile (a power of two), for tests of the multi-tile paths."""
+    # The op is reachable directly, not only through the wrapper that makes inputs contiguous.
+    logits, temperature, top_k, top_p, seed = (t.contiguous() for t in (logits, temperature, top_k, top_p, seed))
+    rows, vocab = logits.shape
+    device = logits.device
+    tokens = torch.empty((rows, num_samples), dtype=torch.int64, device=device)
+    probs = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+    if rows == 0:
+        return tokens, probs
+    block_v, n_tiles, block_t, num_warps = vocab_tiling("sample_without_replacement", vocab, block_v)
+
+    tile_max = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
+    tile_sum = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
+    tile_raw = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
+    tile_arg = torch.empty((rows, n_tiles), dtype=torch.int32, device=device)
+    row_max = torch.empty((rows,), dtype=torch.float32, device=device)
+    row_z = torch.empty((rows,), dtype=torch.float32, device=device)
+    row_cut = torch.empty((rows,), dtype=torch.int32, device=device)
+    row_state = torch.empty((rows,), dtype=torch.int32, device=device)
+    row_best = torch.empty((rows,), dtype=torch.int32, device=device)
+    weights = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+    mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
+    stride_ln = logits.stride(0)
+    offset_lo, offset_hi = offset_words(offset)
+
+    _tile_stats_kernel[(rows, n_tiles)](
+        logits, temperature, tile_max, tile_sum, tile_raw, tile_arg, stride_ln, vocab, n_tiles,
+        BLOCK_V=block_v, num_warps=num_warps)
+    _row_kernel[(rows,)](
+        logits, temperature, top_k, top_p, tile_max, tile_sum, tile_raw, tile_arg, row_max, row_z, row_cut,
+        row_state, row_best, stride_ln, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    _probs_kernel[(rows, n_tiles)](
+        logits, temperature, row_max, row_z, row_cut, row_state, row_best, probs, weights, mass,
+        stride_ln, vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
+    _draw_kernel[(rows,)](
+        logits, seed, row_state, weights, mass, tokens, stride_ln, vocab, n_tiles, num_samples,
+        offset_lo, offset_hi, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    return tokens, probs
+
+
+torch.library.register_kernel("specops::sample_without_replacement", "cuda", sample_without_replacement_triton)
