@@ -16,7 +16,8 @@ For each architecture x method:
 Methods: "ar"; "sd" with drafter "self:1" (the target's first layer) and num_draft_tokens 3 or "auto",
 and with the target itself as its drafter ("sd-same": every draft accepted, the bonus-token path);
 "ngram" with ngram_tables="none" and num_draft_tokens (2, 3) (two rows of three tokens: a small draft
-tree, whose forwards must attend through specops.ops.tree_attention); "tli" and "slem" on PAIRS of
+tree, whose forwards must attend through specops.ops.tree_attention); "rsd-c" and "specinfer" with
+drafter "self:1" and branching (2, 2) (drafter and target both score trees); "tli" and "slem" on PAIRS of
 architectures with different tokenizers (a byte-level target and a drafter with multi-byte tokens of
 another architecture, and the reverse). Random models of different
 architectures almost never agree, so those pairs test the rejection path only (at most 1 of 80 to 420
@@ -62,8 +63,8 @@ _OWN_ATTENTION = {
     "xglm": "its own attention module",
 }
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
-    (arch, "ngram"): f"draft trees: {why}, outside transformers' attention registry"
-    for arch, why in _OWN_ATTENTION.items()}
+    (arch, method): f"draft trees: {why}, outside transformers' attention registry"
+    for arch, why in _OWN_ATTENTION.items() for method in ("ngram", "rsd-c", "specinfer")}
 
 # Architectures whose own generate() gives other greedy tokens for a prompt in a left-padded batch than
 # for the prompt alone (see test_generate_padded_equals_alone).
@@ -85,12 +86,14 @@ METHODS = {
     "sd-auto": dict(method="sd", drafter="self:1", num_draft_tokens="auto"),
     "sd-same": dict(method="sd", drafter="same", num_draft_tokens=3),  # the target object drafts for itself
     "ngram": dict(method="ngram", ngram_tables="none", num_draft_tokens=(2, 3)),
+    "rsd-c": dict(method="rsd-c", drafter="self:1", num_draft_tokens=(2, 2)),
+    "specinfer": dict(method="specinfer", drafter="self:1", num_draft_tokens=(2, 2)),
 }
 # Sampled runs need a fixed draft length: with "auto" the draft lengths follow measured timings, and
 # with them which random numbers each token uses.
-SAMPLED_METHODS = ["ar", "sd-k3", "sd-same", "ngram"]
+SAMPLED_METHODS = ["ar", "sd-k3", "sd-same", "ngram", "rsd-c", "specinfer"]
 # Methods that draft on every step (a fixed draft length): a run must have drafted something.
-ALWAYS_DRAFTS = ("sd-k3", "sd-same", "ngram")
+ALWAYS_DRAFTS = ("sd-k3", "sd-same", "ngram", "rsd-c", "specinfer")
 
 # Drafter-with-another-vocabulary pairs: id -> (target architecture, target tokenizer, drafter
 # architecture, drafter tokenizer); "byte" is byte_tokenizer(), "merged" merged_byte_tokenizer();
@@ -304,7 +307,7 @@ def test_greedy_equals_generate(zoo, tokenizers, arch, method_id):
     assert mismatch is None, f"{arch} ({type(model).__name__}), {method_id}: {mismatch}"
     if method_id in ALWAYS_DRAFTS:
         assert result.stats.drafted > 0, f"{arch}, {method_id}: nothing was drafted"
-    if method_id == "ngram":  # its tree forwards attended through specops.ops.tree_attention
+    if method_id in ("ngram", "rsd-c"):  # its tree forwards attended through specops.ops.tree_attention
         lm = CausalLM(model)
         assert tree_support(lm, list(range(3, 40))) is None and lm.tree_kernel, arch
 

@@ -206,7 +206,7 @@ def _sample(method: str, k, temperature: float = 1.0, top_k: int = 0, target_tab
     if key not in _samples_cache:
         tok = letter_tokenizer()
         kwargs = {}
-        if method == "sd":
+        if method in ("sd", "rsd-c", "specinfer"):
             kwargs = dict(drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, num_draft_tokens=k)
         result = specops.decode(_stat_prompts(), target=TableLM(target_table), tokenizer=tok, method=method,
                                 max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k, seed=seed,
@@ -221,6 +221,11 @@ STAT_CASES = [
     ("sd", 1, 1.0, 0),
     ("sd", 2, 1.0, 0),  # 2 is the longest chain 4 new tokens allow (the first comes from the prefill)
     ("sd", 2, 0.7, 3),
+    # Draft trees from the drafter, verified by recursive rejection sampling: siblings drawn without
+    # replacement (RSD-C) and i.i.d. (SpecInfer); (3,) is one level of three siblings.
+    ("rsd-c", (2, 2), 1.0, 0),
+    ("rsd-c", (3,), 0.7, 3),
+    ("specinfer", (2, 2), 1.0, 0),
 ]
 
 
@@ -238,8 +243,15 @@ def assert_follows_target(texts: list[str], temperature: float, top_k: int) -> N
 def test_sampled_sequences_follow_target(method, k, temperature, top_k):
     result = _sample(method, k, temperature, top_k)
     assert_follows_target(result.text, temperature, top_k)
-    if method == "sd":  # the drafter was really used, and rejected sometimes
+    if method != "ar":  # the drafter was really used, and rejected sometimes
         assert 0 < result.stats.accepted < result.stats.drafted
+
+
+def test_rsd_accepts_more_than_specinfer():
+    """Same tree shape, same toy pair: siblings drawn without replacement are never wasted on a token
+    already rejected, so RSD-C accepts more drafts per target call than SpecInfer's i.i.d. siblings."""
+    rsd, specinfer = _sample("rsd-c", (2, 2)).stats, _sample("specinfer", (2, 2)).stats
+    assert rsd.accepted / rsd.target_calls > 1.02 * specinfer.accepted / specinfer.target_calls
 
 
 def test_sampled_sd_with_plain_steps_follows_target(monkeypatch):

@@ -7,7 +7,7 @@
 2. Statistics: sampled "ngram" sequences follow the target's exact distribution (chi-square on whole
    continuations of a table-defined toy LM that reads draft trees through the 4-D mask), at T = 1 and
    T = 0.7 with top-k; drafts are both accepted and rejected; the check can fail.
-3. Tree pieces on their own: build_tree, choose_path, and KVState.append_tree + commit against fresh
+3. Tree pieces on their own: build_tree, and KVState.append_tree + commit against fresh
    runs of the model on the plain token sequence (ragged rows, holes, a sliding window).
 4. DraftShape: tree_nodes, settings, and "auto" driven with synthetic costs and acceptance.
 5. Model n-grams: unigram order, bigram against the model's own logits (with and without BOS), its
@@ -31,7 +31,7 @@ from specops.decoding.batch import Batch
 from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, tree_nodes
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
-from specops.decoding.tree import build_tree, choose_path
+from specops.decoding.tree import build_tree
 from test_decode import (ALPHA, N_SEQUENCES, STAT_NEW, STAT_PROMPTS, TARGET_TABLE, _fit,
                          assert_follows_target)
 from toy_models import (BOS_ID, BYTE_VOCAB, EOS_ID, LETTERS, START, TableLM, byte_tokenizer, cycle_table,
@@ -371,86 +371,6 @@ def test_build_tree_root_only():
     tree = build_tree(torch.tensor([3, 4, 5]), torch.full((3, 2, 2), -1))
     assert tree.nodes == 1 and tree.tokens.tolist() == [[3], [4], [5]]
     assert tree.visible.tolist() == [[[True]]] * 3 and (tree.paths == -1).all()
-
-
-def _one_hot_logits(tree, argmax: dict[tuple[int, int], int], vocab: int = 16) -> torch.Tensor:
-    """Logits [B, N, vocab] whose argmax at node (b, i) is argmax[(b, i)] (else token 0)."""
-    logits = torch.zeros(tree.tokens.shape[0], tree.nodes, vocab)
-    for (b, i), token in argmax.items():
-        logits[b, i, token] = 5.0
-    logits[..., 0] += 1.0  # the default winner elsewhere
-    return logits
-
-
-def test_choose_path_greedy():
-    rows = torch.tensor([
-        [[5, 6, 7], [5, 6, 8], [9, 3, -1]],
-        [[5, 6, 7], [5, 9, -1], [4, 4, 4]],
-        [[1, 2, -1], [3, 4, -1], [1, 2, 3]],
-    ])
-    tree = build_tree(torch.tensor([11, 12, 13]), rows)
-    p = tree.paths  # node ids come from build_tree: look them up from the paths
-    argmax = {
-        # request 0: 5, 6 then 8 match (row 1: 3 tokens), row 0 stops after 2 -> row 1
-        (0, 0): 5, (0, int(p[0, 0, 0])): 6, (0, int(p[0, 0, 1])): 8,
-        # request 1: 5 matches, then 9 (row 1: 2 tokens) beats row 0 (1 token) -> row 1
-        (1, 0): 5, (1, int(p[1, 0, 0])): 9,
-        # request 2: rows 0 and 2 share 1, 2 (2 tokens each), then 3 is not the argmax -> the first, row 0
-        (2, 0): 1, (2, int(p[2, 0, 0])): 2, (2, int(p[2, 0, 1])): 5,
-    }
-    chosen = choose_path(tree, _one_hot_logits(tree, argmax), 0.0)
-    assert chosen.tolist() == [1, 1, 0]
-    # Nothing matches: the first row.
-    assert choose_path(tree, _one_hot_logits(tree, {}), 0.0).tolist() == [0, 0, 0]
-
-
-def _expected_length(tree, logits, b: int, r: int, temperature: float) -> float:
-    """sum_j prod_{i <= j} p(d_i | its parent), written out node by node."""
-    total, prob = 0.0, 1.0
-    for node in tree.paths[b, r].tolist():
-        if node < 0:
-            break
-        parent = int(tree.parent[b, node])
-        p = torch.softmax(logits[b, parent].double() / temperature, -1)[int(tree.tokens[b, node])]
-        prob *= float(p)
-        total += prob
-    return total
-
-
-def test_choose_path_sampling():
-    """Row 0's first token is the likelier one, but row 1 continues with a near-certain token: by
-    expected accepted length row 1 wins at T = 1, row 0 at a low temperature (which sharpens row 0's
-    first token to near certainty and row 1's to near zero)."""
-    rows = torch.tensor([[[1, 2], [3, 4]]])
-    tree = build_tree(torch.tensor([0]), rows)  # nodes: 0 root, 1 = 1, 2 = 2, 3 = 3, 4 = 4
-    logits = torch.full((1, tree.nodes, 8), -10.0)
-    logits[0, 0, 1], logits[0, 0, 3] = 1.0, 0.7  # p(1) > p(3) at the root
-    logits[0, 1, 2:] = 0.0  # after 1: token 2 is one of 6 equally likely...
-    logits[0, 3, 4] = 10.0  # ... after 3: token 4 is near certain
-    scores = {t: [_expected_length(tree, logits, 0, r, t) for r in range(2)] for t in (1.0, 0.2)}
-    assert scores[1.0][1] > scores[1.0][0] and scores[0.2][0] > scores[0.2][1]  # the premise
-    assert choose_path(tree, logits, 1.0).tolist() == [1]
-    assert choose_path(tree, logits, 0.2).tolist() == [0]
-    # Greedy ignores probabilities: row 0 matches the argmax twice (1, then 2, the first of the tied
-    # tokens after 1), row 1 not at all.
-    assert choose_path(tree, logits, 0.0).tolist() == [0]
-
-
-def test_choose_path_sampling_ragged_batch():
-    """Random logits over a ragged batch: the chosen row maximizes the expected accepted length."""
-    g = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, 4, (3, 5, 3), generator=g)
-    rows[0, 2, 1:] = -1
-    rows[1, :, 2] = -1
-    rows[2, 1:] = -1
-    tree = build_tree(torch.tensor([0, 1, 2]), rows)
-    logits = torch.randn(3, tree.nodes, 4, generator=g) * 2
-    for temperature in (1.0, 0.6):
-        chosen = choose_path(tree, logits, temperature).tolist()
-        for b in range(3):
-            scores = [_expected_length(tree, logits, b, r, temperature) for r in range(5)]
-            best = max(scores)
-            assert chosen[b] == min(r for r in range(5) if scores[r] > best - 1e-12), (b, scores)
 
 
 # KVState.append_tree + commit: after any sequence of tree steps, the cache must hold exactly what a fresh

@@ -7,10 +7,10 @@ match cut short by the end of the context extended with the model bigram; the re
 extended model bigram (the bigram's top-k after the last token, each continued with top-1 lookups), or
 from the model unigram when no bigram table is given. The rows form one token tree per request (shared
 prefixes once), which the target scores in a single forward over its KV cache, without copying the
-cache per row. Each request then verifies one row: the one whose expected accepted prefix under the
-target is longest (tree.choose_path); chain_verify checks it as deterministic drafts (q one-hot), so
-greedy output equals greedy decoding and sampled output follows the target exactly. The cache keeps
-that row's accepted prefix, compacted. k and w come from draft_shape.DraftShape.
+cache per row. `tree_verify` checks the whole tree as deterministic drafts (q one-hot): every row gets
+its chance, a sampled token is accepted whenever the target's own draw would land in the tree, greedy
+output equals greedy decoding and sampled output follows the target exactly. The cache keeps the
+accepted path, compacted. k and w come from draft_shape.DraftShape.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from specops.decoding import model_ngrams
 from specops.decoding.batch import Batch
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.model_ngrams import extend
-from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult
+from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
+from specops.decoding.tree import build_tree
 
 __all__ = ["NgramDrafter", "NgramProposer"]
 
@@ -95,7 +96,7 @@ class NgramDrafter:
 
 
 class NgramProposer(Proposer):
-    verifier = "tree_path"
+    verifier = "tree"
 
     def __init__(self, setup: Setup, bigram: torch.Tensor | None, unigram: torch.Tensor | None, shape: DraftShape):
         self.batch = setup.batch
@@ -113,7 +114,8 @@ class NgramProposer(Proposer):
         k, w = self.shape.choose(rows, source)
         rows = rows[:, :max(k, 1), :max(w, 1)].clone()
         beyond = torch.arange(rows.shape[2], device=rows.device)[None, None, :] >= budget[:, None, None]
-        return Proposal(rows=rows.masked_fill(beyond | (k == 0), -1))
+        tree = build_tree(last, rows.masked_fill(beyond | (k == 0), -1))
+        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1)))
 
     def accept(self, result: StepResult) -> None:
         self.contexts.extend_contexts(result.emitted)

@@ -15,7 +15,7 @@ from specops.decoding.step import Method
 __all__ = ["METHODS", "NAMES", "check_draft_setting", "check_options", "resolve"]
 
 # Method modules, in the order methods are listed to users ("auto" comes first).
-_MODULES = ("ar", "sd", "tli", "slem", "slrs", "ngram")
+_MODULES = ("ar", "sd", "tli", "slem", "slrs", "ngram", "rsd")
 
 
 def _load() -> dict[str, Method]:

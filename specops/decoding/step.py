@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Method", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "draft_offset"]
+__all__ = ["Method", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "TreeDraft", "draft_offset"]
 
 _DRAFT_BITS = 32  # random-number offsets of drafts: step << 32 | draft index
 
@@ -56,6 +56,21 @@ class Setup:
 
 
 @dataclass
+class TreeDraft:
+    """A draft tree per request, for the verifier "tree" (`specops.ops.tree_verify`): tokens, parents
+    [B, N] int64 (node 0 the root, whose token the verifier sets to the last emitted one; parents
+    precede children; siblings in the order they were drawn), num_nodes [B] (later nodes are padding),
+    probs [B, N, W] float32 (row n: the distribution node n's children were drawn from; None for
+    deterministic drafts) and whether siblings were drawn with replacement."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    num_nodes: torch.Tensor
+    probs: torch.Tensor | None = None
+    replacement: bool = False
+
+
+@dataclass
 class Proposal:
     """One step's drafts for the running requests.
 
@@ -63,15 +78,14 @@ class Proposal:
     many of them each request proposes), probs [B, K, W] float32 (the distribution each draft was drawn
     from; None for deterministic drafts, whose q is one-hot) and width W >= the target's vocabulary (ids
     from the target's vocabulary size up are tokens the target cannot emit: always rejected).
-    Trees (verifier "tree_path"): rows [B, k, w] int64, k candidate continuations per request, -1 past a
-    row's end; they form one token tree per request under its last emitted token.
+    Trees (verifier "tree"): a draft tree per request, verified whole by recursive rejection sampling.
     size: draft tokens per request in flight, for the statistics (None: the verifier's count)."""
 
     drafts: torch.Tensor | None = None
     num_draft: torch.Tensor | None = None
     probs: torch.Tensor | None = None
     width: int | None = None
-    rows: torch.Tensor | None = None
+    tree: TreeDraft | None = None
     size: int | None = None
 
     @classmethod

@@ -1,8 +1,8 @@
-"""Draft trees: k draft rows laid out as one token tree per request, verified in one target forward.
+"""Draft trees, one per request, scored in one target forward and verified whole by `tree_verify`.
 
-Rows that share a prefix share its nodes, so a forward carries each distinct prefix once (a trie), and
-the attention mask lets a node see only its ancestors (engine `KVState.append_tree`). Verification picks
-one root-to-leaf path per request and checks it with `chain_verify`, as a chain of deterministic drafts.
+Draft rows that share a prefix share its nodes (a trie, `build_tree`); trees drawn level by level come
+as parent pointers (`tree_from_parents`). The attention mask lets a node see only its ancestors (engine
+`KVState.append_tree`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DraftTree", "build_tree", "choose_path"]
+__all__ = ["DraftTree", "build_tree", "tree_from_parents"]
 
 
 @dataclass
@@ -32,6 +32,32 @@ class DraftTree:
     @property
     def nodes(self) -> int:
         return self.tokens.shape[1]
+
+
+def _closure(parent: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """visible [B, N, N] (a node sees itself and its ancestors) and depth [B, N] of trees whose parents
+    precede their children; invalid nodes see only themselves, at depth 0."""
+    batch, size = parent.shape
+    rows = torch.arange(batch, device=parent.device)
+    visible = torch.eye(size, dtype=torch.bool, device=parent.device).repeat(batch, 1, 1)
+    depth = torch.zeros(batch, size, dtype=torch.int64, device=parent.device)
+    for i in range(1, size):  # parents precede children: one pass in node order suffices
+        p = parent[:, i]
+        visible[:, i] |= visible[rows, p] & valid[:, i:i + 1]
+        depth[:, i] = torch.where(valid[:, i], depth[rows, p] + 1, 0)
+    return visible, depth
+
+
+def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor) -> DraftTree:
+    """The DraftTree of trees given by parent pointers: tokens, parents [B, N] (node 0 the root; nodes at
+    or past num_nodes[b] are padding), as `specops.ops.tree_verify` takes them. No row paths."""
+    batch, size = tokens.shape
+    valid = torch.arange(size, device=tokens.device) < num_nodes[:, None]
+    parent = torch.where(valid, parents, 0).clamp(min=0)
+    parent[:, 0] = 0
+    visible, depth = _closure(parent, valid)
+    return DraftTree(torch.where(valid, tokens, 0), depth, parent, valid, visible,
+                     torch.empty(batch, 0, 0, dtype=torch.int64, device=tokens.device))
 
 
 def build_tree(root: torch.Tensor, rows: torch.Tensor) -> DraftTree:
@@ -63,38 +89,7 @@ def build_tree(root: torch.Tensor, rows: torch.Tensor) -> DraftTree:
         tokens[b, :n] = torch.tensor(node_tokens[b])
         parent[b, :n] = torch.tensor(node_parents[b])
         valid[b, :n] = True
-    # Ancestor closure: parents precede children, so one pass in node order suffices.
-    visible = torch.eye(size, dtype=torch.bool).repeat(batch, 1, 1)
-    depth = torch.zeros(batch, size, dtype=torch.int64)
-    for i in range(1, size):
-        p = parent[:, i]
-        visible[:, i] |= visible[torch.arange(batch), p] & valid[:, i:i + 1]
-        depth[:, i] = torch.where(valid[:, i], depth[torch.arange(batch), p] + 1, 0)
+    visible, depth = _closure(parent, valid)
     device = rows.device
     return DraftTree(tokens.to(device), depth.to(device), parent.to(device), valid.to(device),
                      visible.to(device), torch.tensor(paths, dtype=torch.int64, device=device))
-
-
-def choose_path(tree: DraftTree, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The row [B] each request verifies: the one with the longest expected accepted prefix under the
-    target. Greedy (T = 0): the longest prefix that matches the target's argmax. Sampling: the largest
-    sum over j of prod_{i <= j} p(d_i), with p = softmax(logits / T) (top-k / top-p ignored here).
-
-    The choice depends only on the target's logits, never on the random numbers that verification then
-    draws, and every row starts from the same distribution at the root, so verifying the chosen row with
-    chain_verify (deterministic drafts, q one-hot) keeps the output distribution exactly the target's."""
-    paths = tree.paths
-    present = paths >= 0
-    node = paths.clamp(min=0)
-    batch = torch.arange(paths.shape[0], device=paths.device)[:, None, None]
-    parent = tree.parent[batch, node]
-    token = tree.tokens[batch, node]
-    if temperature == 0.0:
-        choice = logits.argmax(-1)  # [B, N]
-        hit = (choice[batch, parent] == token) & present
-        score = hit.long().cumprod(-1).sum(-1).double()
-    else:
-        norm = torch.logsumexp(logits / temperature, dim=-1)  # [B, N]
-        step = (logits[batch, parent, token] / temperature - norm[batch, parent]).double()
-        score = step.masked_fill(~present, float("-inf")).cumsum(-1).exp().sum(-1)
-    return score.argmax(-1)  # first row among equals

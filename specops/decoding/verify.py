@@ -3,9 +3,8 @@ cut back to them.
 
 - "chain": the last emitted token and K drafts in one forward; `chain_verify` accepts a prefix (with the
   drafts' q, or one-hot q for deterministic drafts) and emits one more token.
-- "tree_path": rows of drafts as one token tree per request (tree.py) in one forward; each request
-  verifies the row with the longest expected accepted prefix (tree.choose_path) as a chain of
-  deterministic drafts, and the cache keeps that row's accepted prefix.
+- "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by recursive rejection
+  sampling (`tree_verify`: every sibling gets its chance); the cache keeps the accepted path.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 from specops import ops
 from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, SamplingParams
-from specops.decoding.tree import build_tree, choose_path
+from specops.decoding.tree import tree_from_parents
 
 __all__ = ["VERIFIERS", "Verified", "sample"]
 
@@ -68,19 +67,23 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
     return Verified(out, accepted, proposal.num_draft, k if proposal.size is None else proposal.size)
 
 
-def tree_path(state: KVState, last: torch.Tensor, proposal: Proposal, params: SamplingParams, seeds: torch.Tensor,
-              step: int) -> Verified:
-    tree = build_tree(last, proposal.rows)
-    logits = state.append_tree(tree.tokens, tree.valid, tree.depth, tree.visible)
-    chosen = choose_path(tree, logits, params.temperature)
-    arange = torch.arange(last.shape[0], device=last.device)
-    path = tree.paths[arange, chosen]  # [B, w] nodes, -1 past the row's end
-    num_draft = (path >= 0).sum(1)
-    slots = torch.cat([torch.zeros_like(path[:, :1]), path.clamp(min=0)], dim=1)
-    drafts = tree.tokens.gather(1, path.clamp(min=0)).masked_fill(path < 0, -1)
-    out, accepted = _chain_verify(logits[arange[:, None], slots], drafts, None, num_draft, params, seeds, step)
-    state.commit(tree.nodes, slots, accepted + 1)
-    return Verified(out, accepted, num_draft, tree.nodes - 1)
+def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: SamplingParams, seeds: torch.Tensor,
+         step: int) -> Verified:
+    draft = proposal.tree
+    tokens = draft.tokens.clone()
+    tokens[:, 0] = last
+    shape = tree_from_parents(tokens, draft.parents, draft.num_nodes)
+    # Ids the target does not have (a wider verification vocabulary) are scored as 0 and always rejected.
+    scored = torch.where(shape.tokens < state.lm.vocab_size, shape.tokens, 0)
+    logits = _widen(state.append_tree(scored, shape.valid, shape.depth, shape.visible), proposal.width)
+    out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs, num_nodes=draft.num_nodes,
+                                           replacement=draft.replacement, temperature=params.temperature,
+                                           top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=step,
+                                           validate=False)
+    size = tokens.shape[1]
+    slots = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0)], dim=1)[:, :size]
+    state.commit(size, slots, accepted + 1)
+    return Verified(out, accepted, draft.num_nodes - 1, size - 1 if proposal.size is None else proposal.size)
 
 
-VERIFIERS = {"chain": chain, "tree_path": tree_path}
+VERIFIERS = {"chain": chain, "tree": tree}
