@@ -1,0 +1,545 @@
+"""Tests of `specops::tree_verify` (recursive rejection sampling over draft trees), in the four layers of
+DESIGN.md ("Testing"), plus bad inputs.
+
+1. Exact: greedy trees, point-mass targets (the child holding the target's only token is accepted
+   whatever q and the random numbers), ragged trees whose padding must not be read, a chain equal to
+   chain_verify draw for draw.
+2. Agreement: the C++ CPU kernel, the Triton kernel (interpreted on CPU without a GPU) and the public
+   wrapper return exactly the reference's tokens for the same seeds, on random trees, dtypes, sampling
+   settings, with and without draft probabilities and replacement.
+3. Statistics: the first token after a tree follows p whatever q and the shape (RSD without
+   replacement, SpecInfer i.i.d. children, deterministic rows), the first two tokens of a two-level
+   tree follow the joint target, acceptance rates equal their exact values and RSD's is at least
+   SpecInfer's; and verifiers with the classic mistakes fail the same checks.
+4. `torch.library.opcheck` and `torch.compile`.
+5. Bad inputs raise ValueError / TypeError naming the problem, on the C++ path and on the accelerator
+   path's checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
+from scipy import stats
+
+import specops
+from specops import reference
+from specops.ops import _raise_first, _tree_verify_checks
+
+tree_verify_triton = triton_launcher("tree_verify")
+
+NEG_INF = float("-inf")
+LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+# ---- helpers ----
+
+def per_row(value, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype)
+    return torch.full((batch,), value, dtype=dtype)
+
+
+def normalized_args(logits, tokens, parents, probs=None, *, num_nodes=None, replacement=False, temperature=1.0,
+                    top_k=0, top_p=1.0, seed=0) -> tuple:
+    """The op's normalized arguments except `offset` (CPU tensors); an int seed gives row b seed + b."""
+    batch, nodes, _ = logits.shape
+    if isinstance(seed, int):
+        seed = seed + torch.arange(batch, dtype=torch.int64)
+    return (logits, tokens, parents, probs, per_row(nodes if num_nodes is None else num_nodes, batch, torch.int64),
+            replacement, per_row(temperature, batch, torch.float32), per_row(top_k, batch, torch.int64),
+            per_row(top_p, batch, torch.float32), per_row(seed, batch, torch.int64))
+
+
+def run_impl(impl: str, args: tuple, offset: int = 0, block_v: int | None = None):
+    """(out_tokens, out_nodes, num_accepted) on CPU from one implementation."""
+    if impl == "reference":
+        return reference.tree_verify(*args, offset)
+    if impl == "cpp":
+        return torch.ops.specops.tree_verify(*args, offset)
+    if impl == "triton":
+        moved = [a.to(TRITON_DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
+        return tuple(t.cpu() for t in tree_verify_triton(*moved, offset, block_v=block_v))
+    raise AssertionError(impl)
+
+
+def assert_same(result, expected, what: str = "") -> None:
+    """Exact equality: implementations share their random numbers, so any difference is a bug."""
+    for name, got, want in zip(("out_tokens", "out_nodes", "num_accepted"), result, expected):
+        assert torch.equal(got, want), f"{what}{name}\n{got}\n!= reference\n{want}"
+
+
+def tree(parents: list[int]) -> torch.Tensor:
+    """[N] int64 parents (node 0's entry is not read)."""
+    return torch.tensor(parents, dtype=torch.int64)
+
+
+def draw_children(gen: torch.Generator, parents: torch.Tensor, q: torch.Tensor, count: int,
+                  replacement: bool) -> torch.Tensor:
+    """[N] tokens: node 0 a root id, each node's children drawn from q[parent] in node order, without
+    replacement (RSD) or i.i.d. (SpecInfer)."""
+    tokens = torch.zeros(parents.shape[0], dtype=torch.int64)
+    for parent in range(count):
+        kids = [c for c in range(1, count) if int(parents[c]) == parent]
+        if kids:
+            tokens[kids] = torch.multinomial(q[parent], len(kids), replacement=replacement, generator=gen)
+    return tokens
+
+
+def random_parents(gen: torch.Generator, nodes: int) -> torch.Tensor:
+    parents = torch.zeros(nodes, dtype=torch.int64)
+    for n in range(1, nodes):
+        parents[n] = int(torch.randint(0, n, (1,), generator=gen))
+    return parents
+
+
+def random_case(gen: torch.Generator, batch: int, nodes: int, vocab: int, dtype: torch.dtype, with_probs: bool,
+                replacement: bool = False) -> tuple:
+    """Ragged random trees, mixed sampling settings per row (greedy, top-k, top-p, plain, T != 1)."""
+    logits = (2.0 * torch.randn(batch, nodes, vocab, generator=gen)).to(dtype)
+    q = torch.softmax(logits.float() + torch.randn(batch, nodes, vocab, generator=gen), -1)
+    counts = torch.randint(1, nodes + 1, (batch,), generator=gen)
+    counts[0] = nodes
+    parents = torch.stack([random_parents(gen, nodes) for _ in range(batch)])
+    tokens = torch.stack([draw_children(gen, parents[b], q[b], int(counts[b]), replacement) for b in range(batch)])
+    # Past a request's count: garbage the kernels must not read.
+    past = torch.arange(nodes) >= counts[:, None]
+    tokens[past], parents[past] = 10**9, -7
+    settings = [(1.0, 0, 1.0), (0.7, 5, 1.0), (0.0, 0, 1.0), (1.3, 0, 0.8), (0.9, 4, 0.9), (1.0, 0, 1.0)]
+    temperature = torch.tensor([settings[b % 6][0] for b in range(batch)])
+    top_k = torch.tensor([settings[b % 6][1] for b in range(batch)])
+    top_p = torch.tensor([settings[b % 6][2] for b in range(batch)])
+    return normalized_args(logits, tokens, parents, q if with_probs else None, num_nodes=counts,
+                           replacement=replacement, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=int(torch.randint(0, 2**40, (1,), generator=gen)))
+
+
+def point_mass_logits(hot: torch.Tensor, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """Logits with one finite entry per row, at `hot`: p is one-hot for any T, top-k, top-p."""
+    values = torch.randn(*hot.shape, 1, generator=generator)
+    return torch.full((*hot.shape, vocab), NEG_INF).scatter(-1, hot.unsqueeze(-1), values)
+
+
+# ==== 1. Exact ====
+
+# Root 0 with children 1, 2, 3; node 4 under 2; nodes 5, 6 under 4; node 7 under 1.
+HAND_PARENTS = [0, 0, 0, 0, 2, 4, 4, 1]
+HAND_TOKENS = [9, 3, 5, 3, 7, 1, 2, 6]
+
+
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_greedy_follows_the_argmax_path(impl, dtype):
+    gen = torch.Generator().manual_seed(1)
+    vocab = 10
+    # Argmax at each node: root 5 (-> node 2, not the first child 1), node 2: 7 (-> 4), node 4: 2 (-> 6,
+    # the second child), node 6: 8 (a leaf: emitted). Request 1: root argmax 4, which no child holds.
+    best = [[5, 0, 7, 0, 2, 0, 8, 0], [4, 0, 0, 0, 0, 0, 0, 0]]
+    logits = torch.randn(2, 8, vocab, generator=gen).scatter(-1, torch.tensor(best).unsqueeze(-1), 10.0).to(dtype)
+    tokens = torch.tensor([HAND_TOKENS] * 2)
+    parents = torch.stack([tree(HAND_PARENTS)] * 2)
+    out, nodes, accepted = run_impl(impl, normalized_args(logits, tokens, parents, temperature=0.0))
+    assert out.tolist() == [[5, 7, 2, 8, -1, -1, -1, -1], [4, -1, -1, -1, -1, -1, -1, -1]]
+    assert nodes.tolist() == [[2, 4, 6, -1, -1, -1, -1, -1], [-1] * 8]
+    assert accepted.tolist() == [3, 0]
+
+
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+@pytest.mark.parametrize("replacement", [False, True])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_point_mass_target_takes_its_child(impl, replacement, with_probs):
+    # p is a point mass at every node: the child holding that token is accepted whatever q and u are,
+    # after its earlier siblings (p = 0 for them) are rejected; where no child holds it, it is emitted.
+    gen = torch.Generator().manual_seed(2)
+    vocab, batch = 10, 16
+    hot = torch.tensor([3, 0, 7, 3, 0, 0, 2, 4])  # root -> child 3 (third child) -> leaf: emits 3
+    logits = point_mass_logits(hot.expand(batch, 8), vocab, gen)
+    tokens = torch.tensor([[9, 5, 6, 3, 7, 1, 2, 6]] * batch)
+    q = torch.softmax(torch.randn(batch, 8, vocab, generator=gen), -1) if with_probs else None
+    args = normalized_args(logits, tokens, torch.stack([tree(HAND_PARENTS)] * batch), q, replacement=replacement,
+                           temperature=torch.linspace(0.5, 1.5, batch), seed=20)
+    out, nodes, accepted = run_impl(impl, args)
+    assert (out[:, :2] == torch.tensor([3, 3])).all() and (out[:, 2:] == -1).all()
+    assert (nodes[:, 0] == 3).all() and (accepted == 1).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_padding_nodes_are_not_read(impl):
+    gen = torch.Generator().manual_seed(3)
+    vocab = 6
+    hot = torch.tensor([[2, 4, 1, 5], [3, 0, 0, 0]])
+    logits = point_mass_logits(hot, vocab, gen)
+    logits[1, 1:] = float("nan")  # past request 1's single node
+    tokens = torch.tensor([[0, 2, 4, 1], [0, -5, 99, 3]])
+    parents = torch.tensor([[0, 0, 1, 2], [0, 7, -1, 9]])
+    args = normalized_args(logits, tokens, parents, num_nodes=torch.tensor([4, 1]))
+    out, nodes, accepted = run_impl(impl, args)
+    assert out.tolist() == [[2, 4, 1, 5], [3, -1, -1, -1]]
+    assert nodes.tolist() == [[1, 2, 3, -1], [-1, -1, -1, -1]]
+    assert accepted.tolist() == [3, 0]
+
+
+def chain_case(gen: torch.Generator, batch: int, k: int, vocab: int, with_probs: bool):
+    logits = 2.0 * torch.randn(batch, k + 1, vocab, generator=gen)
+    q = torch.softmax(logits + torch.randn(batch, k + 1, vocab, generator=gen), -1)
+    drafts = torch.multinomial(q[:, :k].reshape(-1, vocab), 1, generator=gen).view(batch, k)
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), drafts], 1)
+    parents = (torch.arange(k + 1) - 1).clamp(min=0).expand(batch, k + 1).contiguous()
+    return logits, q if with_probs else None, drafts, tokens, parents
+
+
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_chain_is_chain_verify(impl, with_probs):
+    gen = torch.Generator().manual_seed(4)
+    batch, k, vocab = 12, 4, 40
+    logits, q, drafts, tokens, parents = chain_case(gen, batch, k, vocab, with_probs)
+    num = torch.randint(0, k + 1, (batch,), generator=gen)
+    temperature = torch.tensor([1.0, 0.6, 0.0, 1.4] * 3)
+    top_k, top_p = torch.tensor([0, 5, 0, 0] * 3), torch.tensor([1.0, 1.0, 1.0, 0.8] * 3)
+    seeds = torch.arange(batch) * 7919
+    for offset in (0, 5):
+        want_out, want_accepted = torch.ops.specops.chain_verify(
+            logits, drafts, None if q is None else q[:, :k].contiguous(), num, temperature, top_k, top_p, seeds,
+            offset)
+        args = normalized_args(logits, tokens, parents, q, num_nodes=num + 1, temperature=temperature, top_k=top_k,
+                               top_p=top_p, seed=seeds)
+        out, nodes, accepted = run_impl(impl, args, offset)
+        assert torch.equal(out, want_out) and torch.equal(accepted, want_accepted)
+        path = torch.arange(1, k + 2).expand(batch, k + 1)
+        assert torch.equal(nodes, torch.where(path <= accepted[:, None], path, -1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_tiny_temperature_overflow_is_greedy(impl):
+    logits = torch.tensor([[[1.0, 2.0, 3.0, -1.0], [0.0, 0.0, 0.0, 9.0]], [[2e38, 3e38, 1.0, -1.0]] * 2])
+    tokens = torch.tensor([[0, 2], [0, 0]])
+    parents = torch.zeros(2, 2, dtype=torch.int64)
+    out, _, accepted = run_impl(impl, normalized_args(logits, tokens, parents, temperature=torch.tensor([1e-40, 0.5])))
+    assert out.tolist() == [[2, 3], [1, -1]] and accepted.tolist() == [1, 0]
+
+
+# ==== 2. Agreement ====
+
+OFFSETS = [0, 7, 2**32 + 3]
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES)
+def test_cpp_matches_reference(dtype, with_probs, replacement):
+    gen = torch.Generator().manual_seed(10 + LOGIT_DTYPES.index(dtype))
+    for trial in range(8):
+        args = random_case(gen, 6, 9, 64, dtype, with_probs, replacement)
+        offset = OFFSETS[trial % 3]
+        assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"trial {trial}: ")
+
+
+@needs_triton
+@pytest.mark.parametrize("replacement", [False, True])
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+def test_triton_matches_reference(with_probs, replacement):
+    gen = torch.Generator().manual_seed(20)
+    for trial, (dtype, block_v) in enumerate([(torch.float32, 16), (torch.bfloat16, None), (torch.float16, 32)]):
+        args = random_case(gen, 6, 7, 48, dtype, with_probs, replacement)
+        assert_same(run_impl("triton", args, OFFSETS[trial], block_v), run_impl("reference", args, OFFSETS[trial]),
+                    f"{dtype}, block_v {block_v}: ")
+
+
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+def test_wrapper_matches_reference(device, with_probs):
+    gen = torch.Generator().manual_seed(30)
+    logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed = random_case(
+        gen, 5, 8, 40, torch.float32, with_probs)
+    got = specops.ops.tree_verify(logits.to(device), tokens.to(device), parents.to(device),
+                                  None if q is None else q.to(device), num_nodes=num.to(device),
+                                  temperature=temperature.to(device), top_k=top_k.to(device), top_p=top_p.to(device),
+                                  seed=seed.to(device), offset=3)
+    want = reference.tree_verify(logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed, 3)
+    assert_same(tuple(t.cpu() for t in got), want)
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_long_rows_across_chunks(impl):
+    # V above the C++ kernel's 2,048-value chunks and several Triton tiles; B = 1 splits rows across threads.
+    gen = torch.Generator().manual_seed(40)
+    for with_probs in (False, True):
+        args = random_case(gen, 1, 6, 5000, torch.float32, with_probs)
+        assert_same(run_impl(impl, args, 1, block_v=1024), run_impl("reference", args, 1))
+
+
+# ==== 3. Statistics ====
+#
+# As test_chain_verify: N = 200,000 requests per test, chi-square at level 1e-3 over at most 36 cells; a
+# 1% error moved between two tokens gives a noncentrality >= 80, detected with probability > 0.9999.
+# Seeds are fixed, so every run computes the same p-values.
+N_DRAWS = 200_000
+P_VALUE_MIN = 1e-3
+Z_MAX = 3.29
+
+VOCAB = 8
+TARGET_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, NEG_INF, 1.5])
+# q puts mass on token 6, where p = 0, and is far from p elsewhere: many rejections.
+DRAFT_PROBS = torch.softmax(torch.tensor([0.0, 1.5, 0.5, 1.0, -1.0, 0.0, 0.5, -2.0]), -1)
+
+
+def target_probs(logits_row: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    filtered = reference.filter_logits(logits_row.reshape(1, -1), torch.tensor([temperature]), torch.tensor([top_k]),
+                                       torch.tensor([top_p]))
+    return torch.softmax(filtered.double(), dim=-1)[0]
+
+
+def chisquare_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    counts = torch.bincount(tokens.cpu(), minlength=probs.numel()).double()
+    support = probs > 0
+    expected = probs[support] / probs[support].sum() * counts[support].sum()
+    return float(stats.chisquare(counts[support].numpy(), expected.numpy()).pvalue)
+
+
+def star(device: str, k: int, *, mode: str, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+         draft_seed: int = 0, order=None, claim_replacement=None):
+    """N_DRAWS requests, each a root with k children over TARGET_LOGITS / DRAFT_PROBS. mode "rsd": drawn
+    without replacement from q; "specinfer": i.i.d. from q; "rows": the k most likely tokens of q as
+    deterministic drafts. `order` permutes the children after drawing (to break the verifier);
+    `claim_replacement` overrides what the op is told."""
+    gen = torch.Generator().manual_seed(draft_seed)
+    q = DRAFT_PROBS.expand(N_DRAWS, VOCAB)
+    if mode == "rows":
+        kids = DRAFT_PROBS.argsort(descending=True)[:k].expand(N_DRAWS, k)
+    else:
+        kids = torch.multinomial(q, k, replacement=mode == "specinfer", generator=gen)
+    if order is not None:
+        kids = order(kids)
+    tokens = torch.cat([torch.zeros(N_DRAWS, 1, dtype=torch.int64), kids], 1)
+    parents = torch.zeros(N_DRAWS, k + 1, dtype=torch.int64)
+    logits = TARGET_LOGITS.expand(N_DRAWS, k + 1, VOCAB)
+    probs = None if mode == "rows" else DRAFT_PROBS.expand(N_DRAWS, k + 1, VOCAB)
+    replacement = (mode == "specinfer") if claim_replacement is None else claim_replacement
+    out, nodes, accepted = specops.ops.tree_verify(
+        logits.to(device), tokens.to(device), parents.to(device), None if probs is None else probs.to(device),
+        replacement=replacement, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=torch.arange(N_DRAWS, dtype=torch.int64).to(device), offset=draft_seed)
+    return out.cpu(), nodes.cpu(), accepted.cpu(), kids
+
+
+def exact_acceptance(p: torch.Tensor, q: torch.Tensor, k: int, replacement: bool) -> float:
+    """P(some child of a k-child star is accepted), by enumerating every ordered draw: float64."""
+    p, q = p.double(), q.double()
+    total = 0.0
+    for draw in itertools.product(range(VOCAB), repeat=k):
+        if not replacement and len(set(draw)) < k:
+            continue
+        prob, residual, left, none = 1.0, p.clone(), q.clone(), 1.0
+        for x in draw:
+            q_i = left / left.sum()
+            prob *= float(q_i[x])
+            if prob == 0.0:
+                break
+            accept = min(1.0, float(residual[x] / q_i[x]))
+            none *= 1.0 - accept
+            update = torch.clamp(residual - q_i, min=0.0)
+            residual = update / update.sum() if update.sum() > 0 else residual
+            if not replacement:
+                left = left.clone()
+                left[x] = 0.0
+        total += prob * (1.0 - none)
+    return total
+
+
+STAR_CASES = {  # name: (mode, k, temperature, top_k, top_p)
+    "rsd_k2": ("rsd", 2, 1.0, 0, 1.0),
+    "rsd_k3_t0.7_top_k_5": ("rsd", 3, 0.7, 5, 1.0),
+    "specinfer_k3": ("specinfer", 3, 1.0, 0, 1.0),
+    "rows_k3_top_p_0.8": ("rows", 3, 1.0, 0, 0.8),
+}
+
+
+@pytest.mark.parametrize("case", list(STAR_CASES))
+def test_first_token_follows_target(device, case):
+    mode, k, temperature, top_k, top_p = STAR_CASES[case]
+    out, nodes, accepted, kids = star(device, k, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
+                                      draft_seed=list(STAR_CASES).index(case) + 1)
+    p = target_probs(TARGET_LOGITS, temperature, top_k, top_p)
+    tokens = out[:, 0]
+    assert not torch.isin(tokens, (p == 0).nonzero().flatten()).any(), "a token with p = 0 was emitted"
+    assert chisquare_pvalue(tokens, p) > P_VALUE_MIN
+    # An accepted token is the chosen child's; one more token follows it.
+    took = accepted == 1
+    assert torch.equal(tokens[took], kids[took, nodes[took, 0] - 1]) and (out[took, 1] >= 0).all()
+
+
+def test_two_level_tree_follows_joint_target(device):
+    # An order-1 Markov target and drafter over V = 6; RSD-C with branching (2, 2): root children a, b
+    # drawn without replacement from q0, each with two children drawn without replacement from
+    # q(. | parent). The first two tokens must follow p0(x0) p1(x1 | x0); where the walk stops at the
+    # root, x1 comes from a second call, as the next decoding step would.
+    vocab = 6
+    gen = torch.Generator().manual_seed(50)
+    first_logits = torch.randn(vocab, generator=gen)
+    next_logits = 1.5 * torch.randn(vocab, vocab, generator=gen)
+    first_q = torch.softmax(first_logits + torch.randn(vocab, generator=gen), -1)
+    next_q = torch.softmax(next_logits + torch.randn(vocab, vocab, generator=gen), -1)
+    level1 = torch.multinomial(first_q.expand(N_DRAWS, vocab), 2, generator=gen)
+    level2 = torch.stack([torch.multinomial(next_q[level1[:, i]], 2, generator=gen) for i in range(2)], 1)
+    tokens = torch.cat([torch.zeros(N_DRAWS, 1, dtype=torch.int64), level1, level2.reshape(N_DRAWS, 4)], 1)
+    parents = tree([0, 0, 0, 1, 1, 2, 2]).expand(N_DRAWS, 7)
+    rows = torch.cat([first_logits.expand(N_DRAWS, 1, vocab), next_logits[tokens[:, 1:]]], 1)
+    probs = torch.cat([first_q.expand(N_DRAWS, 1, vocab), next_q[tokens[:, 1:]]], 1)
+    seeds = torch.arange(N_DRAWS, dtype=torch.int64).to(device)
+    out, _, accepted = specops.ops.tree_verify(rows.to(device), tokens.to(device), parents.to(device),
+                                               probs.to(device), seed=seeds)
+    out, accepted = out.cpu(), accepted.cpu()
+    x0, x1 = out[:, 0], out[:, 1].clone()
+    stopped = accepted == 0
+    lone = torch.zeros(int(stopped.sum()), 1, dtype=torch.int64)
+    again, _, _ = specops.ops.tree_verify(next_logits[x0[stopped]][:, None].to(device), lone.to(device),
+                                          lone.to(device), seed=seeds[stopped.to(device)], offset=1)
+    x1[stopped] = again[:, 0].cpu()
+    joint = torch.softmax(first_logits.double(), -1)[:, None] * torch.softmax(next_logits.double(), -1)
+    assert chisquare_pvalue(x0 * vocab + x1, joint.flatten()) > P_VALUE_MIN
+    assert int((accepted == 2).sum()) > 1000  # walks do reach the second level
+
+
+def acceptance_z(accepted: torch.Tensor, rate: float) -> float:
+    observed = float((accepted >= 1).double().mean())
+    return (observed - rate) / math.sqrt(rate * (1 - rate) / accepted.numel())
+
+
+def test_acceptance_rates_are_exact_and_rsd_beats_specinfer(device):
+    p = target_probs(TARGET_LOGITS)
+    k = 3
+    rates = {}
+    for mode in ("rsd", "specinfer"):
+        rates[mode] = exact_acceptance(p, DRAFT_PROBS, k, replacement=mode == "specinfer")
+        _, _, accepted, _ = star(device, k, mode=mode, draft_seed=60)
+        assert abs(acceptance_z(accepted, rates[mode])) < Z_MAX, (mode, rates[mode])
+    # Drawing without replacement never wastes a sibling on a token already rejected.
+    assert rates["rsd"] > rates["specinfer"] + 0.01, rates
+
+
+class TestStatisticsCanFail:
+    """The checks above reject verifiers with the classic mistakes."""
+
+    def test_rejects_siblings_verified_out_of_draw_order(self, device):
+        # Drawn without replacement, then sorted by token id before verification (the ordering trap).
+        out, _, _, _ = star(device, 3, mode="rsd", draft_seed=70, order=lambda kids: kids.sort(dim=1).values)
+        assert chisquare_pvalue(out[:, 0], target_probs(TARGET_LOGITS)) < P_VALUE_MIN
+
+    def test_rejects_a_verifier_told_the_wrong_sampling(self, device):
+        # Drawn without replacement but verified as i.i.d.: q is not renormalized after a rejection.
+        out, _, _, _ = star(device, 3, mode="rsd", draft_seed=71, claim_replacement=True)
+        assert chisquare_pvalue(out[:, 0], target_probs(TARGET_LOGITS)) < P_VALUE_MIN
+
+    def test_rejects_a_wrong_acceptance_rate(self, device):
+        # The exact rate of one mode is not the other's: the z test tells them apart.
+        p = target_probs(TARGET_LOGITS)
+        _, _, accepted, _ = star(device, 3, mode="specinfer", draft_seed=72)
+        assert abs(acceptance_z(accepted, exact_acceptance(p, DRAFT_PROBS, 3, replacement=False))) > Z_MAX
+
+
+# ==== 4. opcheck and torch.compile ====
+
+def small_case(device: str = "cpu", with_probs: bool = True) -> tuple:
+    gen = torch.Generator().manual_seed(80)
+    args = random_case(gen, 4, 5, 12, torch.float32, with_probs)
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+def test_opcheck(device, with_probs):
+    torch.library.opcheck(torch.ops.specops.tree_verify.default, small_case(device, with_probs) + (5,))
+
+
+def _step(logits, tokens, parents, probs, num_nodes, replacement, temperature, top_k, top_p, seed, offset):
+    return specops.ops.tree_verify(logits, tokens, parents, probs, num_nodes=num_nodes, replacement=replacement,
+                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+
+
+def test_torch_compile_matches_eager(device):
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, fullgraph=True)
+    args = small_case(device)
+    assert_same(tuple(t.cpu() for t in compiled(*args, 3)), tuple(t.cpu() for t in _step(*args, 3)))
+
+
+# ==== 5. Bad inputs ====
+
+def _valid(device: str = "cpu") -> dict:
+    gen = torch.Generator().manual_seed(90)
+    batch, nodes, vocab = 2, 4, 7
+    parents = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 1]])
+    q = torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), -1)
+    tokens = torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6]])
+    return dict(target_logits=torch.randn(batch, nodes, vocab, generator=gen).to(device), tokens=tokens.to(device),
+                parents=parents.to(device), draft_probs=q.to(device))
+
+
+def _set(d: dict, name: str, index: tuple, value) -> dict:
+    d[name] = d[name].clone()
+    d[name][index] = value
+    return d
+
+
+# name: (change to valid inputs, exception, a pattern both the C++ and the accelerator messages match)
+BAD_VALUES = {
+    "parent_after_child": (lambda d: _set(d, "parents", (0, 2), 2), "parents"),
+    "negative_parent": (lambda d: _set(d, "parents", (1, 3), -1), "parents"),
+    "token_out_of_range": (lambda d: _set(d, "tokens", (1, 2), 7), "outside"),
+    "nan_logit": (lambda d: _set(d, "target_logits", (0, 1, 3), float("nan")), "NaN"),
+    "probs_not_normalized": (lambda d: _set(d, "draft_probs", (0, 0, 1), 0.9), "sum"),
+    "child_with_q_zero": (lambda d: _set(d, "draft_probs", (1, 1, 5), 0.0), "q = 0"),
+    "repeated_sibling": (lambda d: _set(d, "tokens", (0, 2), 1), "siblings"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_bad_values_raise(case):
+    change, pattern = BAD_VALUES[case]
+    if case == "child_with_q_zero":  # keep the row a distribution
+        d = change(_valid())
+        d["draft_probs"] = d["draft_probs"] / d["draft_probs"].sum(-1, keepdim=True)
+    else:
+        d = change(_valid())
+    with pytest.raises(ValueError, match=pattern):
+        specops.ops.tree_verify(d["target_logits"], d["tokens"], d["parents"], d["draft_probs"])
+    # The accelerator path's one-sync checks find the same problem.
+    num = torch.full((2,), 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=pattern):
+        _raise_first("tree_verify", _tree_verify_checks(d["target_logits"], d["tokens"], d["parents"],
+                                                        d["draft_probs"], num, False))
+
+
+def test_repeated_sibling_is_allowed_with_replacement_or_one_hot_q():
+    d = _set(_valid(), "tokens", (0, 2), 1)
+    specops.ops.tree_verify(d["target_logits"], d["tokens"], d["parents"], d["draft_probs"], replacement=True)
+    specops.ops.tree_verify(d["target_logits"], d["tokens"], d["parents"])
+
+
+BAD_ARGS = [
+    (dict(target_logits=torch.randn(2, 4)), ValueError, r"\[B, N, V\]"),
+    (dict(target_logits=torch.randn(2, 4, 7).long()), TypeError, "float32"),
+    (dict(tokens=torch.zeros(2, 3, dtype=torch.int64)), ValueError, "tokens"),
+    (dict(parents=torch.zeros(2, 4, dtype=torch.int32)), TypeError, "parents"),
+    (dict(draft_probs=torch.rand(2, 4, 6)), ValueError, "draft_probs"),
+    (dict(draft_probs=torch.rand(2, 4, 7).double()), TypeError, "draft_probs"),
+    (dict(num_nodes=torch.tensor([4, 0])), ValueError, "num_nodes"),
+    (dict(num_nodes=torch.tensor([4, 5])), ValueError, "num_nodes"),
+    (dict(num_nodes=[4, 4]), TypeError, "num_nodes"),
+    (dict(replacement=1), TypeError, "replacement"),
+    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(top_p=0.0), ValueError, "top_p"),
+    (dict(offset=-1), ValueError, "offset"),
+]
+
+
+@pytest.mark.parametrize("change,error,pattern", BAD_ARGS)
+def test_bad_arguments(change, error, pattern):
+    d = _valid()
+    kwargs = {k: change.pop(k) for k in list(change) if k not in d}
+    d.update(change)
+    with pytest.raises(error, match=pattern):
+        specops.ops.tree_verify(d["target_logits"], d["tokens"], d["parents"], d["draft_probs"], **kwargs)
