@@ -3,7 +3,8 @@ and settings, in one run.
 
     python bench/bench_e2e.py [--prompts 6] [--first 0] [--new-tokens 64] [--modes greedy,sample]
                               [--configs ar,sd,ngram,slem,tli,hf-generate,hf-assisted,hf-lookup,hf-uag]
-                              [--early-exit 6] [--fixed-k K] [--hetero-k K] [--hf-assistant-tokens N]
+                              [--early-exit 6] [--fixed-k K] [--tree-shape 2,2] [--hetero-k K]
+                              [--hf-assistant-tokens N]
                               [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
                               [--no-batched] [--threads 2] [--csv PATH]
 
@@ -22,6 +23,10 @@ union; "all" adds it):
                      assistant_confidence_threshold 0.4); --hf-assistant-tokens overrides the number
   specops sd         [sd] `specops.decode(method="sd", drafter="self:N")`, num_draft_tokens "auto"
   specops sd K=k     [sd] the same with a fixed draft length (--fixed-k)
+  specops rsd-c      [trees] `specops.decode(method="rsd-c", drafter="self:N", num_draft_tokens=(b1, ...))`:
+                     a draft tree of --tree-shape children per node and level (default 2,2), siblings drawn
+                     without replacement, verified by recursive rejection sampling (not run by default)
+  specops specinfer  [trees] the same tree with i.i.d. siblings (method "specinfer")
   hf prompt lookup   [hf-lookup] transformers prompt lookup decoding, `prompt_lookup_num_tokens=N`
                      (--hf-lookup-tokens, default 10 as in /work/shared/baselines/hf_baseline.py), with
                      transformers' default max_matching_ngram_size 2: the draft is what followed the
@@ -96,8 +101,10 @@ from _timing import CpuLoad, format_table, machine_info, write_csv
 
 MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0)}
 HETERO = ("slem", "tli", "union")  # specops methods for a drafter with another vocabulary
-GROUPS = ("ar", "sd", "ngram", *HETERO, "hf-generate", "hf-assisted", "hf-lookup", "hf-uag")  # --configs
-DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "union")  # union is the baseline tli improves on
+GROUPS = ("ar", "sd", "ngram", *HETERO, "trees",  # --configs
+          "hf-generate", "hf-assisted", "hf-lookup", "hf-uag")
+# union is the baseline tli improves on; trees (rsd-c, specinfer) are run on request
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("union", "trees"))
 DRAFTER = "smollm2-135m"  # the heterogeneous drafter, with its own tokenizer
 UAG = "hf uag"
 WARMUP_TOKENS = 8
@@ -398,6 +405,10 @@ def configurations(args) -> list[Config]:
     if args.fixed_k:
         configs.append(Config(f"specops sd self:{n} K={args.fixed_k}", "specops", "sd", assisted,
                               {**sd, "num_draft_tokens": args.fixed_k}))
+    shape = ",".join(map(str, args.tree_shape))
+    for method in ("rsd-c", "specinfer"):
+        configs.append(Config(f"specops {method} self:{n} ({shape})", "specops", "trees", assisted,
+                              {**sd, "method": method, "num_draft_tokens": args.tree_shape}))
     configs += [Config("hf prompt lookup", "hf", "hf-lookup", None,
                        dict(prompt_lookup_num_tokens=args.hf_lookup_tokens)),
                 Config("specops ngram", "specops", "ngram", "hf prompt lookup", ngram)]
@@ -595,6 +606,9 @@ def main() -> None:
     parser.add_argument("--ngram-shape", type=_shape, default=None, metavar="K,W",
                         help="also run specops ngram with a fixed shape of K rows of W tokens (with bigram tables, "
                              "K > 8 needs a bigram table of its own, built on first use)")
+    parser.add_argument("--tree-shape", type=lambda text: tuple(int(b) for b in text.split(",")), default=(2, 2),
+                        metavar="B1,B2,...", help="children per node at each level for specops rsd-c and specinfer "
+                                                  "(configs trees)")
     parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
                         help="specops ngram_tables: model n-grams that fill rows the context does not")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
