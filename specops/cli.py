@@ -26,21 +26,23 @@ def _draft_tokens(value: str):
         parts = []
     if len(parts) == 1:
         return parts[0]
-    if len(parts) == 2:
+    if len(parts) >= 2:
         return tuple(parts)
-    raise argparse.ArgumentTypeError(f"must be 'auto', an integer N or K,W, got {value!r}")
+    raise argparse.ArgumentTypeError(f"must be 'auto', an integer N, K,W or B1,B2,..., got {value!r}")
 
 
 def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("prompt", nargs="?",
                         help="the prompt; '-' or none reads it from stdin")
     parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
-    parser.add_argument("--method", choices=("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram"),
+    parser.add_argument("--method", choices=("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram", "rsd-c",
+                                             "specinfer"),
                         default="auto",
                         help="decoding method: auto (with a drafter sd, or for another vocabulary tli when "
                              "sampling and slem when greedy; else ar), ar (autoregressive), sd (speculative "
-                             "decoding), tli / union / slem / slrs (a drafter with another vocabulary) or ngram "
-                             "(drafts from the context and the model's own n-grams, no drafter)")
+                             "decoding), tli / union / slem / slrs (a drafter with another vocabulary), ngram "
+                             "(drafts from the context and the model's own n-grams, no drafter), rsd-c / specinfer "
+                             "(draft trees from a drafter of the same vocabulary)")
     parser.add_argument("--target", default="gemma-3-270m", help=f"target model, an embedded name ({_MODELS})")
     parser.add_argument("--drafter", default=None,
                         help="drafter: an embedded model name (its vocabulary may differ from the target's), or "
@@ -53,8 +55,8 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 keeps all")
     parser.add_argument("--seed", type=int, default=None, help="random seed (sampling); none draws one")
     parser.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="{auto,N,K,W}",
-                        help="drafts per step: auto (chosen from measured costs), an integer, or for ngram K,W "
-                             "(K rows of W tokens)")
+                        help="drafts per step: auto (chosen from measured costs), an integer, for ngram K,W "
+                             "(K rows of W tokens), for rsd-c / specinfer B1,B2,... (children per node per level)")
     parser.add_argument("--ngram-tables", choices=("bigram", "unigram", "none"), default="bigram",
                         help="ngram: model-derived n-grams for rows the context cannot fill; bigram is computed "
                              "once per model (minutes on a CPU, with a progress bar) and cached")

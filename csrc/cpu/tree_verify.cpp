@@ -100,7 +100,8 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
     const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
     const float thr = filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter) : -kInf;
     // One pass: the kept weights w = exp(x - m) into the residual buffer, with their chunk sums. The
-    // residual r and its mass R then stand for p_i = r / R, starting at p = w / z.
+    // residual r and its mass R then stand for p_i = r / R, starting at p = w / z (the reference starts
+    // at r = softmax, R = 1: the same values up to float rounding).
     for_each_chunk(num_chunks, split, [&](int64_t k) {
       const int64_t begin = k * kChunk;
       s.chunk_sums[k] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m, 1.0f,

@@ -26,13 +26,15 @@ from specops.decoding.step import Method, Proposal, Setup, StepResult, TreeDraft
 from specops.decoding.tree import tree_from_parents
 
 DEFAULT_BRANCHING = (2, 2)  # "auto": a fixed shape until tree shapes are chosen from measured costs
+_CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share random numbers
+_PARENT_STRIDE = 0x632BE59BD9B4E019  # odd: a level's parents get distinct seeds (int64 arithmetic wraps)
 
 
 def check_branching(setting) -> None:
     if setting == "auto":
         return
     if (isinstance(setting, tuple) and setting and
-            all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in setting)):
+            all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b < 1 << _CHILD_BITS for b in setting)):
         return
     raise ValueError("num_draft_tokens for methods 'rsd-c' and 'specinfer' must be 'auto' or a tuple (b1, ..., bL) "
                      f"of children per node at each level, each >= 1, got {setting!r}")
@@ -54,21 +56,27 @@ class TreeDrafter(DrafterProposer):
         self.pending = [p + [t] for p, t in zip(self.pending, first)]
 
     def _children(self, logits: torch.Tensor, count: int, step: int, level: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """count children per row of logits [R, V]: tokens [R, count] (-1 past q's support) and q [R, V]."""
-        rows = logits.shape[0]
-        seeds = self.seeds.repeat_interleave(rows // self.seeds.shape[0])
+        """count children for each of the level's parents, logits [B, P, V]: tokens [B, P, count] (-1 past
+        q's support) and q [B, P, V]. Every parent draws from its own stream: the request's seed moved by
+        the parent's place in the level, at offset (step, level, child)."""
+        batch, parents, vocab = logits.shape
+        seeds = (self.seeds[:, None] + _PARENT_STRIDE * torch.arange(parents, device=self.seeds.device)).reshape(-1)
         p = self.params
+        flat = logits.reshape(-1, vocab)
         if not self.replacement:
-            return ops.sample_without_replacement(logits, count, temperature=p.temperature, top_k=p.top_k,
-                                                  top_p=p.top_p, seed=seeds, offset=draft_offset(step, level),
-                                                  validate=False)
-        draws, q = [], None
-        for i in range(count):  # i.i.d.: independent single draws
-            token, q = ops.sample_without_replacement(logits, 1, temperature=p.temperature, top_k=p.top_k,
-                                                      top_p=p.top_p, seed=seeds,
-                                                      offset=draft_offset(step, level * count + i), validate=False)
-            draws.append(token)
-        return torch.cat(draws, dim=1), q
+            tokens, q = ops.sample_without_replacement(flat, count, temperature=p.temperature, top_k=p.top_k,
+                                                       top_p=p.top_p, seed=seeds,
+                                                       offset=draft_offset(step, level << _CHILD_BITS), validate=False)
+        else:
+            draws = []
+            for i in range(count):  # i.i.d.: independent single draws
+                token, q = ops.sample_without_replacement(flat, 1, temperature=p.temperature, top_k=p.top_k,
+                                                          top_p=p.top_p, seed=seeds,
+                                                          offset=draft_offset(step, level << _CHILD_BITS | i),
+                                                          validate=False)
+                draws.append(token)
+            tokens = torch.cat(draws, dim=1)
+        return tokens.view(batch, parents, count), q.view(batch, parents, vocab)
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         batch, device = budget.shape[0], budget.device
@@ -81,8 +89,7 @@ class TreeDrafter(DrafterProposer):
         frontier = [0]  # node indices of the current level
         for level in range(depth):
             width = self.branching[level]
-            kids, q = self._children(logits.reshape(-1, logits.shape[-1]), width, step, level)
-            kids, q = kids.view(batch, len(frontier), width), q.view(batch, len(frontier), -1)
+            kids, q = self._children(logits.view(batch, len(frontier), -1), width, step, level)
             if probs is not None:
                 probs += [None] * (len(tokens) - len(probs))
                 for i, node in enumerate(frontier):
