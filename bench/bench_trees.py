@@ -1,0 +1,154 @@
+"""Block efficiency of draft trees against chains: tokens per target call (and tokens per second) of
+specops `sd` (a chain of K drafts), `specinfer` (a tree with i.i.d. siblings) and `rsd-c` (the same
+tree, siblings without replacement), with the same drafter, prompts and settings (paper 003 Figures 4
+and 5).
+
+    python bench/bench_trees.py [--prompts 6] [--new-tokens 64] [--drafter self:15] [--temperatures 1,0.3]
+                                [--study depth,budget] [--depths 2,3,4,5] [--budgets 6,10,14,21,30]
+                                [--threads 2] [--csv PATH] [--plot PATH]
+
+Target Gemma-3-270M (float32, embedded), HumanEval/0.. prompts decoded one at a time, sampling at each
+temperature (top-k 0, top-p 1), the same seed for every configuration. Two studies:
+
+- depth: draft depth L = 2..5. sd with K = L; trees (2, 2, 1, ..., 1) of depth L (two children at the
+  first two levels, then one: 6, 10, 14, 18 nodes).
+- budget: trees of about B draft nodes per target call, B in {6, 10, 14, 21, 30}: (2, 2), (2, 2, 1),
+  (2, 2, 2), (3, 2, 1, 1), (2, 2, 2, 2); sd with K = the tree's depth (the chain a budget of B could
+  afford is longer, but its acceptance falls off geometrically, so depth is the fair length).
+
+Tokens per target call counts every new token (accepted drafts and the target's own) over target
+forwards, the prefill included. On a CPU, tok/s is what a user gets here; on a GPU, where a forward of
+30 tokens costs about one of 1, tokens per call is what tok/s follows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DEPTH_SHAPES = {2: (2, 2), 3: (2, 2, 1), 4: (2, 2, 1, 1), 5: (2, 2, 1, 1, 1)}
+BUDGET_SHAPES = {6: (2, 2), 10: (2, 2, 1), 14: (2, 2, 2), 21: (3, 2, 1, 1), 30: (2, 2, 2, 2)}
+METHODS = ("sd", "specinfer", "rsd-c")
+
+
+def nodes(shape: tuple[int, ...]) -> int:
+    total, width = 0, 1
+    for b in shape:
+        width *= b
+        total += width
+    return total
+
+
+def cases(studies: list[str], depths: list[int], budgets: list[int]) -> list[tuple[str, int, str, object]]:
+    """(study, x, method, num_draft_tokens)."""
+    out = []
+    for study in studies:
+        shapes = ({d: DEPTH_SHAPES[d] for d in depths} if study == "depth" else
+                  {b: BUDGET_SHAPES[b] for b in budgets})
+        for x, shape in shapes.items():
+            for method in METHODS:
+                out.append((study, x, method, len(shape) if method == "sd" else shape))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--drafter", default="self:15",
+                        help="same-vocabulary drafter (Gemma's first 6 or 12 layers accept almost nothing at T = 1)")
+    parser.add_argument("--temperatures", default="1,0.3")
+    parser.add_argument("--study", default="depth,budget")
+    parser.add_argument("--depths", default="2,3,4,5", help=f"of {sorted(DEPTH_SHAPES)}")
+    parser.add_argument("--budgets", default="6,10,14,21,30", help=f"of {sorted(BUDGET_SHAPES)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--csv", default="bench/results/trees_cpu.csv")
+    parser.add_argument("--plot", default=None, help="PNG of tokens per target call (both studies)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import specops
+    from bench_e2e import load_prompts
+
+    model, tokenizer = specops.models.load("gemma-3-270m")
+    prompts = load_prompts(0, args.prompts)
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    studies = [s for s in args.study.split(",") if s]
+    rows = []
+    depths = [int(d) for d in args.depths.split(",")]
+    budgets = [int(b) for b in args.budgets.split(",")]
+    todo = [(t, *c) for t in temperatures for c in cases(studies, depths, budgets)]
+    for i, (temperature, study, x, method, setting) in enumerate(todo):
+        kwargs = dict(target=model, tokenizer=tokenizer, method=method, drafter=args.drafter,
+                      num_draft_tokens=setting, temperature=temperature, max_new_tokens=args.new_tokens)
+        specops.decode(prompts[0], seed=args.seed, **kwargs)  # warm-up (tree probe, caches)
+        tokens = calls = accepted = drafted = 0
+        seconds = 0.0
+        for p, prompt in enumerate(prompts):
+            start = time.perf_counter()
+            result = specops.decode(prompt, seed=args.seed + p, **kwargs)
+            seconds += time.perf_counter() - start
+            tokens += result.stats.new_tokens
+            calls += result.stats.target_calls
+            accepted += result.stats.accepted
+            drafted += result.stats.drafted
+        row = dict(temperature=temperature, study=study, x=x, method=method, setting=str(setting),
+                   nodes=setting if method == "sd" else nodes(setting), tokens=tokens, target_calls=calls,
+                   tokens_per_call=tokens / calls, tok_s=tokens / seconds, accepted=accepted, drafted=drafted)
+        rows.append(row)
+        print(f"[{i + 1}/{len(todo)}] T={temperature} {study} {x} {method} {setting}: "
+              f"{row['tokens_per_call']:.3f} tokens/call, {row['tok_s']:.1f} tok/s", flush=True)
+    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"\n{'T':>4} {'study':6} {'x':>3} {'method':9} {'setting':16} {'nodes':>5} {'tok/call':>8} "
+          f"{'vs sd':>6} {'tok/s':>6}")
+    for row in rows:
+        sd = next(r for r in rows if r["temperature"] == row["temperature"] and r["study"] == row["study"]
+                  and r["x"] == row["x"] and r["method"] == "sd")
+        print(f"{row['temperature']:>4} {row['study']:6} {row['x']:>3} {row['method']:9} {row['setting']:16} "
+              f"{row['nodes']:>5} {row['tokens_per_call']:>8.3f} {row['tokens_per_call'] / sd['tokens_per_call']:>6.2f} "
+              f"{row['tok_s']:>6.1f}")
+    print(f"\nGemma-3-270M fp32, drafter {args.drafter}, {len(prompts)} HumanEval prompts, {args.new_tokens} new "
+          f"tokens, {args.threads} threads, torch {torch.__version__}; wrote {args.csv}")
+    if args.plot:
+        plot(rows, temperatures, studies, args.plot, args.drafter)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def plot(rows, temperatures, studies, path, drafter):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(temperatures), len(studies), figsize=(5.5 * len(studies), 3.6 * len(temperatures)),
+                             squeeze=False)
+    for i, temperature in enumerate(temperatures):
+        for j, study in enumerate(studies):
+            ax = axes[i][j]
+            for method in METHODS:
+                points = [(r["x"], r["tokens_per_call"]) for r in rows
+                          if r["temperature"] == temperature and r["study"] == study and r["method"] == method]
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+            ax.set_xlabel("draft depth L" if study == "depth" else "draft tree nodes per call")
+            ax.set_ylabel("tokens per target call")
+            ax.set_title(f"T = {temperature}, {study}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"Gemma-3-270M, drafter {drafter}, HumanEval prompts", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
