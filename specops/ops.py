@@ -19,7 +19,7 @@ __all__ = ["chain_verify", "ngram_match", "sample_without_replacement", "tree_at
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
-# csrc/cpu/chain_verify.cpp applies the same kProbSumTolerance).
+# csrc/cpu/sampling.h holds the same kProbSumTolerance).
 _PROBS_SUM_TOLERANCE = 1e-3
 
 

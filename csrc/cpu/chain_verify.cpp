@@ -22,35 +22,6 @@
 namespace specops {
 namespace {
 
-// How far from 1 a used draft-probability row may sum (validate only); the reasons are in the
-// docstring of specops.ops.chain_verify, which applies the same tolerance on accelerators.
-constexpr double kProbSumTolerance = 1e-3;
-
-// With fewer requests than threads, one request's row passes are split across threads by chunks.
-// Chunk results are combined in chunk order, so the output does not depend on the thread count.
-constexpr int64_t kSplitMinChunks = 16;  // below ~32K tokens a row is too short to be worth splitting
-constexpr int64_t kSplitGrain = 4;
-
-template <typename Body>
-void for_each_chunk(int64_t num_chunks, bool split, const Body& body) {
-  if (split && num_chunks >= kSplitMinChunks) {
-    at::parallel_for(0, num_chunks, kSplitGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) body(c);
-    });
-  } else {
-    for (int64_t c = 0; c < num_chunks; ++c) body(c);
-  }
-}
-
-// A logit row's maximum (or NaN: not scanned yet) and the error for a row that holds NaN / +inf or
-// nothing finite. Rows are scanned up front when validating everything, else when the chain reaches them.
-float checked_row_max(const float* logit, int64_t vocab, int64_t b, int64_t j) {
-  bool bad = false;
-  const float m = passes().scan_row(logit, vocab, &bad);
-  TORCH_CHECK_VALUE(!bad, "chain_verify: target_logits[", b, ", ", j, "] contains NaN or +inf");
-  TORCH_CHECK_VALUE(m > -kInf, "chain_verify: target_logits[", b, ", ", j, "] has no finite logit");
-  return m;
-}
 
 struct RowParams {
   int64_t index;
@@ -72,7 +43,7 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
     const float* logit = logits + j * vocab;
     const bool has_draft = j < rp.num_draft;
     const int64_t draft = has_draft ? drafts[j] : -1;
-    if (std::isnan(row_max[j])) row_max[j] = checked_row_max(logit, vocab, rp.index, j);
+    if (std::isnan(row_max[j])) row_max[j] = checked_row_max("chain_verify", logit, vocab, rp.index, j);
     // Greedy at T = 0, and where logits / T overflows: that is the T -> 0 limit, a point mass on the argmax.
     const float m = row_max[j] / t;
     if (t == 0.0f || m == kInf) {
@@ -181,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
     std::vector<double> prob_sum(prob_bad.size());
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        row_max[r] = checked_row_max(logit_p + r * vocab, vocab, r / k1, r % k1);
+        row_max[r] = checked_row_max("chain_verify", logit_p + r * vocab, vocab, r / k1, r % k1);
         if (prob_p != nullptr && r % k1 < k1 - 1) {
           const int64_t pr = (r / k1) * (k1 - 1) + r % k1;
           bool bad = false;

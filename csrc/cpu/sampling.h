@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <bit>
@@ -173,6 +174,38 @@ int64_t inverse_cdf(const float* w, const std::vector<double>& chunk_sums, int64
   for (int64_t i = vocab - 1; i >= 0; --i)
     if (w[i] > 0.0f) return i;
   return 0;  // unreachable: p always has mass
+}
+
+// How far from 1 a used draft-probability row may sum (validate only; chain_verify, tree_verify): the
+// reasons are in specops.ops.chain_verify's docstring, and ops.py applies it on accelerators.
+constexpr double kProbSumTolerance = 1e-3;
+
+// ---- row passes over several threads ----
+
+// With fewer requests than threads, a request's row passes are split across threads by chunks of the
+// vocabulary (chain_verify, tree_verify). Chunk results are combined in chunk order, so the output does
+// not depend on the thread count.
+constexpr int64_t kSplitMinChunks = 16;  // below ~32K tokens a row is too short to be worth splitting
+constexpr int64_t kSplitGrain = 4;
+
+template <typename Body>
+void for_each_chunk(int64_t num_chunks, bool split, const Body& body) {
+  if (split && num_chunks >= kSplitMinChunks) {
+    at::parallel_for(0, num_chunks, kSplitGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) body(c);
+    });
+  } else {
+    for (int64_t c = 0; c < num_chunks; ++c) body(c);
+  }
+}
+
+// A target logit row's maximum, or the error for a row that holds NaN / +inf or nothing finite.
+inline float checked_row_max(const char* op, const float* logit, int64_t vocab, int64_t b, int64_t j) {
+  bool bad = false;
+  const float m = passes().scan_row(logit, vocab, &bad);
+  TORCH_CHECK_VALUE(!bad, op, ": target_logits[", b, ", ", j, "] contains NaN or +inf");
+  TORCH_CHECK_VALUE(m > -kInf, op, ": target_logits[", b, ", ", j, "] has no finite logit");
+  return m;
 }
 
 // ---- arguments of the sampling ops (messages start with the op's name, as specops/ops.py's) ----

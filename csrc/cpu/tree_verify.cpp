@@ -22,31 +22,6 @@
 namespace specops {
 namespace {
 
-// How far from 1 a used draft-probability row may sum (validate only): chain_verify's tolerance, for
-// the reasons in specops.ops.chain_verify's docstring.
-constexpr double kProbSumTolerance = 1e-3;
-constexpr int64_t kSplitMinChunks = 16;  // as chain_verify: shorter rows are not worth splitting
-constexpr int64_t kSplitGrain = 4;
-
-template <typename Body>
-void for_each_chunk(int64_t num_chunks, bool split, const Body& body) {
-  if (split && num_chunks >= kSplitMinChunks) {
-    at::parallel_for(0, num_chunks, kSplitGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) body(c);
-    });
-  } else {
-    for (int64_t c = 0; c < num_chunks; ++c) body(c);
-  }
-}
-
-float checked_row_max(const float* logit, int64_t vocab, int64_t b, int64_t n) {
-  bool bad = false;
-  const float m = passes().scan_row(logit, vocab, &bad);
-  TORCH_CHECK_VALUE(!bad, "tree_verify: target_logits[", b, ", ", n, "] contains NaN or +inf");
-  TORCH_CHECK_VALUE(m > -kInf, "tree_verify: target_logits[", b, ", ", n, "] has no finite logit");
-  return m;
-}
-
 struct Request {
   const float* logits;    // [N, V]
   const int64_t* tokens;  // [N]
@@ -85,7 +60,7 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
   int64_t node = 0, depth = 0;
   for (;;) {
     const float* logit = rq.logits + node * vocab;
-    if (std::isnan(row_max[node])) row_max[node] = checked_row_max(logit, vocab, rq.index, node);
+    if (std::isnan(row_max[node])) row_max[node] = checked_row_max("tree_verify", logit, vocab, rq.index, node);
     const float m = row_max[node] / t;
     if (t == 0.0f || m == kInf) {  // greedy, or the T -> 0 limit where logits / T overflows
       const int64_t best = passes().find_first(logit, vocab, row_max[node]);
@@ -180,7 +155,9 @@ void check_values(const float* logits, const float* probs, const int64_t* tokens
                   float* row_max) {
   at::parallel_for(0, batch * nodes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      if (r % nodes < counts[r / nodes]) row_max[r] = checked_row_max(logits + r * vocab, vocab, r / nodes, r % nodes);
+      if (r % nodes < counts[r / nodes]) {
+        row_max[r] = checked_row_max("tree_verify", logits + r * vocab, vocab, r / nodes, r % nodes);
+      }
     }
   });
   if (probs == nullptr) return;

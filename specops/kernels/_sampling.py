@@ -161,6 +161,43 @@ def _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, sl
 
 
 @triton.jit
+def _row_tile_stats(row_ptr, temperature, tile, slot, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, V,
+                    BLOCK_V: tl.constexpr):
+    """`_store_tile_stats` of one tile of a logit row at `slot`, x = logits / T (T = 0, greedy, read as 1)."""
+    temperature = tl.where(temperature == 0.0, 1.0, temperature)
+    offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
+    raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
+    _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, slot, offs, in_row, x, raw, V)
+
+
+# What a row of a drafting op is: sampled, greedy (T = 0, or logits / T overflowing: the T -> 0 limit),
+# or empty (no finite logit, reachable only without validation).
+_SAMPLED: tl.constexpr = tl.constexpr(0)
+_GREEDY: tl.constexpr = tl.constexpr(1)
+_EMPTY: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _row_state(x_ptr, scale, temperature, top_k, top_p, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr,
+               stats, tile_ok, V, n_tiles, BLOCK_V: tl.constexpr):
+    """From a row's tile statistics: its maximum m, normalizer Z = sum_t s_t exp(m_t - m), keep-cut
+    (top-k, Fan et al. 2018; top-p, Holtzman et al. 2020; on x_ptr's values divided by `scale`, with Z
+    then over the kept ids), state (_SAMPLED, _GREEDY, _EMPTY) and first argmax."""
+    tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
+    row_max = tl.max(tile_max, 0)
+    raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
+    greedy = (temperature == 0.0) | (row_max == float("inf"))
+    # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
+    empty = ~(raw_max > -float("inf"))
+    state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))
+    z = _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max)
+    cut = tl.full([], _KEEP_ALL, tl.int32)
+    if state == _SAMPLED:
+        cut, z = _filter_cut(x_ptr, scale, top_k, top_p, row_max, z, V, n_tiles, BLOCK_V)
+    return row_max, z, cut, state, best
+
+
+@triton.jit
 def _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max):
     """A row's softmax normalizer from its tiles' statistics: Z = sum_t s_t exp(m_t - m)."""
     tile_sum = tl.load(tile_sum_ptr + stats, mask=tile_ok, other=0.0)

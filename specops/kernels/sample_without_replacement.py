@@ -27,20 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.kernels._sampling import (_KEEP_ALL, _STREAM_WITHOUT_REPLACEMENT, _filter_cut, _inverse_cdf_index,
-                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _scaled_tile,
-                                       _store_tile_stats, _uniform, offset_words, vocab_tiling)
+from specops.kernels._sampling import (_GREEDY, _SAMPLED, _STREAM_WITHOUT_REPLACEMENT, _inverse_cdf_index,
+                                       _inverse_cdf_tile, _ordered_key, _row_state, _row_tile_stats, _scaled_tile,
+                                       _uniform, offset_words, vocab_tiling)
 
 __all__ = ["sample_without_replacement_triton"]
 
-# Row states left by `_row_kernel`: sample by inverse CDF, greedy, or no finite logit (reachable only
-# without validation: probs stay zero and the tokens -1).
-_SAMPLED: tl.constexpr = tl.constexpr(0)
-_GREEDY: tl.constexpr = tl.constexpr(1)
-_EMPTY: tl.constexpr = tl.constexpr(2)
-
-
 _SMALLEST_NORMAL_LOG: tl.constexpr = tl.constexpr(-87.33654475)  # log(2**-126)
+
 
 @triton.jit
 def _tile_stats_kernel(logits_ptr, temperature_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr,
@@ -49,40 +43,22 @@ def _tile_stats_kernel(logits_ptr, temperature_ptr, tile_max_ptr, tile_sum_ptr, 
     Gimelshein 2018), and the raw logits' maximum with its first index."""
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    temperature = tl.load(temperature_ptr + row)
-    temperature = tl.where(temperature == 0.0, 1.0, temperature)
-    row_ptr = logits_ptr + row * stride_ln
-    offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
-    raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
-    _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, row * n_tiles + tile, offs, in_row,
-                      x, raw, V)
+    _row_tile_stats(logits_ptr + row * stride_ln, tl.load(temperature_ptr + row), tile, row * n_tiles + tile,
+                    tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, V, BLOCK_V)
 
 
 @triton.jit
 def _row_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
                 tile_arg_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, row_best_ptr,
                 stride_ln, V, n_tiles, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Row n's maximum m and normalizer Z = sum_t s_t exp(m_t - m); with top-k (Fan et al. 2018) or top-p
-    (Holtzman et al. 2020), their cut on x and Z over the kept ids; the first argmax of the logits."""
+    """Row n's maximum, normalizer, top-k / top-p cut, state and first argmax (`_row_state`)."""
     row = tl.program_id(0).to(tl.int64)
     tiles = tl.arange(0, BLOCK_T)
-    tile_ok = tiles < n_tiles
-    stats = row * n_tiles + tiles
-    tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
-    row_max = tl.max(tile_max, 0)
-    raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
     temperature = tl.load(temperature_ptr + row)
-    top_k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    greedy = (temperature == 0.0) | (row_max == float("inf"))
-    # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
-    empty = ~(raw_max > -float("inf"))
-    state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))
-    z = _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max)
-    cut = tl.full([], _KEEP_ALL, tl.int32)
-    if state == _SAMPLED:
-        cut, z = _filter_cut(logits_ptr + row * stride_ln, temperature, top_k, top_p, row_max, z, V, n_tiles,
-                             BLOCK_V)
+    row_max, z, cut, state, best = _row_state(
+        logits_ptr + row * stride_ln, temperature, temperature, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row),
+        tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, row * n_tiles + tiles, tiles < n_tiles, V, n_tiles,
+        BLOCK_V)
     tl.store(row_max_ptr + row, row_max)
     tl.store(row_z_ptr + row, z)
     tl.store(row_cut_ptr + row, cut)

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from specops.kernels._sampling import (_STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
-                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _scaled_tile,
-                                       _store_tile_stats, _uniform, offset_words, vocab_tiling)
+                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _row_tile_stats,
+                                       _uniform, offset_words, vocab_tiling)
 
 __all__ = ["tree_verify_triton"]
 
@@ -44,13 +44,9 @@ def _tile_stats_kernel(logits_ptr, num_nodes_ptr, temperature_ptr, tile_max_ptr,
     n = row % N
     # Rows of padding nodes are never read by the walk, which clamps num_nodes to [1, N] as here.
     if n < tl.maximum(tl.load(num_nodes_ptr + b), 1):
-        temperature = tl.load(temperature_ptr + b)
-        temperature = tl.where(temperature == 0.0, 1.0, temperature)
         row_ptr = logits_ptr + b.to(tl.int64) * stride_lb + n.to(tl.int64) * stride_ln
-        offs, in_row, x = _scaled_tile(row_ptr, tile, temperature, V, BLOCK_V)
-        raw = tl.load(row_ptr + offs, mask=in_row, other=-float("inf")).to(tl.float32)
-        slot = row.to(tl.int64) * n_tiles + tile
-        _store_tile_stats(tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, slot, offs, in_row, x, raw, V)
+        _row_tile_stats(row_ptr, tl.load(temperature_ptr + b), tile, row.to(tl.int64) * n_tiles + tile,
+                        tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, V, BLOCK_V)
 
 
 @triton.jit

@@ -25,17 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.kernels._sampling import (_KEEP_ALL, _STREAM_DRAFT, _filter_cut, _inverse_cdf_index, _inverse_cdf_tile,
-                                       _ordered_key, _row_argmax, _row_normalizer, _store_tile_stats, _uniform,
+from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_DRAFT, _inverse_cdf_index,
+                                       _inverse_cdf_tile, _ordered_key, _row_state, _store_tile_stats, _uniform,
                                        offset_words, vocab_tiling)
 
 __all__ = ["vocab_project_triton"]
-
-# Row states left by `_row_kernel`: sample by inverse CDF, greedy (draft known), or no finite mapped
-# logit (reachable only without validation: the row stays zero and its tokens are -1).
-_SAMPLED: tl.constexpr = tl.constexpr(0)
-_GREEDY: tl.constexpr = tl.constexpr(1)
-_EMPTY: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
@@ -65,27 +59,15 @@ def _mask_stats_kernel(logits_ptr, target_ids_ptr, temperature_ptr, x_ptr, tile_
 def _row_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
                 tile_arg_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, draft_tokens_ptr,
                 V, n_tiles, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Row n's maximum m and normalizer Z = sum_t s_t exp(m_t - m); with top-k (Fan et al. 2018) or
-    top-p (Holtzman et al. 2020), their cut on x and Z over the kept ids. Greedy rows store their draft."""
+    """Row n's maximum, normalizer, top-k / top-p cut and state (`_row_state`); greedy rows store their
+    draft."""
     row = tl.program_id(0).to(tl.int64)
     tiles = tl.arange(0, BLOCK_T)
-    tile_ok = tiles < n_tiles
-    stats = row * n_tiles + tiles
-    tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
-    row_max = tl.max(tile_max, 0)
-    raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
-    temperature = tl.load(temperature_ptr + row)
-    top_k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    greedy = (temperature == 0.0) | (row_max == float("inf"))
-    # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
-    empty = ~(raw_max > -float("inf"))
-    state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))
-    z = _row_normalizer(tile_sum_ptr, stats, tile_ok, tile_max, row_max)
-    cut = tl.full([], _KEEP_ALL, tl.int32)
-    if state == _SAMPLED:
-        one = tl.full([], 1.0, tl.float32)  # x is already scaled
-        cut, z = _filter_cut(x_ptr + row * V, one, top_k, top_p, row_max, z, V, n_tiles, BLOCK_V)
+    one = tl.full([], 1.0, tl.float32)  # x is already scaled
+    row_max, z, cut, state, best = _row_state(
+        x_ptr + row * V, one, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row), tl.load(top_p_ptr + row),
+        tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, row * n_tiles + tiles, tiles < n_tiles, V, n_tiles,
+        BLOCK_V)
     tl.store(row_max_ptr + row, row_max)
     tl.store(row_z_ptr + row, z)
     tl.store(row_cut_ptr + row, cut)
