@@ -115,7 +115,8 @@ def main() -> int:
         sd = next(r for r in rows if r["temperature"] == row["temperature"] and r["study"] == row["study"]
                   and r["x"] == row["x"] and r["method"] == "sd")
         print(f"{row['temperature']:>4} {row['study']:6} {row['x']:>3} {row['method']:9} {row['setting']:16} "
-              f"{row['nodes']:>5} {row['tokens_per_call']:>8.3f} {row['tokens_per_call'] / sd['tokens_per_call']:>6.2f} "
+              f"{row['nodes']:>5} {row['tokens_per_call']:>8.3f} "
+              f"{row['tokens_per_call'] / sd['tokens_per_call']:>6.2f} "
               f"{row['tok_s']:>6.1f}")
     print(f"\nGemma-3-270M fp32, drafter {args.drafter}, {len(prompts)} HumanEval prompts, {args.new_tokens} new "
           f"tokens, {args.threads} threads, torch {torch.__version__}; wrote {args.csv}")

@@ -422,9 +422,9 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperatu
     tree_verify needs. Equal in distribution to Gumbel-top-k (the k largest log q + Gumbel keys, in
     descending order); drawn here sequentially: draw i is the inverse CDF of the weights left after
     draws 0..i-1 are zeroed, at u = uniform(seed[n], offset, i, STREAM_WITHOUT_REPLACEMENT). Draws past
-    q's support are -1; a token whose weight exp(x/T - m) is below float32's smallest normal is outside it. Greedy rows (T == 0, or a scaled maximum overflowing float32) take the
-    num_samples largest logits (ties: lower index first; -inf logits are never taken) and a one-hot q
-    on the first argmax.
+    q's support are -1; a token whose weight exp(x/T - m) is below float32's smallest normal is outside
+    it. Greedy rows (T == 0, or a scaled maximum overflowing float32) take the num_samples largest
+    logits (ties: lower index first; -inf logits are never taken) and a one-hot q on the first argmax.
 
     Shapes: logits [N, V]; temperature, top_p [N] float32; top_k, seed [N] int64.
     Returns tokens [N, num_samples] int64 and probs [N, V] float32 (q).

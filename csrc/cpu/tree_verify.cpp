@@ -4,9 +4,9 @@
 // Per request the walk starts at the root and reads only the rows it reaches. At a node, one pass after
 // the row's maximum writes the unnormalized target weights w = exp(x - m) into a residual buffer with
 // their mass, so p(x) = w(x) / z needs no normalization pass. With one-hot q (deterministic drafts) a
-// rejection zeroes one entry; with draft probabilities it is one SIMD pass max(0, r / R - q / s). The emitted token is drawn by the chunked inverse CDF of
-// chain_verify. Requests run in parallel; with fewer requests than threads, a request's row passes are
-// split across threads instead.
+// rejection zeroes one entry; with draft probabilities it is one SIMD pass max(0, r / R - q / s). The
+// emitted token is drawn by the chunked inverse CDF of chain_verify. Requests run in parallel; with
+// fewer requests than threads, a request's row passes are split across threads instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -175,7 +175,8 @@ void check_values(const float* logits, const float* probs, const int64_t* tokens
     for (int64_t c = 1; c < counts[b]; ++c) {
       const int64_t parent = parents[b * nodes + c], x = tokens[b * nodes + c];
       TORCH_CHECK_VALUE(probs[(b * nodes + parent) * vocab + x] > 0.0f, "tree_verify: tokens[", b, ", ", c,
-                        "] = ", x, " has q = 0 under draft_probs[", b, ", ", parent, "] (it could not have been drawn)");
+                        "] = ", x, " has q = 0 under draft_probs[", b, ", ", parent,
+                        "] (it could not have been drawn)");
       for (int64_t e = 1; !replacement && e < c; ++e) {
         TORCH_CHECK_VALUE(parents[b * nodes + e] != parent || tokens[b * nodes + e] != x, "tree_verify: nodes ", e,
                           " and ", c, " of request ", b, " are siblings with the same token ", x,
@@ -221,7 +222,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
   for (int64_t b = 0; b < batch; ++b) sampling.check(b);
   check_structure(token_p, parent_p, count_p, batch, nodes, vocab);
   std::vector<float> row_max(static_cast<size_t>(batch * nodes), std::numeric_limits<float>::quiet_NaN());
-  if (validate) check_values(logit_p, prob_p, token_p, parent_p, count_p, batch, nodes, vocab, replacement, row_max.data());
+  if (validate) {
+    check_values(logit_p, prob_p, token_p, parent_p, count_p, batch, nodes, vocab, replacement, row_max.data());
+  }
 
   auto out_tokens = at::full({batch, nodes}, -1, token_t.options());
   auto out_nodes = at::full({batch, nodes}, -1, token_t.options());
