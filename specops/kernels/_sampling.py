@@ -9,6 +9,7 @@ launchers share: the vocabulary tiling and the offset's two 32-bit words.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -248,6 +249,21 @@ def vocab_tiling(op: str, vocab: int, block_v: int | None) -> tuple[int, int, in
     # Enough threads that a tile's values, float64 running sums included, stay in registers.
     num_warps = 16 if block_v >= 8192 else 8 if block_v >= 2048 else 4
     return block_v, n_tiles, max(2, triton.next_power_of_2(n_tiles)), num_warps
+
+
+def tile_stat_buffers(rows: int, n_tiles: int, device) -> tuple[torch.Tensor, ...]:
+    """What `_store_tile_stats` writes for `rows` rows of `n_tiles` tiles: each tile's maximum, sum and raw
+    maximum (float32) and the raw maximum's first index (int32)."""
+    stats = [torch.empty((rows, n_tiles), dtype=torch.float32, device=device) for _ in range(3)]
+    return (*stats, torch.empty((rows, n_tiles), dtype=torch.int32, device=device))
+
+
+def row_state_buffers(rows: int, device) -> tuple[torch.Tensor, ...]:
+    """What `_row_state` returns, per row: maximum and normalizer (float32), keep-cut and state (int32)."""
+    return (torch.empty((rows,), dtype=torch.float32, device=device),
+            torch.empty((rows,), dtype=torch.float32, device=device),
+            torch.empty((rows,), dtype=torch.int32, device=device),
+            torch.empty((rows,), dtype=torch.int32, device=device))
 
 
 def offset_words(offset: int) -> tuple[int, int]:

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from specops.kernels._sampling import (_KEEP_ALL, _STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _row_tile_stats,
-                                       _scaled_tile, _uniform, offset_words, vocab_tiling)
+                                       _scaled_tile, _uniform, offset_words, tile_stat_buffers, vocab_tiling)
 
 __all__ = ["chain_verify_triton"]
 
@@ -247,10 +247,7 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         return out_tokens, num_accepted
     block_v, n_tiles, block_t, num_warps = vocab_tiling("chain_verify", vocab, block_v)
 
-    tile_max = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
-    tile_sum = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
-    tile_raw = torch.empty((batch * k1, n_tiles), dtype=torch.float32, device=device)
-    tile_arg = torch.empty((batch * k1, n_tiles), dtype=torch.int32, device=device)
+    tile_max, tile_sum, tile_raw, tile_arg = tile_stat_buffers(batch * k1, n_tiles, device)
     row_max = torch.empty((batch,), dtype=torch.float32, device=device)
     row_z = torch.empty((batch,), dtype=torch.float32, device=device)
     row_cut = torch.empty((batch,), dtype=torch.int32, device=device)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from specops.kernels._sampling import (_GREEDY, _SAMPLED, _STREAM_WITHOUT_REPLACEMENT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _row_tile_stats, _scaled_tile,
-                                       _uniform, offset_words, vocab_tiling)
+                                       _uniform, offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
 
 __all__ = ["sample_without_replacement_triton"]
 
@@ -186,14 +186,8 @@ def sample_without_replacement_triton(logits: torch.Tensor, num_samples: int, te
         return tokens, probs
     block_v, n_tiles, block_t, num_warps = vocab_tiling("sample_without_replacement", vocab, block_v)
 
-    tile_max = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
-    tile_sum = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
-    tile_raw = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
-    tile_arg = torch.empty((rows, n_tiles), dtype=torch.int32, device=device)
-    row_max = torch.empty((rows,), dtype=torch.float32, device=device)
-    row_z = torch.empty((rows,), dtype=torch.float32, device=device)
-    row_cut = torch.empty((rows,), dtype=torch.int32, device=device)
-    row_state = torch.empty((rows,), dtype=torch.int32, device=device)
+    tile_max, tile_sum, tile_raw, tile_arg = tile_stat_buffers(rows, n_tiles, device)
+    row_max, row_z, row_cut, row_state = row_state_buffers(rows, device)
     row_best = torch.empty((rows,), dtype=torch.int32, device=device)
     weights = torch.empty((rows, vocab), dtype=torch.float32, device=device)
     mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)

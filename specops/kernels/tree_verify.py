@@ -27,7 +27,7 @@ import triton.language as tl
 
 from specops.kernels._sampling import (_STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _row_tile_stats,
-                                       _uniform, offset_words, vocab_tiling)
+                                       _uniform, offset_words, tile_stat_buffers, vocab_tiling)
 
 __all__ = ["tree_verify_triton"]
 
@@ -263,10 +263,7 @@ def tree_verify_triton(target_logits: torch.Tensor, tokens: torch.Tensor, parent
         return out_tokens, out_nodes, num_accepted
     block_v, n_tiles, block_t, num_warps = vocab_tiling("tree_verify", vocab, block_v)
 
-    tile_max = torch.empty((batch * nodes, n_tiles), dtype=torch.float32, device=device)
-    tile_sum = torch.empty((batch * nodes, n_tiles), dtype=torch.float32, device=device)
-    tile_raw = torch.empty((batch * nodes, n_tiles), dtype=torch.float32, device=device)
-    tile_arg = torch.empty((batch * nodes, n_tiles), dtype=torch.int32, device=device)
+    tile_max, tile_sum, tile_raw, tile_arg = tile_stat_buffers(batch * nodes, n_tiles, device)
     has_probs = draft_probs is not None
     # Row b holds request b's residual; with draft_probs a second row after it, as an update that leaves no
     # mass is dropped: the update reads one row and writes the other.

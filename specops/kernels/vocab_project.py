@@ -27,7 +27,7 @@ import triton.language as tl
 
 from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_DRAFT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _store_tile_stats, _uniform,
-                                       offset_words, vocab_tiling)
+                                       offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
 
 __all__ = ["vocab_project_triton"]
 
@@ -158,14 +158,8 @@ def vocab_project_triton(draft_logits: torch.Tensor, target_ids: torch.Tensor, t
     block_v, n_tiles, block_t, num_warps = vocab_tiling("vocab_project", vocab, block_v)
 
     x = torch.empty((rows, vocab), dtype=torch.float32, device=device)
-    tile_max = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
-    tile_sum = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
-    tile_raw = torch.empty((rows, n_tiles), dtype=torch.float32, device=device)
-    tile_arg = torch.empty((rows, n_tiles), dtype=torch.int32, device=device)
-    row_max = torch.empty((rows,), dtype=torch.float32, device=device)
-    row_z = torch.empty((rows,), dtype=torch.float32, device=device)
-    row_cut = torch.empty((rows,), dtype=torch.int32, device=device)
-    row_state = torch.empty((rows,), dtype=torch.int32, device=device)
+    tile_max, tile_sum, tile_raw, tile_arg = tile_stat_buffers(rows, n_tiles, device)
+    row_max, row_z, row_cut, row_state = row_state_buffers(rows, device)
     mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
     offset_lo, offset_hi = offset_words(offset)
 
