@@ -99,6 +99,15 @@ def top_p_mask(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     return scaled.masked_fill(remove.scatter(1, sorted_indices, remove), float("-inf"))
 
 
+def scaled_and_q(logits: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the torch providers compute before drawing: logits / T (top-p masked as transformers does) and
+    their softmax q."""
+    scaled = logits / TEMPERATURE
+    if top_p < 1.0:
+        scaled = top_p_mask(scaled, top_p)
+    return scaled, torch.softmax(scaled, dim=-1, dtype=torch.float32)
+
+
 class Providers:
     """One case's inputs on one device and the providers' calls."""
 
@@ -129,10 +138,7 @@ class Providers:
         logits, k, top_p = self.logits, self.case.samples, self.case.top_p
 
         def run():
-            scaled = logits / TEMPERATURE
-            if top_p < 1.0:
-                scaled = top_p_mask(scaled, top_p)
-            q = torch.softmax(scaled, dim=-1, dtype=torch.float32)
+            _, q = scaled_and_q(logits, top_p)
             return torch.multinomial(q, k, replacement=False), q
         return run
 
@@ -141,10 +147,7 @@ class Providers:
         logits, k, top_p = self.logits, self.case.samples, self.case.top_p
 
         def run():
-            scaled = logits / TEMPERATURE
-            if top_p < 1.0:
-                scaled = top_p_mask(scaled, top_p)
-            q = torch.softmax(scaled, dim=-1, dtype=torch.float32)
+            scaled, q = scaled_and_q(logits, top_p)
             gumbel = -torch.log(-torch.log(torch.rand(scaled.shape, device=scaled.device)))
             return torch.topk(scaled + gumbel, k, dim=-1).indices, q
         return run
