@@ -33,6 +33,13 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "sample_without_replacement(Tensor logits, int num_samples, Tensor temperature, Tensor top_k, "
       "Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor)");
+  // One level of Stochastic Beam Search (RSD-S): each live beam's children drawn without replacement
+  // with truncated-Gumbel scores, the beam_width best over all beams kept.
+  // Returns (parents [B, K], tokens [B, K], log_probs [B, K], scores [B, K], probs [B, W, V]).
+  m.def(
+      "stochastic_beam_step(Tensor logits, Tensor beam_log_probs, Tensor beam_scores, int beam_width, "
+      "Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Context n-gram drafts: top k continuations of earlier matches of each row's last tokens.
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "

@@ -11,11 +11,14 @@ import torch
 
 from specops._rows import per_row
 
-__all__ = ["draw_seed", "row_seeds"]
+__all__ = ["beam_seeds", "draw_seed", "row_seeds"]
 
 # Row b of an int seed s gets s + b * 0x9E3779B97F4A7C15 (mod 2**64): the 64-bit golden-ratio Weyl
 # increment, so a batch's rows get distinct, well-spread keys (also for consecutive s).
 _ROW_STRIDE = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
+# Beam (or tree parent) w of a row with seed s draws with s + w * 0x632BE59BD9B4E019 (mod 2**64): odd, so
+# a row's beams get distinct keys, and unrelated to the row stride, so they do not land on other rows'.
+BEAM_STRIDE = 0x632BE59BD9B4E019
 
 
 def draw_seed() -> int:
@@ -34,3 +37,9 @@ def row_seeds(seed: int | torch.Tensor, rows: int, device: torch.device | str | 
         base = torch.tensor(seed & 0xFFFFFFFFFFFFFFFF, dtype=torch.uint64).view(torch.int64)
         return (torch.arange(rows, dtype=torch.int64) * _ROW_STRIDE + base).to(device)
     return per_row("seed", seed, rows, torch.int64, device)
+
+
+def beam_seeds(seeds: torch.Tensor, beams: int) -> torch.Tensor:
+    """[rows, beams] int64: beam w of row n keyed by seeds[n] + w * 0x632BE59BD9B4E019 (mod 2**64), the
+    keys every per-beam draw uses (`stochastic_beam_step`, the parents of a draft-tree level)."""
+    return seeds[:, None] + BEAM_STRIDE * torch.arange(beams, dtype=torch.int64, device=seeds.device)

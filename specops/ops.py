@@ -14,8 +14,8 @@ import torch
 from specops._rows import per_row
 from specops._seeds import draw_seed, row_seeds
 
-__all__ = ["chain_verify", "ngram_match", "sample_without_replacement", "tree_attention", "tree_verify",
-           "vocab_project"]
+__all__ = ["chain_verify", "ngram_match", "sample_without_replacement", "stochastic_beam_step", "tree_attention",
+           "tree_verify", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
@@ -252,6 +252,78 @@ def _sample_without_replacement_fake(logits, num_samples, temperature, top_k, to
     rows, vocab = logits.shape
     return (logits.new_empty((rows, num_samples), dtype=torch.int64),
             logits.new_empty((rows, vocab), dtype=torch.float32))
+
+
+def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, beam_scores: torch.Tensor,
+                         beam_width: int, *, temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                         validate: bool = True) -> tuple[torch.Tensor, ...]:
+    """One level of Stochastic Beam Search (Kool et al. 2019), the proposal of RSD-S (paper 003): the
+    beam_width children with the largest truncated-Gumbel scores over all beams of each request, so that
+    the beams after L levels are L-token sequences drawn without replacement from the drafter.
+
+    Each live beam (log-probability phi and score G above -inf) draws up to beam_width distinct children
+    from q = softmax(logits / T) after top-k then top-p, as `sample_without_replacement` does with the
+    beam's seed; their scores descend from G in draw order as Gumbels conditioned on their maximum being G,
+    computed in the stable form -log(exp(-G) + exp(-g)) (no exp overflows, nothing cancels; paper 003's
+    printed Alg. 9 line 6 drops a sign). The beam_width best children over all beams are kept, best first;
+    the ones kept from one beam are always the first of its draws, in draw order, which is what
+    `tree_verify(..., replacement=False)` needs with probs as their draft_probs. Temperature 0 is
+    deterministic beam search: each beam's beam_width largest logits, scored phi + log_softmax(logits).
+    Semantics in full: `specops.reference.stochastic_beam_step`.
+
+    Shape:
+        logits: [B, W, V] float32, bfloat16 or float16: the drafter's logits after each beam's path. Rows of
+            beams that are not live are not read.
+        beam_log_probs, beam_scores: [B, W] float32: phi and G per beam; -inf in either marks no beam. The
+            first level is one beam per request with phi = G = 0.
+        beam_width: int in [1, V]: children kept per request (K).
+        temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
+        seed, offset: as chain_verify, per request; beam w draws with seed + w * 0x632BE59BD9B4E019 (mod
+            2**64), its tokens from Philox stream 3 (as sample_without_replacement) and its Gumbels from
+            stream 4.
+        validate: check the live beams' logits for NaN / +inf and rows without a finite value, and phi and
+            G for NaN / +inf: one host sync here on accelerators. The CPU kernel always checks.
+
+    Returns:
+        parents: [B, K] int64, the beam of each kept child, best score first; -1 past the children there are.
+        tokens: [B, K] int64 (-1 there). log_probs: [B, K] float32, phi + log q of the child (-inf there).
+        scores: [B, K] float32, the truncated Gumbel scores, descending (-inf there).
+        probs: [B, W, V] float32: each live beam's q (the draft_probs of its children), 0 for other beams.
+    """
+    op = "stochastic_beam_step"
+    _check_logits(op, "logits", logits, 3, "a [B, W, V]")
+    batch, beams, vocab = logits.shape
+    if beams < 1 or vocab < 1:
+        raise ValueError(f"{op}: logits shape {tuple(logits.shape)} needs W >= 1 and V >= 1")
+    for name, t in (("beam_log_probs", beam_log_probs), ("beam_scores", beam_scores)):
+        _check_tensor(op, name, t, (batch, beams), f"[B, W] = [{batch}, {beams}] to match logits", torch.float32)
+    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or not 1 <= beam_width <= vocab:
+        raise ValueError(f"{op}: beam_width must be an int in [1, V = {vocab}], got {beam_width!r}")
+    temperature, top_k, top_p, seeds = _sampling_args(
+        op, "logits", logits.device, batch, {"beam_log_probs": beam_log_probs, "beam_scores": beam_scores},
+        temperature, top_k, top_p, seed, offset)
+    if validate and logits.device.type != "cpu":
+        live = (beam_log_probs > float("-inf")) & (beam_scores > float("-inf"))
+        x = logits.float()
+        _raise_first(op, [(live[..., None].expand_as(x).logical_and(torch.isnan(x) | torch.isposinf(x)).any(),
+                           "logits of a live beam contains NaN or +inf"),
+                          ((live & ~(x > float("-inf")).any(-1)).any(), "logits of a live beam has no finite value"),
+                          (_nan_or_posinf(beam_log_probs) | _nan_or_posinf(beam_scores),
+                           "beam_log_probs and beam_scores must not hold NaN or +inf"),
+                          *_sampling_checks(temperature, top_k, top_p)])
+    return torch.ops.specops.stochastic_beam_step(logits.contiguous(), beam_log_probs.contiguous(),
+                                                  beam_scores.contiguous(), beam_width, temperature, top_k, top_p,
+                                                  seeds, offset, validate)
+
+
+@torch.library.register_fake("specops::stochastic_beam_step")
+def _stochastic_beam_step_fake(logits, beam_log_probs, beam_scores, beam_width, temperature, top_k, top_p, seed,
+                               offset, validate=True):
+    batch, beams, vocab = logits.shape
+    index = logits.new_empty((batch, beam_width), dtype=torch.int64)
+    score = logits.new_empty((batch, beam_width), dtype=torch.float32)
+    return (index, torch.empty_like(index), score, torch.empty_like(score),
+            logits.new_empty((batch, beams, vocab), dtype=torch.float32))
 
 
 def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,

@@ -11,7 +11,7 @@ import torch
 
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
            "tree_attention", "tree_visibility", "tree_children", "tree_verify",
-           "sample_without_replacement", "NGRAM_KEY_BITS"]
+           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -22,6 +22,7 @@ STREAM_ACCEPT = 0
 STREAM_SAMPLE = 1
 STREAM_DRAFT = 2
 STREAM_WITHOUT_REPLACEMENT = 3
+STREAM_BEAM = 4
 SMALLEST_NORMAL_LOG = -87.33654475  # log(2**-126): exp below it is 0 in the kernels
 
 
@@ -456,3 +457,87 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperatu
             tokens[n, i] = token
             weights[token] = 0.0
     return tokens, probs
+
+
+def truncated_gumbel(g: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """-log(exp(-bound) + exp(-g)): a Gumbel g conditioned to lie below `bound` (Kool et al. 2019, the
+    top-down form), as min(bound, g) - log1p(exp(-|bound - g|)), which neither overflows nor cancels."""
+    return torch.minimum(bound, g) - torch.log1p(torch.exp(-(bound - g).abs()))
+
+
+def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, beam_scores: torch.Tensor,
+                         beam_width: int, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                         seed: torch.Tensor, offset: int) -> tuple[torch.Tensor, ...]:
+    """One level of Stochastic Beam Search (Kool, van Hoof, Welling 2019; RSD-S, paper 003 Alg. 9): the
+    beam_width children with the largest truncated-Gumbel scores over all beams of a request.
+
+    Beam w of request b is live when beam_log_probs[b, w] (phi, its path's log-probability) and
+    beam_scores[b, w] (G, its perturbed score) are above -inf; other beams are not read and get q = 0.
+    A live beam's children are drawn without replacement from q = softmax(filter_logits(logits[b, w]))
+    exactly as `sample_without_replacement(logits[b, w], beam_width)` with the seed of `beam_seeds`
+    (seed[b] + w * 0x632BE59BD9B4E019) draws them: tokens d_0, d_1, ... in draw order. Their scores
+    follow the draw order down from the parent's (top-down Gumbels conditioned on their maximum being G):
+
+        s_0 = G,   s_i = truncated_gumbel(phi + log m_i - log(-log u_i), s_{i-1})   (i >= 1)
+
+    where m_i is the float64 sum of q over the tokens not among d_0..d_{i-1}, and u_i = uniform(seed of the
+    beam, offset, i, STREAM_BEAM). By the Gumbel-top-k argument this is distributed as SBS's
+    -log(exp(-G) - exp(-Z) + exp(-g_x)) over every child x, and the children a level keeps from one beam are
+    a prefix of its draw order (paper 003 Thm 3.2), so tree_verify may check them in that order. Each child's
+    log-probability is phi + log q(d_i). Greedy rows (T = 0, or logits / T overflowing float32): the
+    beam_width largest logits, scored without noise by phi + log_softmax(logits)(d_i) (beam search), q one-hot
+    on the first argmax as in sample_without_replacement.
+
+    The kept children: all (w, i) with d_i >= 0, ordered by float32 score descending, ties by the lower w * K
+    + i; the first beam_width of them.
+
+    Shapes: logits [B, W, V]; beam_log_probs, beam_scores [B, W] float32; temperature, top_p [B] float32;
+    top_k, seed [B] int64. Returns parents [B, K] int64 (the beam, -1 past the children there are), tokens
+    [B, K] int64 (-1 there), log_probs and scores [B, K] float32 (-inf there), probs [B, W, V] float32.
+    """
+    from specops._seeds import beam_seeds
+
+    batch, beams, vocab = logits.shape
+    k = beam_width
+    device = logits.device
+    keys = beam_seeds(seed, beams)
+    parents = torch.full((batch, k), -1, dtype=torch.int64, device=device)
+    tokens = torch.full((batch, k), -1, dtype=torch.int64, device=device)
+    log_probs = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
+    scores = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
+    probs = torch.zeros(batch, beams, vocab, dtype=torch.float32, device=device)
+    for b in range(batch):
+        cand = []  # (score float32, flat index, beam, token, log_prob)
+        for w in range(beams):
+            phi, parent_score = float(beam_log_probs[b, w]), float(beam_scores[b, w])
+            if phi == float("-inf") or parent_score == float("-inf"):
+                continue
+            drawn, q = sample_without_replacement(logits[b, w][None], k, temperature[b:b + 1], top_k[b:b + 1],
+                                                  top_p[b:b + 1], keys[b, w:w + 1], offset)
+            drawn, q = drawn[0], q[0]
+            probs[b, w] = q
+            raw = logits[b, w].float()
+            greedy = float(temperature[b]) == 0.0 or bool(raw.max() / temperature[b] == float("inf"))
+            if greedy:
+                scored = torch.log_softmax(raw.double(), 0)
+            else:
+                scored = torch.log(q.double())
+            left = q.double().clone()
+            score = torch.tensor(parent_score, dtype=torch.float64)
+            for i in range(k):
+                token = int(drawn[i])
+                if token < 0:
+                    break
+                log_prob = phi + scored[token]
+                if greedy:
+                    score = log_prob
+                elif i > 0:
+                    noise = -torch.log(-torch.log(uniform(keys[b, w], offset, i, STREAM_BEAM)))
+                    score = truncated_gumbel(phi + torch.log(left.sum()) + noise, score)
+                left[token] = 0.0
+                cand.append((float(torch.tensor(float(score), dtype=torch.float32)), w * k + i, w, token,
+                             float(log_prob)))
+        cand.sort(key=lambda c: (-c[0], c[1]))
+        for j, (score, _, w, token, log_prob) in enumerate(cand[:k]):
+            parents[b, j], tokens[b, j], log_probs[b, j], scores[b, j] = w, token, log_prob, score
+    return parents, tokens, log_probs, scores, probs

@@ -59,6 +59,7 @@ constexpr uint32_t kStreamAccept = 0;
 constexpr uint32_t kStreamSample = 1;
 constexpr uint32_t kStreamDraft = 2;
 constexpr uint32_t kStreamWithoutReplacement = 3;
+constexpr uint32_t kStreamBeam = 4;
 
 }  // namespace
 }  // namespace specops
