@@ -16,7 +16,7 @@ For each architecture x method:
 Methods: "ar"; "sd" with drafter "self:1" (the target's first layer) and num_draft_tokens 3 or "auto",
 and with the target itself as its drafter ("sd-same": every draft accepted, the bonus-token path);
 "ngram" with ngram_tables="none" and num_draft_tokens (2, 3) (two rows of three tokens: a small draft
-tree, whose forwards must attend through specops.ops.tree_attention); "rsd-c" and "specinfer" with
+tree, whose forwards must attend through specops.ops.tree_attention); "rsd-c", "rsd-s" and "specinfer" with
 drafter "self:1" and branching (2, 2) (drafter and target both score trees); "tli" and "slem" on PAIRS of
 architectures with different tokenizers (a byte-level target and a drafter with multi-byte tokens of
 another architecture, and the reverse). Random models of different
@@ -64,7 +64,7 @@ _OWN_ATTENTION = {
 }
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     (arch, method): f"draft trees: {why}, outside transformers' attention registry"
-    for arch, why in _OWN_ATTENTION.items() for method in ("ngram", "rsd-c", "specinfer")}
+    for arch, why in _OWN_ATTENTION.items() for method in ("ngram", "rsd-c", "rsd-s", "specinfer")}
 
 # Architectures whose own generate() gives other greedy tokens for a prompt in a left-padded batch than
 # for the prompt alone (see test_generate_padded_equals_alone).
@@ -87,13 +87,14 @@ METHODS = {
     "sd-same": dict(method="sd", drafter="same", num_draft_tokens=3),  # the target object drafts for itself
     "ngram": dict(method="ngram", ngram_tables="none", num_draft_tokens=(2, 3)),
     "rsd-c": dict(method="rsd-c", drafter="self:1", num_draft_tokens=(2, 2)),
+    "rsd-s": dict(method="rsd-s", drafter="self:1", num_draft_tokens=(2, 2)),
     "specinfer": dict(method="specinfer", drafter="self:1", num_draft_tokens=(2, 2)),
 }
 # Sampled runs need a fixed draft length: with "auto" the draft lengths follow measured timings, and
 # with them which random numbers each token uses.
-SAMPLED_METHODS = ["ar", "sd-k3", "sd-same", "ngram", "rsd-c", "specinfer"]
+SAMPLED_METHODS = ["ar", "sd-k3", "sd-same", "ngram", "rsd-c", "rsd-s", "specinfer"]
 # Methods that draft on every step (a fixed draft length): a run must have drafted something.
-ALWAYS_DRAFTS = ("sd-k3", "sd-same", "ngram", "rsd-c", "specinfer")
+ALWAYS_DRAFTS = ("sd-k3", "sd-same", "ngram", "rsd-c", "rsd-s", "specinfer")
 
 # Drafter-with-another-vocabulary pairs: id -> (target architecture, target tokenizer, drafter
 # architecture, drafter tokenizer); "byte" is byte_tokenizer(), "merged" merged_byte_tokenizer();
@@ -116,7 +117,13 @@ PAIRS = {
     "gemma2+twin": ("gemma2", "byte", "twin", "merged"),
     "gpt_oss+twin": ("gpt_oss", "merged", "twin", "byte"),
 }
-PAIR_METHODS = ["tli", "slem"]
+# Pair methods and their num_draft_tokens: "rsd-s" draws trees across the vocabularies (the intersection),
+# so both models of the pair must take trees.
+PAIR_METHODS = {"tli": 3, "slem": 3, "rsd-s": (2, 2)}
+EXPECTED_REFUSALS.update({
+    (pair_id, "rsd-s"): f"draft trees: {_OWN_ATTENTION[arch]}, outside transformers' attention registry"
+    for pair_id, (target, _, drafter, _) in PAIRS.items()
+    for arch in (target, target if drafter == "twin" else drafter) if arch in _OWN_ATTENTION})
 
 
 # ---- one thread, and a time limit per test ----
@@ -342,7 +349,7 @@ def _pair(zoo, pair_id: str):
     return target, zoo.tokenizers[target_kind], drafter, zoo.tokenizers[drafter_kind]
 
 
-@pytest.mark.parametrize("method", PAIR_METHODS)
+@pytest.mark.parametrize("method", list(PAIR_METHODS))
 @pytest.mark.parametrize("pair_id", list(PAIRS))
 def test_greedy_pair_equals_generate(zoo, pair_id, method):
     target, target_tok, drafter, drafter_tok = _pair(zoo, pair_id)
@@ -350,7 +357,7 @@ def test_greedy_pair_equals_generate(zoo, pair_id, method):
     def call(**extra):
         return specops.decode(PROMPTS, target=target, tokenizer=target_tok, drafter=drafter,
                               drafter_tokenizer=drafter_tok, method=method, max_new_tokens=MAX_NEW,
-                              temperature=0.0, num_draft_tokens=3, **extra)
+                              temperature=0.0, num_draft_tokens=PAIR_METHODS[method], **extra)
 
     key = _refusal(pair_id, method)
     if key is not None:
@@ -364,7 +371,7 @@ def test_greedy_pair_equals_generate(zoo, pair_id, method):
     assert result.stats.drafted > 0, f"{pair_id}, {method}: nothing was drafted"
 
 
-@pytest.mark.parametrize("method", PAIR_METHODS)
+@pytest.mark.parametrize("method", list(PAIR_METHODS))
 @pytest.mark.parametrize("pair_id", list(PAIRS))
 def test_sampled_pair_runs(zoo, pair_id, method):
     target, target_tok, drafter, drafter_tok = _pair(zoo, pair_id)
@@ -372,7 +379,7 @@ def test_sampled_pair_runs(zoo, pair_id, method):
     def call(**extra):
         return specops.decode(PROMPTS, target=target, tokenizer=target_tok, drafter=drafter,
                               drafter_tokenizer=drafter_tok, method=method, max_new_tokens=MAX_NEW,
-                              temperature=1.0, seed=0, num_draft_tokens=3, **extra)
+                              temperature=1.0, seed=0, num_draft_tokens=PAIR_METHODS[method], **extra)
 
     key = _refusal(pair_id, method)
     if key is not None:

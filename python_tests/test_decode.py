@@ -206,7 +206,7 @@ def _sample(method: str, k, temperature: float = 1.0, top_k: int = 0, target_tab
     if key not in _samples_cache:
         tok = letter_tokenizer()
         kwargs = {}
-        if method in ("sd", "rsd-c", "specinfer"):
+        if method in ("sd", "rsd-c", "rsd-s", "specinfer"):
             kwargs = dict(drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, num_draft_tokens=k)
         result = specops.decode(_stat_prompts(), target=TableLM(target_table), tokenizer=tok, method=method,
                                 max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k, seed=seed,
@@ -226,6 +226,9 @@ STAT_CASES = [
     ("rsd-c", (2, 2), 1.0, 0),
     ("rsd-c", (3,), 0.7, 3),
     ("specinfer", (2, 2), 1.0, 0),
+    # Stochastic Beam Search trees (RSD-S): (W, L) = 2 beams of 2 levels; 3 beams of one level at T = 0.7.
+    ("rsd-s", (2, 2), 1.0, 0),
+    ("rsd-s", (3, 1), 0.7, 3),
 ]
 
 

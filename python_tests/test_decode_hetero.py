@@ -194,13 +194,31 @@ def ar_greedy(toks):
 GREEDY_CASES = [(m, k, d) for m in METHODS for k in (1, 2, 3, "auto") for d in ("close", "unrelated")]
 
 
+def _draft_size(method: str, k) -> int:
+    """The most draft tokens per request a step may carry: a chain's length, a tree's nodes."""
+    if isinstance(k, int):
+        return k
+    if k == "auto":
+        return 8
+    if method == "rsd-s":
+        return k[0] * k[1]
+    return sum(math.prod(k[:level + 1]) for level in range(len(k)))
+
+
+# Draft trees across the vocabularies: drawn from the drafter restricted to the intersection (rsd-c's
+# branching, rsd-s's (W, L), specinfer's i.i.d. siblings).
+TREE_SHAPES = {"rsd-c": [(2, 2), (3,)], "rsd-s": [(2, 2), (3, 3)], "specinfer": [(2, 2)]}
+GREEDY_CASES += [(m, shape, d) for m, shapes in TREE_SHAPES.items() for shape in shapes
+                 for d in ("close", "unrelated")]
+
+
 @pytest.mark.parametrize("method,k,drafter", GREEDY_CASES, ids=[f"{m}-k{k}-{d}" for m, k, d in GREEDY_CASES])
 def test_greedy_equals_ar(toks, ar_greedy, method, k, drafter):
     table = CLOSE_TABLE if drafter == "close" else UNRELATED_TABLE
     result = _decode(GREEDY_PROMPTS, method, toks, table, max_new_tokens=GREEDY_NEW, num_draft_tokens=k)
     assert result.tokens == ar_greedy
     check_stats(result, method)
-    assert max(result.stats.draft_lengths) <= (k if k != "auto" else 8)
+    assert max(result.stats.draft_lengths) <= _draft_size(method, k)
     if drafter == "close" and k != "auto":  # drafts are used: some accepted (and some rejected)
         assert 0 < result.stats.accepted < result.stats.drafted
 
@@ -231,6 +249,7 @@ def llamas():
 
 LLAMA_NEW = 12
 LLAMA_CASES = [(m, t, k) for m in METHODS for t, k in (("byte", 2), ("merged", 3), ("merged", "auto"))]
+LLAMA_CASES += [(m, t, TREE_SHAPES[m][0]) for m in ("rsd-c", "rsd-s") for t in ("byte", "merged")]
 
 
 @pytest.mark.parametrize("method,target,k", LLAMA_CASES, ids=[f"{m}-{t}-k{k}" for m, t, k in LLAMA_CASES])
@@ -259,13 +278,13 @@ MIN_EXPECTED = 5  # sequences expected fewer times share one chi-square cell (Co
 _samples: dict = {}
 
 
-def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: int = 4321):
+def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: int = 4321, k=STAT_K):
     """N_SEQUENCES continuations of STAT_PROMPTS in one decode call (cached: tests share samples)."""
-    key = (method, temperature, top_k, seed)
+    key = (method, temperature, top_k, seed, k)
     if key not in _samples:
         prompts = [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
         result = _decode(prompts, method, toks, max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k,
-                         seed=seed, num_draft_tokens=STAT_K)
+                         seed=seed, num_draft_tokens=k)
         assert all(len(t) == STAT_NEW for t in result.tokens)
         _samples[key] = result
     return _samples[key]
@@ -285,13 +304,17 @@ def _pooled_fit(tokens: list[list[int]], exact: dict) -> tuple[float, int]:
     return _fit(["rare" if tuple(t) in rare else tuple(t) for t in tokens], pooled)
 
 
-STAT_CASES = [("tli", 1.0, 0), ("union", 1.0, 0), ("slem", 1.0, 0), ("slrs", 1.0, 0), ("tli", 0.7, 3)]
+STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 0, STAT_K),
+              ("slrs", 1.0, 0, STAT_K), ("tli", 0.7, 3, STAT_K),
+              # trees across the vocabularies, drawn from the intersection
+              ("rsd-c", 1.0, 0, (2, 2)), ("rsd-s", 1.0, 0, (2, 2)), ("rsd-s", 0.7, 3, (3, 2)),
+              ("specinfer", 1.0, 0, (2, 2))]
 
 
-@pytest.mark.parametrize("method,temperature,top_k", STAT_CASES,
-                         ids=[f"{m}-T{t}-topk{k}" for m, t, k in STAT_CASES])
-def test_sampled_sequences_follow_target(toks, method, temperature, top_k):
-    result = _sample(method, toks, temperature, top_k)
+@pytest.mark.parametrize("method,temperature,top_k,k", STAT_CASES,
+                         ids=[f"{m}-T{t}-topk{tk}-k{k}" for m, t, tk, k in STAT_CASES])
+def test_sampled_sequences_follow_target(toks, method, temperature, top_k, k):
+    result = _sample(method, toks, temperature, top_k, k=k)
     pvalue, impossible = _pooled_fit(result.tokens, _exact(temperature, top_k))
     assert impossible == 0, "sequences with probability 0 under the target were produced"
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"

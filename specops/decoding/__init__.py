@@ -175,7 +175,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
     seeds = row_seeds(draw_seed() if seed is None else seed, len(prompts), target_lm.device)
     setup = Setup(chosen.name, target_lm, tokenizer, batch, params, seeds, num_draft_tokens, settings,
-                  drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model)
+                  drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model, same)
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
     start = time.perf_counter()

@@ -29,16 +29,39 @@ class DraftVocab:
     drafter ids that say the same (what the drafter reads after the target emitted them).
     """
 
-    def __init__(self, target_ids: torch.Tensor, width: int, target_vocab: int, to_drafter):
+    def __init__(self, target_ids: torch.Tensor, width: int, target_vocab: int, to_drafter, identity: bool = False):
         self.target_ids = target_ids
         self.width = width
         self.target_vocab = target_vocab
         self.to_drafter = to_drafter
+        self.identity = identity  # target_ids is arange(width): logits need no projection
+        self._mapped = target_ids >= 0
+        self._drafter_ids = None
 
     @classmethod
     def same(cls, vocab_size: int, device) -> DraftVocab:
         """The target's own vocabulary (standard speculative decoding)."""
-        return cls(torch.arange(vocab_size, device=device), vocab_size, vocab_size, lambda ids: list(ids))
+        return cls(torch.arange(vocab_size, device=device), vocab_size, vocab_size, lambda ids: list(ids), True)
+
+    def project(self, logits: torch.Tensor) -> torch.Tensor:
+        """Drafter logits [..., V_d] as logits over the verification vocabulary [..., width]: -inf at ids no
+        drafter id maps to. Softmax, temperature, top-k and top-p of these are vocab_project's q (the drafter
+        restricted to the shared tokens, renormalized), so draft trees can draw several children from it."""
+        if self.identity:
+            return logits
+        out = logits.new_full((*logits.shape[:-1], self.width), float("-inf"))
+        out[..., self.target_ids[self._mapped]] = logits[..., self._mapped]
+        return out
+
+    def drafter_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Verification ids drawn from `project`ed logits -> the drafter ids that map to them (-1 stays -1)."""
+        if self.identity:
+            return tokens
+        if self._drafter_ids is None:
+            inverse = torch.full((self.width + 1,), -1, dtype=torch.int64, device=self.target_ids.device)
+            inverse[self.target_ids[self._mapped]] = torch.nonzero(self._mapped)[:, 0]
+            self._drafter_ids = inverse
+        return self._drafter_ids[torch.where(tokens < 0, self.width, tokens)]
 
     def draft(self, logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int, index: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

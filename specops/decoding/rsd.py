@@ -4,14 +4,22 @@
   gets b_{l+1} children drawn without replacement from the drafter's distribution there
   (`specops.ops.sample_without_replacement`), and `tree_verify` checks them with the residual target
   and the draft renormalized over what was not yet drawn (RSD-C, paper 003 Alg 3-4).
-- "specinfer": the same tree shape with i.i.d. children (SpecInfer's multi-step speculative sampling),
-  the baseline RSD improves on: a repeated sibling is wasted.
+- "rsd-s": Stochastic Beam Search, num_draft_tokens = (W, L): every level keeps the W children with the
+  largest truncated-Gumbel scores over all of the previous level's W beams (`specops.ops.
+  stochastic_beam_step`), so the tree's W paths are L-token sequences drawn without replacement from the
+  drafter (RSD-S, paper 003 Alg 5-9). A beam keeps a prefix of its draws, verified in draw order.
+- "specinfer": the rsd-c shape with i.i.d. children (SpecInfer's multi-step speculative sampling), the
+  baseline RSD improves on: a repeated sibling is wasted.
+
+Any drafter: one with the target's vocabulary (or `self:N`) drafts from its own distribution; one with
+another vocabulary drafts from its distribution restricted to the tokens both share (TLI's intersection,
+`DraftVocab.project`), in target ids, and reads the tree back in its own ids.
 
 One drafter forward per level: the root's children come from the logits after the drafter reads its
 pending tokens; each further level is a tree forward of the drafter over the nodes drawn so far, which
 is then dropped from its cache (the drafter re-reads the accepted path after verification). Greedy
-(T = 0): the b largest drafter logits per node (a top-k tree), and the target's argmax path through it,
-so the output equals greedy decoding.
+(T = 0): the b largest drafter logits per node (rsd-c: a top-k tree; rsd-s: beam search), and the
+target's argmax path through it, so the output equals greedy decoding.
 """
 
 from __future__ import annotations
@@ -21,13 +29,17 @@ import dataclasses
 import torch
 
 from specops import ops
+from specops import vocab as vocab_maps
+from specops._seeds import beam_seeds
+from specops.decoding.crossing import DraftVocab, TextCrossing
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
+from specops.decoding.tli import intersection
 
-DEFAULT_BRANCHING = (2, 2)  # "auto": a fixed shape until tree shapes are chosen from measured costs
+DEFAULT_BRANCHING = (2, 2)  # "auto" for rsd-c / specinfer
+DEFAULT_BEAMS = (2, 3)  # "auto" for rsd-s: W beams, L levels
 _CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share random numbers
-_PARENT_STRIDE = 0x632BE59BD9B4E019  # odd: a level's parents get distinct seeds (int64 arithmetic wraps)
 
 
 def check_branching(setting) -> None:
@@ -40,74 +52,76 @@ def check_branching(setting) -> None:
                      f"of children per node at each level, each >= 1, got {setting!r}")
 
 
-class TreeDrafter(DrafterProposer):
-    verifier = "tree"
+def check_beams(setting) -> None:
+    if setting == "auto":
+        return
+    if (isinstance(setting, tuple) and len(setting) == 2 and
+            all(isinstance(v, int) and not isinstance(v, bool) for v in setting) and
+            1 <= setting[0] < 1 << _CHILD_BITS and setting[1] >= 1):
+        return
+    raise ValueError("num_draft_tokens for method 'rsd-s' must be 'auto' or a tuple (W, L): W >= 1 beams kept at "
+                     f"each of L >= 1 levels, got {setting!r}")
 
-    def __init__(self, setup: Setup, replacement: bool):
-        super().__init__(dataclasses.replace(setup, num_draft_tokens="auto"),
-                         [list(p) for p in setup.batch.prompt_rows])
-        setting = setup.num_draft_tokens
-        self.branching = DEFAULT_BRANCHING if setting == "auto" else tuple(setting)
-        self.replacement = replacement
-        self.vocab = setup.target.vocab_size
-        self.accepted_paths: list[list[int]] = []
+
+class Level:
+    """One level of a draft tree: children [B, M] in verification ids (-1: none) under the frontier slots
+    slot [B, M] (-1: none), and q [B, P, V] of every frontier node (None when greedy)."""
+
+    def __init__(self, tokens: torch.Tensor, slot: torch.Tensor, q: torch.Tensor | None):
+        self.tokens, self.slot, self.q = tokens, slot, q
+
+
+class TreeDrafter(DrafterProposer):
+    """A draft tree per request, drawn level by level from the drafter; subclasses say how a level's
+    children are drawn (`children`) and how many levels there are (`depth`)."""
+
+    verifier = "tree"
+    replacement = False
+
+    def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]]):
+        super().__init__(dataclasses.replace(setup, num_draft_tokens="auto"), prompts)
+        self.vocab = vocab
 
     def start(self, first: list[int]) -> None:
-        self.pending = [p + [t] for p, t in zip(self.pending, first)]
+        self.pending = [p + self.vocab.to_drafter([t]) for p, t in zip(self.pending, first)]
 
-    def _children(self, logits: torch.Tensor, count: int, step: int, level: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """count children for each of the level's parents, logits [B, P, V]: tokens [B, P, count] (-1 past
-        q's support) and q [B, P, V]. Every parent draws from its own stream: the request's seed moved by
-        the parent's place in the level, at offset (step, level, child)."""
-        batch, parents, vocab = logits.shape
-        seeds = (self.seeds[:, None] + _PARENT_STRIDE * torch.arange(parents, device=self.seeds.device)).reshape(-1)
-        p = self.params
-        flat = logits.reshape(-1, vocab)
-        if not self.replacement:
-            tokens, q = ops.sample_without_replacement(flat, count, temperature=p.temperature, top_k=p.top_k,
-                                                       top_p=p.top_p, seed=seeds,
-                                                       offset=draft_offset(step, level << _CHILD_BITS), validate=False)
-        else:
-            draws = []
-            for i in range(count):  # i.i.d.: independent single draws
-                token, q = ops.sample_without_replacement(flat, 1, temperature=p.temperature, top_k=p.top_k,
-                                                          top_p=p.top_p, seed=seeds,
-                                                          offset=draft_offset(step, level << _CHILD_BITS | i),
-                                                          validate=False)
-                draws.append(token)
-            tokens = torch.cat(draws, dim=1)
-        return tokens.view(batch, parents, count), q.view(batch, parents, vocab)
+    def depth(self) -> int:
+        raise NotImplementedError
+
+    def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
+        """The children of the frontier, whose drafter logits in verification ids are logits [B, P, V]."""
+        raise NotImplementedError
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         batch, device = budget.shape[0], budget.device
-        depth = min(len(self.branching), int(budget.min()))  # every request's path fits its budget
+        depth = min(self.depth(), int(budget.min()))  # every request's path fits its budget
         self.k = depth
-        logits = self.read()  # [B, V] after each request's last emitted token: the root's children
+        logits = self.read()[:, None]  # [B, 1, V_d] after each request's last emitted token: the root's children
         tokens = [torch.zeros(batch, dtype=torch.long, device=device)]
         parents = [torch.zeros(batch, dtype=torch.long, device=device)]
         probs = [] if not self.params.greedy else None
         frontier = [0]  # node indices of the current level
         for level in range(depth):
-            width = self.branching[level]
-            kids, q = self._children(logits.view(batch, len(frontier), -1), width, step, level)
+            found = self.children(self.vocab.project(logits), step, level)
             if probs is not None:
                 probs += [None] * (len(tokens) - len(probs))
                 for i, node in enumerate(frontier):
-                    probs[node] = q[:, i]
+                    probs[node] = found.q[:, i]
+            first = frontier[0]  # a level's nodes are consecutive
             new = []
-            for i, node in enumerate(frontier):
-                for j in range(width):
-                    new.append(len(tokens))
-                    tokens.append(kids[:, i, j])
-                    parents.append(torch.full((batch,), node, dtype=torch.long, device=device))
+            for j in range(found.tokens.shape[1]):
+                new.append(len(tokens))
+                tokens.append(found.tokens[:, j])
+                parents.append(first + found.slot[:, j].clamp(min=0))
             frontier = new
             if level + 1 < depth:
                 logits = self._level_logits(torch.stack(tokens, 1), torch.stack(parents, 1), frontier)
         return self._proposal(torch.stack(tokens, 1), torch.stack(parents, 1), probs)
 
     def _level_logits(self, tokens: torch.Tensor, parents: torch.Tensor, frontier: list[int]) -> torch.Tensor:
-        """The drafter's logits [B, len(frontier), V] at the frontier nodes: one tree forward over every node
-        but the root (already in its cache), then dropped again. Nodes past q's support (-1) are padding."""
+        """The drafter's logits [B, len(frontier), V_d] at the frontier nodes: one tree forward over every
+        node but the root (already in its cache), then dropped again. Nodes past q's support (-1) are
+        padding."""
         valid = tokens[:, 1:] >= 0
         alive = valid.clone()
         for n in range(2, tokens.shape[1]):  # a node under a padding node is padding too
@@ -117,7 +131,7 @@ class TreeDrafter(DrafterProposer):
         shape = tree_from_parents(tokens, parents, torch.full_like(tokens[:, 0], tokens.shape[1]))
         visible = shape.visible[:, 1:, 1:] & alive[:, None, :] & alive[:, :, None]
         visible |= torch.eye(visible.shape[1], dtype=torch.bool, device=visible.device)
-        fed = torch.where(alive, tokens[:, 1:], 0)
+        fed = torch.where(alive, self.vocab.drafter_ids(tokens[:, 1:]), 0)
         logits = self.state.append_tree(fed, alive, shape.depth[:, 1:] - 1, visible)
         self.state.discard(fed.shape[1])
         return logits[:, [n - 1 for n in frontier]]
@@ -125,54 +139,130 @@ class TreeDrafter(DrafterProposer):
     def _proposal(self, tokens: torch.Tensor, parents: torch.Tensor, probs: list | None) -> Proposal:
         """Drop nodes past q's support (-1) and their subtrees, renumbering each request's nodes."""
         batch, size = tokens.shape
-        keep_tokens, keep_parents = [], []
+        token_rows, parent_rows = tokens.tolist(), parents.tolist()
+        kept = []  # per request: (tokens, parents, old node -> new node)
         for b in range(batch):
             index, row_tokens, row_parents = {0: 0}, [0], [0]
             for n in range(1, size):
-                parent, token = int(parents[b, n]), int(tokens[b, n])
+                parent, token = parent_rows[b][n], token_rows[b][n]
                 if token < 0 or parent not in index:
                     continue
                 index[n] = len(row_tokens)
                 row_tokens.append(token)
                 row_parents.append(index[parent])
-            keep_tokens.append((row_tokens, index))
-            keep_parents.append(row_parents)
-        counts = [len(t) for t, _ in keep_tokens]
+            kept.append((row_tokens, row_parents, index))
+        counts = [len(t) for t, _, _ in kept]
         out_tokens = torch.zeros(batch, size, dtype=torch.long)
         out_parents = torch.zeros(batch, size, dtype=torch.long)
-        for b in range(batch):
-            out_tokens[b, : counts[b]] = torch.tensor(keep_tokens[b][0])
-            out_parents[b, : counts[b]] = torch.tensor(keep_parents[b])
+        for b, (row_tokens, row_parents, _) in enumerate(kept):
+            out_tokens[b, : counts[b]] = torch.tensor(row_tokens)
+            out_parents[b, : counts[b]] = torch.tensor(row_parents)
         device = tokens.device
         q = None
         if probs is not None:
-            q = torch.zeros(batch, size, self.vocab, device=device)
-            for b in range(batch):
-                for old, new in keep_tokens[b][1].items():
+            q = torch.zeros(batch, size, self.vocab.width, device=device)
+            for b, (_, _, index) in enumerate(kept):
+                for old, new in index.items():
                     if old < len(probs) and probs[old] is not None:
                         q[b, new] = probs[old][b]
         draft = TreeDraft(out_tokens.to(device), out_parents.to(device), torch.tensor(counts, device=device), q,
                           self.replacement)
-        return Proposal(tree=draft, width=self.vocab, size=size - 1)
+        return Proposal(tree=draft, width=self.vocab.width, size=size - 1)
 
     def accept(self, result: StepResult) -> None:
         # The tree's nodes left the drafter's cache: it reads the accepted path and the emitted token.
-        self.pending = [p + e for p, e in zip(self.pending, result.emitted)]
+        self.pending = [p + self.vocab.to_drafter(e) for p, e in zip(self.pending, result.emitted)]
 
 
-def _make(replacement: bool):
-    def make(setup: Setup) -> TreeDrafter:
+class BranchingDrafter(TreeDrafter):
+    """rsd-c (siblings without replacement) and specinfer (i.i.d. siblings): b_l children per node."""
+
+    def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]], replacement: bool):
+        super().__init__(setup, vocab, prompts)
+        setting = setup.num_draft_tokens
+        self.branching = DEFAULT_BRANCHING if setting == "auto" else tuple(setting)
+        self.replacement = replacement
+
+    def depth(self) -> int:
+        return len(self.branching)
+
+    def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
+        """branching[level] children for each parent, each parent drawing from its own stream (`beam_seeds`:
+        the request's seed moved by the parent's place in the level) at offset (step, level, child)."""
+        batch, parents, width = logits.shape
+        count = self.branching[level]
+        seeds = beam_seeds(self.seeds, parents).reshape(-1)
+        p = self.params
+        flat = logits.reshape(-1, width)
+        draws = []
+        for i in range(1 if not self.replacement else count):  # without replacement: one call draws all
+            token, q = ops.sample_without_replacement(
+                flat, count if not self.replacement else 1, temperature=p.temperature, top_k=p.top_k,
+                top_p=p.top_p, seed=seeds, offset=draft_offset(step, level << _CHILD_BITS | i), validate=False)
+            draws.append(token)
+        tokens = torch.cat(draws, dim=1).view(batch, parents * count)
+        slot = torch.arange(parents, device=logits.device).repeat_interleave(count).expand(batch, -1)
+        return Level(tokens, slot, None if p.greedy else q.view(batch, parents, width))
+
+
+class BeamDrafter(TreeDrafter):
+    """rsd-s: W beams per level by Stochastic Beam Search."""
+
+    def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]]):
+        super().__init__(setup, vocab, prompts)
+        setting = setup.num_draft_tokens
+        self.beams, self.levels = DEFAULT_BEAMS if setting == "auto" else setting
+        self.log_probs = self.scores = None
+
+    def depth(self) -> int:
+        return self.levels
+
+    def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
+        batch, parents, _ = logits.shape
+        if level == 0:  # one beam per request, the root: phi = G = 0
+            self.log_probs = logits.new_zeros(batch, 1, dtype=torch.float32)
+            self.scores = logits.new_zeros(batch, 1, dtype=torch.float32)
+        p = self.params
+        slot, tokens, self.log_probs, self.scores, q = ops.stochastic_beam_step(
+            logits, self.log_probs, self.scores, self.beams, temperature=p.temperature, top_k=p.top_k,
+            top_p=p.top_p, seed=self.seeds, offset=draft_offset(step, level << _CHILD_BITS), validate=False)
+        return Level(tokens, slot, None if p.greedy else q)
+
+
+def _crossing(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
+    """The drafter's vocabulary crossing and its prompts: its own vocabulary when it is the target's, else
+    the intersection (tli's)."""
+    if setup.same_vocabulary:
         setup.drafter.check_prompts(setup.batch.prompt_rows, setup.batch.max_new_tokens, "drafter")
-        return TreeDrafter(setup, replacement)
+        return DraftVocab.same(setup.target.vocab_size, setup.target.device), [list(p) for p in
+                                                                                setup.batch.prompt_rows]
+    vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
+    text = TextCrossing(vmap, setup.tokenizer, setup.drafter_tokenizer)
+    prompts = setup.batch.encode(setup.drafter_tokenizer)
+    setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
+    vocab = intersection(vmap, text, setup.drafter.vocab_size, setup.target.vocab_size, setup.target.device)
+    return vocab, prompts
+
+
+def _branching(replacement: bool):
+    def make(setup: Setup) -> TreeDrafter:
+        return BranchingDrafter(setup, *_crossing(setup), replacement)
 
     return make
 
 
+def _beams(setup: Setup) -> TreeDrafter:
+    return BeamDrafter(setup, *_crossing(setup))
+
+
 METHODS = [
     Method("rsd-c", "draft trees of constant branching, siblings drawn without replacement, verified by "
-           "recursive rejection sampling (RSD-C)", _make(False), drafter="same", trees=("target", "drafter"),
+           "recursive rejection sampling (RSD-C)", _branching(False), drafter="any", trees=("target", "drafter"),
            draft_setting=check_branching),
+    Method("rsd-s", "draft trees of W sequences drawn without replacement by Stochastic Beam Search, verified "
+           "by recursive rejection sampling (RSD-S)", _beams, drafter="any", trees=("target", "drafter"),
+           draft_setting=check_beams),
     Method("specinfer", "draft trees of constant branching with i.i.d. siblings (SpecInfer), verified by "
-           "recursive rejection sampling", _make(True), drafter="same", trees=("target", "drafter"),
+           "recursive rejection sampling", _branching(True), drafter="any", trees=("target", "drafter"),
            draft_setting=check_branching),
 ]

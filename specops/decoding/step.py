@@ -53,6 +53,7 @@ class Setup:
     drafter: object = None  # CausalLM
     drafter_tokenizer: object = None
     drafter_key: object = None  # what the draft-length memory is kept under ("self:N" or the model)
+    same_vocabulary: bool = True  # the drafter's tokenizer is the target's
 
 
 @dataclass
