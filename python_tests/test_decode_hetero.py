@@ -199,7 +199,7 @@ def _draft_size(method: str, k) -> int:
     if isinstance(k, int):
         return k
     if k == "auto":
-        return 8
+        return 8 if method in METHODS else 48  # a chain's longest, a tree's most nodes (tree_shape.py)
     if method == "rsd-s":
         return k[0] * k[1]
     return sum(math.prod(k[:level + 1]) for level in range(len(k)))
@@ -207,7 +207,7 @@ def _draft_size(method: str, k) -> int:
 
 # Draft trees across the vocabularies: drawn from the drafter restricted to the intersection (rsd-c's
 # branching, rsd-s's (W, L), specinfer's i.i.d. siblings).
-TREE_SHAPES = {"rsd-c": [(2, 2), (3,)], "rsd-s": [(2, 2), (3, 3)], "specinfer": [(2, 2)]}
+TREE_SHAPES = {"rsd-c": [(2, 2), (3,), "auto"], "rsd-s": [(2, 2), (3, 3), "auto"], "specinfer": [(2, 2)]}
 GREEDY_CASES += [(m, shape, d) for m, shapes in TREE_SHAPES.items() for shape in shapes
                  for d in ("close", "unrelated")]
 

@@ -11,6 +11,10 @@
 - "specinfer": the rsd-c shape with i.i.d. children (SpecInfer's multi-step speculative sampling), the
   baseline RSD improves on: a repeated sibling is wasted.
 
+num_draft_tokens="auto" chooses the shape every step from measured costs and acceptance (`TreeShape`):
+on a CPU, where a forward's cost grows with the tokens it carries, small trees or plain steps; on a GPU
+wider and deeper ones.
+
 Any drafter: one with the target's vocabulary (or `self:N`) drafts from its own distribution; one with
 another vocabulary drafts from its distribution restricted to the tokens both share (TLI's intersection,
 `DraftVocab.project`), in target ids, and reads the tree back in its own ids.
@@ -34,11 +38,12 @@ from specops._seeds import beam_seeds
 from specops.decoding.crossing import DraftVocab, TextCrossing
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
-from specops.decoding.tree import tree_from_parents
 from specops.decoding.tli import intersection
+from specops.decoding.tree import tree_from_parents
+from specops.decoding.tree_shape import TreeShape
 
-DEFAULT_BRANCHING = (2, 2)  # "auto" for rsd-c / specinfer
-DEFAULT_BEAMS = (2, 3)  # "auto" for rsd-s: W beams, L levels
+INITIAL_BRANCHING = (2, 2)  # where "auto" starts for rsd-c / specinfer
+INITIAL_BEAMS = (2, 3)  # where "auto" starts for rsd-s: W beams, L levels
 _CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share random numbers
 
 
@@ -73,20 +78,29 @@ class Level:
 
 class TreeDrafter(DrafterProposer):
     """A draft tree per request, drawn level by level from the drafter; subclasses say how a level's
-    children are drawn (`children`) and how many levels there are (`depth`)."""
+    children are drawn (`children`) and how many levels a shape has (`depth`). The shape is fixed or, with
+    num_draft_tokens="auto", chosen every step from measured costs and acceptance (`TreeShape`)."""
 
     verifier = "tree"
     replacement = False
+    beams = False  # shapes are (W, L), not branchings
 
-    def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]]):
+    def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]], initial: tuple[int, ...]):
         super().__init__(dataclasses.replace(setup, num_draft_tokens="auto"), prompts)
         self.vocab = vocab
+        auto = setup.num_draft_tokens == "auto"
+        self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
+                                            setup.method) if auto else None
+        self.shape = initial if auto else tuple(setup.num_draft_tokens)
+        self.tree: tuple[list, list, list] | None = None  # the last tree's tokens, parents, node counts
 
     def start(self, first: list[int]) -> None:
         self.pending = [p + self.vocab.to_drafter([t]) for p, t in zip(self.pending, first)]
 
     def depth(self) -> int:
-        raise NotImplementedError
+        if not self.shape:
+            return 0
+        return self.shape[1] if self.beams else len(self.shape)
 
     def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
         """The children of the frontier, whose drafter logits in verification ids are logits [B, P, V]."""
@@ -94,8 +108,15 @@ class TreeDrafter(DrafterProposer):
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         batch, device = budget.shape[0], budget.device
+        if self.chooser is not None:
+            self.shape = self.chooser.choose()
         depth = min(self.depth(), int(budget.min()))  # every request's path fits its budget
         self.k = depth
+        if depth == 0:  # plain decoding: the drafter reads nothing now and catches up later
+            self.tree = None
+            root = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            return Proposal(tree=TreeDraft(root, root, torch.ones(batch, dtype=torch.long, device=device)),
+                            width=self.vocab.width, size=0)
         logits = self.read()[:, None]  # [B, 1, V_d] after each request's last emitted token: the root's children
         tokens = [torch.zeros(batch, dtype=torch.long, device=device)]
         parents = [torch.zeros(batch, dtype=torch.long, device=device)]
@@ -132,7 +153,8 @@ class TreeDrafter(DrafterProposer):
         visible = shape.visible[:, 1:, 1:] & alive[:, None, :] & alive[:, :, None]
         visible |= torch.eye(visible.shape[1], dtype=torch.bool, device=visible.device)
         fed = torch.where(alive, self.vocab.drafter_ids(tokens[:, 1:]), 0)
-        logits = self.state.append_tree(fed, alive, shape.depth[:, 1:] - 1, visible)
+        depth = torch.where(alive, shape.depth[:, 1:] - 1, 0)  # padding sees only itself, as the verifier's
+        logits = self.state.append_tree(fed, alive, depth, visible)
         self.state.discard(fed.shape[1])
         return logits[:, [n - 1 for n in frontier]]
 
@@ -167,30 +189,56 @@ class TreeDrafter(DrafterProposer):
                         q[b, new] = probs[old][b]
         draft = TreeDraft(out_tokens.to(device), out_parents.to(device), torch.tensor(counts, device=device), q,
                           self.replacement)
+        self.tree = ([t for t, _, _ in kept], [p for _, p, _ in kept])
         return Proposal(tree=draft, width=self.vocab.width, size=size - 1)
 
     def accept(self, result: StepResult) -> None:
         # The tree's nodes left the drafter's cache: it reads the accepted path and the emitted token.
         self.pending = [p + self.vocab.to_drafter(e) for p, e in zip(self.pending, result.emitted)]
+        if self.chooser is not None:
+            paths = [] if self.tree is None else [_path(t, p, e, n) for t, p, e, n in
+                                                  zip(*self.tree, result.emitted, result.accepted)]
+            self.chooser.observe(self.shape if self.k else (), result.target_seconds, result.drafter_seconds,
+                                 result.outside_seconds, paths)
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        if self.tree is not None:
+            keep = rows.tolist()
+            self.tree = tuple([part[r] for r in keep] for part in self.tree)
+
+
+def _path(tokens: list[int], parents: list[int], emitted: list[int], accepted: int) -> list[tuple[int, int]]:
+    """The nodes the verification walked, as (children, rank of the accepted child or 0): the root, then
+    each accepted draft (for i.i.d. siblings, the first child with the emitted token)."""
+    children: dict[int, list[int]] = {}
+    for n in range(1, len(tokens)):
+        children.setdefault(parents[n], []).append(n)
+    path, node = [], 0
+    for i in range(accepted + 1):
+        kids = children.get(node, [])
+        rank = 0
+        if i < accepted:
+            rank = next(j for j, c in enumerate(kids, 1) if tokens[c] == emitted[i])
+        path.append((len(kids), rank))
+        if not rank:
+            break
+        node = kids[rank - 1]
+    return path
 
 
 class BranchingDrafter(TreeDrafter):
     """rsd-c (siblings without replacement) and specinfer (i.i.d. siblings): b_l children per node."""
 
     def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]], replacement: bool):
-        super().__init__(setup, vocab, prompts)
-        setting = setup.num_draft_tokens
-        self.branching = DEFAULT_BRANCHING if setting == "auto" else tuple(setting)
+        super().__init__(setup, vocab, prompts, INITIAL_BRANCHING)
         self.replacement = replacement
-
-    def depth(self) -> int:
-        return len(self.branching)
 
     def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
         """branching[level] children for each parent, each parent drawing from its own stream (`beam_seeds`:
         the request's seed moved by the parent's place in the level) at offset (step, level, child)."""
         batch, parents, width = logits.shape
-        count = self.branching[level]
+        count = min(self.shape[level], width)  # no more distinct children than tokens
         seeds = beam_seeds(self.seeds, parents).reshape(-1)
         p = self.params
         flat = logits.reshape(-1, width)
@@ -206,16 +254,13 @@ class BranchingDrafter(TreeDrafter):
 
 
 class BeamDrafter(TreeDrafter):
-    """rsd-s: W beams per level by Stochastic Beam Search."""
+    """rsd-s: W beams per level by Stochastic Beam Search; shapes are (W, L)."""
+
+    beams = True
 
     def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]]):
-        super().__init__(setup, vocab, prompts)
-        setting = setup.num_draft_tokens
-        self.beams, self.levels = DEFAULT_BEAMS if setting == "auto" else setting
+        super().__init__(setup, vocab, prompts, INITIAL_BEAMS)
         self.log_probs = self.scores = None
-
-    def depth(self) -> int:
-        return self.levels
 
     def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
         batch, parents, _ = logits.shape
@@ -224,7 +269,7 @@ class BeamDrafter(TreeDrafter):
             self.scores = logits.new_zeros(batch, 1, dtype=torch.float32)
         p = self.params
         slot, tokens, self.log_probs, self.scores, q = ops.stochastic_beam_step(
-            logits, self.log_probs, self.scores, self.beams, temperature=p.temperature, top_k=p.top_k,
+            logits, self.log_probs, self.scores, min(self.shape[0], logits.shape[-1]), temperature=p.temperature, top_k=p.top_k,
             top_p=p.top_p, seed=self.seeds, offset=draft_offset(step, level << _CHILD_BITS), validate=False)
         return Level(tokens, slot, None if p.greedy else q)
 
