@@ -36,9 +36,18 @@ void beam_children(const float* logit, int64_t vocab, int64_t k, Beam beam, floa
                    int64_t seed, uint64_t offset, int64_t row, int64_t* tokens, float* scores, float* log_probs,
                    float* probs, std::vector<float>& weights, std::vector<float>& scratch,
                    std::vector<int64_t>& order) {
-  double mass = 0.0;
+  std::vector<double> sums;
   const bool greedy = sample_row("stochastic_beam_step", logit, vocab, k, t, top_k, top_p, seed, offset, row, tokens,
-                                 probs, weights, scratch, order, &mass);
+                                 probs, weights, scratch, order, &sums);
+  // The mass left before draw i, without cancellation (one token may hold nearly all of q): what no draw
+  // took (the chunk sums after the draws), plus the q of draws i.. (all terms >= 0).
+  double rest = std::accumulate(sums.begin(), sums.end(), 0.0);
+  std::vector<double> left(static_cast<size_t>(k), 0.0);  // left[i]: the mass before draw i
+  if (!greedy) {
+    int64_t drawn = 0;
+    while (drawn < k && tokens[drawn] >= 0) ++drawn;
+    for (int64_t i = drawn - 1; i >= 0; --i) rest = left[i] = rest + probs[tokens[i]];
+  }
   double log_z = 0.0;
   float row_max = 0.0f;
   if (greedy) {  // deterministic beam search: phi + log_softmax(logits)
@@ -58,9 +67,8 @@ void beam_children(const float* logit, int64_t vocab, int64_t k, Beam beam, floa
       score = log_prob;
     } else if (i > 0) {
       const double noise = -std::log(-std::log(uniform(seed, offset, i, kStreamBeam)));
-      score = truncated_gumbel(beam.phi + std::log(mass) + noise, score);
+      score = truncated_gumbel(beam.phi + std::log(left[i]) + noise, score);
     }
-    mass -= probs[token];
     scores[i] = static_cast<float>(score);
     log_probs[i] = static_cast<float>(log_prob);
   }
@@ -98,7 +106,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stochasti
 
   auto long_opts = seed.options().dtype(at::kLong);
   auto float_opts = x.options();
-  auto probs = at::zeros({batch, beams, vocab}, float_opts);
+  // Live rows are written whole by the row sampler; only dead beams' rows are zeroed (a fresh zeroed
+  // [B, W, V] would be one more pass over memory the op is bound by).
+  auto probs = at::empty({batch, beams, vocab}, float_opts);
   // Every beam's draws, scores and log-probabilities, [B, W, K].
   std::vector<int64_t> draws(static_cast<size_t>(batch * beams * k), -1);
   std::vector<float> draw_scores(draws.size(), -kInf), draw_log_probs(draws.size(), -kInf);
@@ -109,7 +119,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stochasti
     std::vector<int64_t> order;
     for (int64_t r = begin; r < end; ++r) {
       const Beam beam{phi[r], beam_score[r]};
-      if (!beam.live()) continue;
+      if (!beam.live()) {
+        std::fill(prob_p + r * vocab, prob_p + (r + 1) * vocab, 0.0f);
+        continue;
+      }
       const int64_t b = r / beams, w = r % beams;
       const auto beam_seed = static_cast<int64_t>(static_cast<uint64_t>(sampling.seed[b]) +
                                                   static_cast<uint64_t>(w) * kBeamStride);

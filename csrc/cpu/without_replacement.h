@@ -18,12 +18,13 @@ namespace specops {
 namespace {
 
 // Draws num_samples tokens (-1 past q's support) and writes q into probs. Returns whether the row is
-// greedy (T == 0, or logits / T overflowing float32); `op` names the caller in errors. A sampled row's
-// float64 sum of q goes to *mass when mass is not null.
+// greedy (T == 0, or logits / T overflowing float32); `op` names the caller in errors. For a sampled row,
+// `weights` ends as q with the drawn tokens zeroed and, when chunk_sums is not null, *chunk_sums as the
+// per-chunk float64 sums of q after the draws.
 bool sample_row(const char* op, const float* logit, int64_t vocab, int64_t num_samples, float t, int64_t top_k,
                 float top_p, int64_t seed, uint64_t offset, int64_t row, int64_t* tokens, float* probs,
                 std::vector<float>& weights, std::vector<float>& scratch, std::vector<int64_t>& order,
-                double* mass = nullptr) {
+                std::vector<double>* chunk_sums = nullptr) {
   bool bad = false;
   const float row_max = passes().scan_row(logit, vocab, &bad);
   TORCH_CHECK_VALUE(!bad, op, ": logits[", row, "] contains NaN or +inf");
@@ -57,7 +58,6 @@ bool sample_row(const char* op, const float* logit, int64_t vocab, int64_t num_s
     sums[c] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m, inv_z, thr,
                                     probs + begin);
   }
-  if (mass != nullptr) *mass = std::accumulate(sums.begin(), sums.end(), 0.0);
   weights.assign(probs, probs + vocab);
   int64_t left = 0;  // tokens with q > 0 not yet drawn
   for (int64_t c = 0; c < num_chunks && left < num_samples; ++c) {
@@ -68,9 +68,13 @@ bool sample_row(const char* op, const float* logit, int64_t vocab, int64_t num_s
     const int64_t token = inverse_cdf(weights.data(), sums, vocab,
                                       uniform(seed, offset, i, kStreamWithoutReplacement));
     tokens[i] = token;
-    sums[token / kChunk] -= weights[token];
     weights[token] = 0.0f;
+    // Re-summed rather than decremented: a drawn token may hold nearly all of its chunk's mass, and the
+    // difference would keep only round-off of what is left.
+    const int64_t chunk = token / kChunk, begin = chunk * kChunk, end = std::min(vocab, begin + kChunk);
+    sums[chunk] = std::accumulate(weights.begin() + begin, weights.begin() + end, 0.0);
   }
+  if (chunk_sums != nullptr) *chunk_sums = std::move(sums);
   return false;
 }
 

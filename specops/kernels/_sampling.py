@@ -20,11 +20,12 @@ _PHILOX_W0: tl.constexpr = tl.constexpr(0x9E3779B9)
 _PHILOX_W1: tl.constexpr = tl.constexpr(0xBB67AE85)
 # Random streams, part of the counter, so draws at one offset never overlap: chain_verify's (and
 # tree_verify's) acceptance test and emitted token, vocab_project's draft, sample_without_replacement's
-# draws.
+# draws, stochastic_beam_step's Gumbels.
 _STREAM_ACCEPT: tl.constexpr = tl.constexpr(0)
 _STREAM_SAMPLE: tl.constexpr = tl.constexpr(1)
 _STREAM_DRAFT: tl.constexpr = tl.constexpr(2)
 _STREAM_WITHOUT_REPLACEMENT: tl.constexpr = tl.constexpr(3)
+_STREAM_BEAM: tl.constexpr = tl.constexpr(4)
 # The smallest int32: every ordered float key is >= it, so it is the "keep everything" threshold.
 _KEEP_ALL: tl.constexpr = tl.constexpr(-(2**31))
 

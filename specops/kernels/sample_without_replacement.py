@@ -1,7 +1,9 @@
 """Triton kernels for `specops::sample_without_replacement`: num_samples distinct tokens per row, in draw
 order, from q = softmax of the filtered logits (the siblings of an RSD-C draft tree, paper 003), and q.
 
-Four launches, none of which holds a whole vocabulary row in one program:
+Four launches (`sample_rows`, shared with stochastic_beam_step.py), none of which holds a whole vocabulary
+row in one program. A row whose state enters as _EMPTY (a dead beam of stochastic_beam_step) is not read by
+any of them: its probs row is 0 and its draws -1.
 
 1. `_tile_stats_kernel`, grid (N, n_tiles): per tile the maximum of x = logits / T (T = 1 for greedy
    rows) and sum(exp(x - that maximum)), and the raw logits' maximum with its first index.
@@ -14,8 +16,9 @@ Four launches, none of which holds a whole vocabulary row in one program:
 4. `_draw_kernel`, grid (N,): the draws in order. Draw i is the inverse CDF of the weights left,
    first over the tile masses, then inside the chosen tile, at target u_i * sum(masses),
    u_i = uniform(seed, offset, i, STREAM_WITHOUT_REPLACEMENT); the drawn weight is then zeroed and its
-   tile's mass re-summed. Draws once no mass is left are -1. Greedy rows take, num_samples times, the
-   largest (logit, -index) below the previous pick, tile by tile, stopping at -inf.
+   tile's mass re-summed. Draws once no mass is left are -1. The mass left before each draw, sum(masses),
+   is kept for stochastic_beam_step's scores. Greedy rows take, num_samples times, the largest
+   (logit, -index) below the previous pick, tile by tile, stopping at -inf.
 
 The random numbers are Philox4x32-10 as in `specops.reference`, so the tokens equal the reference's
 for the same seeds up to float ties.
@@ -27,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specops.kernels._sampling import (_GREEDY, _SAMPLED, _STREAM_WITHOUT_REPLACEMENT, _inverse_cdf_index,
+from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_WITHOUT_REPLACEMENT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _row_tile_stats, _scaled_tile,
                                        _uniform, offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
 
@@ -37,59 +40,66 @@ _SMALLEST_NORMAL_LOG: tl.constexpr = tl.constexpr(-87.33654475)  # log(2**-126)
 
 
 @triton.jit
-def _tile_stats_kernel(logits_ptr, temperature_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr,
-                       stride_ln, V, n_tiles, BLOCK_V: tl.constexpr):
+def _tile_stats_kernel(logits_ptr, temperature_ptr, row_state_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
+                       tile_arg_ptr, stride_ln, V, n_tiles, BLOCK_V: tl.constexpr):
     """Per tile of row n: m_t = max x, s_t = sum exp(x - m_t), x = logits / T (online softmax, Milakov &
     Gimelshein 2018), and the raw logits' maximum with its first index."""
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    _row_tile_stats(logits_ptr + row * stride_ln, tl.load(temperature_ptr + row), tile, row * n_tiles + tile,
-                    tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, V, BLOCK_V)
+    if tl.load(row_state_ptr + row) != _EMPTY:
+        _row_tile_stats(logits_ptr + row * stride_ln, tl.load(temperature_ptr + row), tile, row * n_tiles + tile,
+                        tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, V, BLOCK_V)
 
 
 @triton.jit
 def _row_kernel(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr,
                 tile_arg_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, row_best_ptr,
                 stride_ln, V, n_tiles, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Row n's maximum, normalizer, top-k / top-p cut, state and first argmax (`_row_state`)."""
+    """Row n's maximum, normalizer, top-k / top-p cut, state and first argmax (`_row_state`); a row that
+    enters _EMPTY stays so, with nothing else written."""
     row = tl.program_id(0).to(tl.int64)
-    tiles = tl.arange(0, BLOCK_T)
-    temperature = tl.load(temperature_ptr + row)
-    row_max, z, cut, state, best = _row_state(
-        logits_ptr + row * stride_ln, temperature, temperature, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row),
-        tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, row * n_tiles + tiles, tiles < n_tiles, V, n_tiles,
-        BLOCK_V)
-    tl.store(row_max_ptr + row, row_max)
-    tl.store(row_z_ptr + row, z)
-    tl.store(row_cut_ptr + row, cut)
-    tl.store(row_state_ptr + row, state)
-    tl.store(row_best_ptr + row, best)
+    if tl.load(row_state_ptr + row) != _EMPTY:
+        tiles = tl.arange(0, BLOCK_T)
+        temperature = tl.load(temperature_ptr + row)
+        row_max, z, cut, state, best = _row_state(
+            logits_ptr + row * stride_ln, temperature, temperature, tl.load(top_k_ptr + row),
+            tl.load(top_p_ptr + row), tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, row * n_tiles + tiles,
+            tiles < n_tiles, V, n_tiles, BLOCK_V)
+        tl.store(row_max_ptr + row, row_max)
+        tl.store(row_z_ptr + row, z)
+        tl.store(row_cut_ptr + row, cut)
+        tl.store(row_state_ptr + row, state)
+        tl.store(row_best_ptr + row, best)
 
 
 @triton.jit
 def _probs_kernel(logits_ptr, temperature_ptr, row_max_ptr, row_z_ptr, row_cut_ptr, row_state_ptr, row_best_ptr,
                   probs_ptr, weights_ptr, mass_ptr, stride_ln, V, n_tiles, BLOCK_V: tl.constexpr):
     """q of one tile, float32 like the reference's softmax: exp(x - m) / Z on the kept ids, 0 elsewhere;
-    one-hot on the first argmax for greedy rows, 0 for rows without a finite logit. Sampled rows also
-    get their weights scratch and the tile's float64 mass."""
+    one-hot on the first argmax for greedy rows, 0 for empty rows (no finite logit, or not to be read).
+    Sampled rows also get their weights scratch and the tile's float64 mass."""
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
     state = tl.load(row_state_ptr + row)
-    temperature = tl.load(temperature_ptr + row)
-    # Greedy rows never use x; T = 0 would only make NaNs there.
-    scale = tl.where(state == _SAMPLED, temperature, 1.0)
-    offs, in_row, x = _scaled_tile(logits_ptr + row * stride_ln, tile, scale, V, BLOCK_V)
-    keep = in_row & (_ordered_key(x) >= tl.load(row_cut_ptr + row))
-    shifted = x - tl.load(row_max_ptr + row)
-    # Weights below float32's smallest normal are 0, as the CPU kernel's exp gives them (the spec's rule).
-    keep = keep & (shifted >= _SMALLEST_NORMAL_LOG)
-    sampled = tl.where(keep, tl.math.div_rn(tl.exp(shifted), tl.load(row_z_ptr + row)), 0.0)
-    one_hot = tl.where(offs == tl.load(row_best_ptr + row), 1.0, 0.0)
-    q = tl.where(state == _SAMPLED, sampled, tl.where(state == _GREEDY, one_hot, 0.0))
-    tl.store(probs_ptr + row * V + offs, q, mask=in_row)
-    if state == _SAMPLED:
-        tl.store(weights_ptr + row * V + offs, q, mask=in_row)
-        tl.store(mass_ptr + row * n_tiles + tile, tl.sum(q.to(tl.float64), 0))
+    if state == _EMPTY:
+        offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+        tl.store(probs_ptr + row * V + offs, tl.zeros([BLOCK_V], tl.float32), mask=offs < V)
+    else:
+        temperature = tl.load(temperature_ptr + row)
+        # Greedy rows never use x; T = 0 would only make NaNs there.
+        scale = tl.where(state == _SAMPLED, temperature, 1.0)
+        offs, in_row, x = _scaled_tile(logits_ptr + row * stride_ln, tile, scale, V, BLOCK_V)
+        keep = in_row & (_ordered_key(x) >= tl.load(row_cut_ptr + row))
+        shifted = x - tl.load(row_max_ptr + row)
+        # Weights below float32's smallest normal are 0, as the CPU kernel's exp gives them (the spec's rule).
+        keep = keep & (shifted >= _SMALLEST_NORMAL_LOG)
+        sampled = tl.where(keep, tl.math.div_rn(tl.exp(shifted), tl.load(row_z_ptr + row)), 0.0)
+        one_hot = tl.where(offs == tl.load(row_best_ptr + row), 1.0, 0.0)
+        q = tl.where(state == _SAMPLED, sampled, one_hot)
+        tl.store(probs_ptr + row * V + offs, q, mask=in_row)
+        if state == _SAMPLED:
+            tl.store(weights_ptr + row * V + offs, q, mask=in_row)
+            tl.store(mass_ptr + row * n_tiles + tile, tl.sum(q.to(tl.float64), 0))
 
 
 @triton.jit
@@ -115,11 +125,12 @@ def _greedy_pick(row_ptr, prev_value, prev_index, V, n_tiles, BLOCK_V: tl.conste
 
 
 @triton.jit(do_not_specialize=["num_samples", "offset_lo", "offset_hi"])
-def _draw_kernel(logits_ptr, seed_ptr, row_state_ptr, weights_ptr, mass_ptr, tokens_ptr, stride_ln, V, n_tiles,
-                 num_samples, offset_lo, offset_hi, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
+def _draw_kernel(logits_ptr, seed_ptr, row_state_ptr, weights_ptr, mass_ptr, tokens_ptr, left_ptr, stride_ln, V,
+                 n_tiles, num_samples, offset_lo, offset_hi, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr):
     """Row n's draws in order: sequential sampling without replacement, each draw the first index whose
     float64 running sum of the weights left exceeds u_i * sum(weights left), the last index with weight
-    if round-off leaves none; greedy rows: the num_samples largest logits, ties to the lower index."""
+    if round-off leaves none; greedy rows: the num_samples largest logits, ties to the lower index.
+    Sampled rows also record sum(weights left) before each draw in `left`."""
     row = tl.program_id(0).to(tl.int64)
     state = tl.load(row_state_ptr + row)
     tokens_row_ptr = tokens_ptr + row * num_samples
@@ -132,6 +143,9 @@ def _draw_kernel(logits_ptr, seed_ptr, row_state_ptr, weights_ptr, mass_ptr, tok
         for i in range(0, num_samples):
             i64 = tl.cast(i, tl.int64)  # the interpreter's loop index is a Python int
             total = tl.sum(mass, 0)
+            # Re-summed, so relative to what is left: m_total - sum(q drawn) would cancel once the first
+            # draws hold nearly all the mass.
+            tl.store(left_ptr + row * num_samples + i64, total)
             token = tl.full([], -1, tl.int64)
             # Masses are re-summed from the weights, so a tile whose weights are all zero has mass
             # exactly 0: no mass left means q's support is drawn (the reference stops there), and a
@@ -167,6 +181,50 @@ def _draw_kernel(logits_ptr, seed_ptr, row_state_ptr, weights_ptr, mass_ptr, tok
             tl.store(tokens_row_ptr + i, tl.full([], -1, tl.int64))
 
 
+def sample_rows(logits: torch.Tensor, num_samples: int, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, seed: torch.Tensor, offset: int, tiling: tuple[int, int, int, int],
+                live: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """The four launches on contiguous rows: logits [N, V], temperature, top_k, top_p, seed [N], `tiling` from
+    `vocab_tiling`. Rows where `live` [N] bool is false are not read (probs 0, draws -1). Returns tokens
+    [N, num_samples] int64, probs [N, V] float32, the row states [N] int32 (_SAMPLED, _GREEDY, _EMPTY) and,
+    for sampled rows, the float64 mass of q left before each draw [N, num_samples] (unset elsewhere)."""
+    rows, vocab = logits.shape
+    device = logits.device
+    tokens = torch.empty((rows, num_samples), dtype=torch.int64, device=device)
+    probs = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+    left = torch.empty((rows, num_samples), dtype=torch.float64, device=device)
+    row_max, row_z, row_cut, row_state = row_state_buffers(rows, device)
+    if rows == 0:
+        return tokens, probs, row_state, left
+    block_v, n_tiles, block_t, num_warps = tiling
+
+    # In: _EMPTY marks the rows not to read; out: every row's state, set by _row_kernel.
+    if live is None:
+        row_state.fill_(_SAMPLED.value)
+    else:
+        row_state.copy_(torch.where(live, _SAMPLED.value, _EMPTY.value))
+    tile_max, tile_sum, tile_raw, tile_arg = tile_stat_buffers(rows, n_tiles, device)
+    row_best = torch.empty((rows,), dtype=torch.int32, device=device)
+    weights = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+    mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
+    stride_ln = logits.stride(0)
+    offset_lo, offset_hi = offset_words(offset)
+
+    _tile_stats_kernel[(rows, n_tiles)](
+        logits, temperature, row_state, tile_max, tile_sum, tile_raw, tile_arg, stride_ln, vocab, n_tiles,
+        BLOCK_V=block_v, num_warps=num_warps)
+    _row_kernel[(rows,)](
+        logits, temperature, top_k, top_p, tile_max, tile_sum, tile_raw, tile_arg, row_max, row_z, row_cut,
+        row_state, row_best, stride_ln, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    _probs_kernel[(rows, n_tiles)](
+        logits, temperature, row_max, row_z, row_cut, row_state, row_best, probs, weights, mass,
+        stride_ln, vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
+    _draw_kernel[(rows,)](
+        logits, seed, row_state, weights, mass, tokens, left, stride_ln, vocab, n_tiles, num_samples,
+        offset_lo, offset_hi, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    return tokens, probs, row_state, left
+
+
 def sample_without_replacement_triton(logits: torch.Tensor, num_samples: int, temperature: torch.Tensor,
                                       top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor, offset: int,
                                       validate: bool = True,
@@ -178,34 +236,8 @@ def sample_without_replacement_triton(logits: torch.Tensor, num_samples: int, te
     vocabulary tile (a power of two), for tests of the multi-tile paths."""
     # The op is reachable directly, not only through the wrapper that makes inputs contiguous.
     logits, temperature, top_k, top_p, seed = (t.contiguous() for t in (logits, temperature, top_k, top_p, seed))
-    rows, vocab = logits.shape
-    device = logits.device
-    tokens = torch.empty((rows, num_samples), dtype=torch.int64, device=device)
-    probs = torch.empty((rows, vocab), dtype=torch.float32, device=device)
-    if rows == 0:
-        return tokens, probs
-    block_v, n_tiles, block_t, num_warps = vocab_tiling("sample_without_replacement", vocab, block_v)
-
-    tile_max, tile_sum, tile_raw, tile_arg = tile_stat_buffers(rows, n_tiles, device)
-    row_max, row_z, row_cut, row_state = row_state_buffers(rows, device)
-    row_best = torch.empty((rows,), dtype=torch.int32, device=device)
-    weights = torch.empty((rows, vocab), dtype=torch.float32, device=device)
-    mass = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
-    stride_ln = logits.stride(0)
-    offset_lo, offset_hi = offset_words(offset)
-
-    _tile_stats_kernel[(rows, n_tiles)](
-        logits, temperature, tile_max, tile_sum, tile_raw, tile_arg, stride_ln, vocab, n_tiles,
-        BLOCK_V=block_v, num_warps=num_warps)
-    _row_kernel[(rows,)](
-        logits, temperature, top_k, top_p, tile_max, tile_sum, tile_raw, tile_arg, row_max, row_z, row_cut,
-        row_state, row_best, stride_ln, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
-    _probs_kernel[(rows, n_tiles)](
-        logits, temperature, row_max, row_z, row_cut, row_state, row_best, probs, weights, mass,
-        stride_ln, vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
-    _draw_kernel[(rows,)](
-        logits, seed, row_state, weights, mass, tokens, stride_ln, vocab, n_tiles, num_samples,
-        offset_lo, offset_hi, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+    tiling = vocab_tiling("sample_without_replacement", logits.shape[1], block_v)
+    tokens, probs, _, _ = sample_rows(logits, num_samples, temperature, top_k, top_p, seed, offset, tiling)
     return tokens, probs
 
 
