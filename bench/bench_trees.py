@@ -1,20 +1,25 @@
 """Block efficiency of draft trees against chains: tokens per target call (and tokens per second) of
-specops `sd` (a chain of K drafts), `specinfer` (a tree with i.i.d. siblings) and `rsd-c` (the same
-tree, siblings without replacement), with the same drafter, prompts and settings (paper 003 Figures 4
-and 5).
+specops `sd` (a chain of K drafts; `tli` for a drafter with another vocabulary), `specinfer` (a tree with
+i.i.d. siblings), `rsd-c` (the same tree, siblings without replacement) and `rsd-s` (W beams of
+Stochastic Beam Search), with the same drafter, prompts and settings (paper 003 Figures 4 and 5).
 
     python bench/bench_trees.py [--prompts 6] [--new-tokens 64] [--drafter self:15] [--temperatures 1,0.3]
                                 [--study depth,budget] [--depths 2,3,4,5] [--budgets 6,10,14,21,30]
-                                [--threads 2] [--csv PATH] [--plot PATH]
+                                [--methods sd,specinfer,rsd-c,rsd-s] [--beams 3] [--threads 2] [--csv PATH]
+                                [--plot PATH]
 
 Target Gemma-3-270M (float32, embedded), HumanEval/0.. prompts decoded one at a time, sampling at each
-temperature (top-k 0, top-p 1), the same seed for every configuration. Two studies:
+temperature (top-k 0, top-p 1), the same seed for every configuration. The drafter is `self:N` or
+SmolLM2-135M (`--drafter smollm2-135m`: another vocabulary, drafted through the intersection of both). Two
+studies:
 
-- depth: draft depth L = 2..5. sd with K = L; trees (2, 2, 1, ..., 1) of depth L (two children at the
-  first two levels, then one: 6, 10, 14, 18 nodes).
+- depth: draft depth L = 2..5. sd with K = L; rsd-c and specinfer trees (2, 2, 1, ..., 1) of depth L (two
+  children at the first two levels, then one: 6, 10, 14, 18 nodes); rsd-s with W = 3 beams (6, 9, 12, 15;
+  --beams sets W).
 - budget: trees of about B draft nodes per target call, B in {6, 10, 14, 21, 30}: (2, 2), (2, 2, 1),
-  (2, 2, 2), (3, 2, 1, 1), (2, 2, 2, 2); sd with K = the tree's depth (the chain a budget of B could
-  afford is longer, but its acceptance falls off geometrically, so depth is the fair length).
+  (2, 2, 2), (3, 2, 1, 1), (2, 2, 2, 2); rsd-s (3, 2), (5, 2), (7, 2), (7, 3), (10, 3); sd with K = the
+  rsd-c tree's depth (the chain a budget of B could afford is longer, but its acceptance falls off
+  geometrically, so depth is the fair length).
 
 Tokens per target call counts every new token (accepted drafts and the target's own) over target
 forwards, the prefill included. On a CPU, tok/s is what a user gets here; on a GPU, where a forward of
@@ -33,26 +38,36 @@ import torch
 
 DEPTH_SHAPES = {2: (2, 2), 3: (2, 2, 1), 4: (2, 2, 1, 1), 5: (2, 2, 1, 1, 1)}
 BUDGET_SHAPES = {6: (2, 2), 10: (2, 2, 1), 14: (2, 2, 2), 21: (3, 2, 1, 1), 30: (2, 2, 2, 2)}
-METHODS = ("sd", "specinfer", "rsd-c")
+DEPTH_BEAMS = {d: (3, d) for d in DEPTH_SHAPES}  # rsd-s (W, L)
+BUDGET_BEAMS = {6: (3, 2), 10: (5, 2), 14: (7, 2), 21: (7, 3), 30: (10, 3)}
+METHODS = ("sd", "specinfer", "rsd-c", "rsd-s")
 
 
-def nodes(shape: tuple[int, ...]) -> int:
+def nodes(method: str, setting) -> int:
+    """Draft tokens per request a step carries."""
+    if method == "sd":
+        return setting
+    if method == "rsd-s":
+        return setting[0] * setting[1]
     total, width = 0, 1
-    for b in shape:
+    for b in setting:
         width *= b
         total += width
     return total
 
 
-def cases(studies: list[str], depths: list[int], budgets: list[int]) -> list[tuple[str, int, str, object]]:
+def cases(studies: list[str], depths: list[int], budgets: list[int],
+          methods: list[str]) -> list[tuple[str, int, str, object]]:
     """(study, x, method, num_draft_tokens)."""
     out = []
     for study in studies:
-        shapes = ({d: DEPTH_SHAPES[d] for d in depths} if study == "depth" else
-                  {b: BUDGET_SHAPES[b] for b in budgets})
-        for x, shape in shapes.items():
-            for method in METHODS:
-                out.append((study, x, method, len(shape) if method == "sd" else shape))
+        xs = depths if study == "depth" else budgets
+        for x in xs:
+            shape = DEPTH_SHAPES[x] if study == "depth" else BUDGET_SHAPES[x]
+            beams = DEPTH_BEAMS[x] if study == "depth" else BUDGET_BEAMS[x]
+            for method in methods:
+                out.append((study, x, method, len(shape) if method == "sd" else beams if method == "rsd-s"
+                            else shape))
     return out
 
 
@@ -66,6 +81,8 @@ def main() -> int:
     parser.add_argument("--study", default="depth,budget")
     parser.add_argument("--depths", default="2,3,4,5", help=f"of {sorted(DEPTH_SHAPES)}")
     parser.add_argument("--budgets", default="6,10,14,21,30", help=f"of {sorted(BUDGET_SHAPES)}")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--beams", type=int, default=3, help="rsd-s beams W in the depth study")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--csv", default="bench/results/trees_cpu.csv")
@@ -83,23 +100,33 @@ def main() -> int:
     rows = []
     depths = [int(d) for d in args.depths.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
-    todo = [(t, *c) for t in temperatures for c in cases(studies, depths, budgets)]
+    methods = [m for m in args.methods.split(",") if m]
+    DEPTH_BEAMS.update({d: (args.beams, d) for d in DEPTH_SHAPES})
+    todo = [(t, *c) for t in temperatures for c in cases(studies, depths, budgets, methods)]
+    drafter = args.drafter
+    other_vocabulary = not drafter.startswith("self:")
+    if other_vocabulary:
+        drafter = specops.models.load(drafter)  # (model, tokenizer)
     for i, (temperature, study, x, method, setting) in enumerate(todo):
-        kwargs = dict(target=model, tokenizer=tokenizer, method=method, drafter=args.drafter,
-                      num_draft_tokens=setting, temperature=temperature, max_new_tokens=args.new_tokens)
-        specops.decode(prompts[0], seed=args.seed, **kwargs)  # warm-up (tree probe, caches)
+        kwargs = dict(target=model, tokenizer=tokenizer, num_draft_tokens=setting, temperature=temperature,
+                      method="tli" if method == "sd" and other_vocabulary else method)
+        if other_vocabulary:
+            kwargs.update(drafter=drafter[0], drafter_tokenizer=drafter[1])
+        else:
+            kwargs.update(drafter=drafter)
+        specops.decode(prompts[0], seed=args.seed, max_new_tokens=4, **kwargs)  # warm-up (tree probe, caches)
         tokens = calls = accepted = drafted = 0
         seconds = 0.0
         for p, prompt in enumerate(prompts):
             start = time.perf_counter()
-            result = specops.decode(prompt, seed=args.seed + p, **kwargs)
+            result = specops.decode(prompt, seed=args.seed + p, max_new_tokens=args.new_tokens, **kwargs)
             seconds += time.perf_counter() - start
             tokens += result.stats.new_tokens
             calls += result.stats.target_calls
             accepted += result.stats.accepted
             drafted += result.stats.drafted
         row = dict(temperature=temperature, study=study, x=x, method=method, setting=str(setting),
-                   nodes=setting if method == "sd" else nodes(setting), tokens=tokens, target_calls=calls,
+                   nodes=nodes(method, setting), tokens=tokens, target_calls=calls,
                    tokens_per_call=tokens / calls, tok_s=tokens / seconds, accepted=accepted, drafted=drafted)
         rows.append(row)
         print(f"[{i + 1}/{len(todo)}] T={temperature} {study} {x} {method} {setting}: "
@@ -137,7 +164,7 @@ def plot(rows, temperatures, studies, path, drafter):
     for i, temperature in enumerate(temperatures):
         for j, study in enumerate(studies):
             ax = axes[i][j]
-            for method in METHODS:
+            for method in sorted({r["method"] for r in rows}, key=METHODS.index):
                 points = [(r["x"], r["tokens_per_call"]) for r in rows
                           if r["temperature"] == temperature and r["study"] == study and r["method"] == method]
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)

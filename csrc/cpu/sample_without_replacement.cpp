@@ -39,9 +39,9 @@ std::tuple<at::Tensor, at::Tensor> sample_without_replacement_cpu(const at::Tens
     std::vector<float> weights, scratch;
     std::vector<int64_t> order;
     for (int64_t r = begin; r < end; ++r) {
-      sample_row("sample_without_replacement", x_p + r * vocab, vocab, num_samples, sampling.temperature[r], sampling.top_k[r], sampling.top_p[r],
-                 sampling.seed[r], static_cast<uint64_t>(offset), r, tok_p + r * num_samples,
-                 prob_p + r * vocab, weights, scratch, order);
+      sample_row("sample_without_replacement", x_p + r * vocab, vocab, num_samples, sampling.temperature[r],
+                 sampling.top_k[r], sampling.top_p[r], sampling.seed[r], static_cast<uint64_t>(offset), r,
+                 tok_p + r * num_samples, prob_p + r * vocab, weights, scratch, order);
     }
   });
   return {tokens, probs};

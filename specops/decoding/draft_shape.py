@@ -11,10 +11,10 @@ life of the process, so later decode calls start from what earlier ones measured
 Acceptance: drafts are a deterministic function of the context, so every step's full k_max x w_max draft
 list is kept and, once the tokens that followed are known, scored for every (k, w) at once: a(k, w) =
 min(w, longest prefix any of the first k rows shares with what was emitted). For greedy decoding this
-is exact. When sampling, only one row is verified and the choice is made before the sample is drawn,
-so the best of k rows after the fact would overrate k > 1: there every k is scored as the first row
-(unbiased, since the emitted tokens follow the target), and wider trees earn nothing. The score needs
-no probing and keeps learning during plain steps. Scores are kept per source of the first row: the length
+is exact. When sampling it is unbiased: `tree_verify` with one-hot q accepts a node's child exactly when
+the token the target emits there is that child (a rejected child leaves the residual with no mass on
+it), so a tree accepts the longest prefix of the emitted tokens it holds, and the emitted tokens follow
+the target whatever the tree was. The score needs no probing and keeps learning during plain steps. Scores are kept per source of the first row: the length
 of its context match, or 0 when it came from the model bigram.
 """
 
@@ -60,12 +60,10 @@ def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
 class DraftShape:
     """Chooses (k, w) each step: fixed, or "auto" (module docstring). (0, 0) is plain decoding."""
 
-    def __init__(self, setting, model, device, greedy: bool = True, k_max: int = 8, w_max: int = 8,
-                 sources: int = 8):
+    def __init__(self, setting, model, device, k_max: int = 8, w_max: int = 8, sources: int = 8):
         self.fixed = self.check(setting)
         self.k_max, self.w_max = self.fixed or (k_max, w_max)
         self.cost = _cost_curve(model, device)
-        self.greedy = greedy
         self.sources = sources
         self.accepted = torch.zeros(sources, self.k_max, self.w_max, dtype=torch.float64)
         self.weight = torch.zeros(sources, dtype=torch.float64)
@@ -141,10 +139,7 @@ class DraftShape:
             truth[i, :len(seen)] = torch.tensor(seen, dtype=torch.int64)
         rows = torch.stack([entry[3] for entry in ready])  # [E, k_max, w_max]
         shared = (rows == truth[:, None, :]).long().cumprod(-1).sum(-1)  # [E, k_max]
-        if self.greedy:
-            best = shared.cummax(1).values  # longest over the first k rows
-        else:
-            best = shared[:, :1].expand_as(shared)
+        best = shared.cummax(1).values  # longest over the first k rows
         width = torch.arange(1, self.w_max + 1)
         accepted = torch.minimum(best[:, :, None], width[None, None, :]).double()  # [E, k_max, w_max]
         for i, (_, _, source, _) in enumerate(ready):

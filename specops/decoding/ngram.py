@@ -133,7 +133,7 @@ def _check(options: dict) -> None:
 
 def _make(setup: Setup) -> Proposer:
     model = setup.target.model
-    shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, greedy=setup.params.greedy)
+    shape = DraftShape(setup.num_draft_tokens, model, setup.target.device)
     bigram = unigram = None  # built (once per model) before the clock starts
     if setup.options["tables"] == "bigram":
         bigram = model_ngrams.bigram(model, setup.tokenizer, top=max(8, shape.k_max))

@@ -268,9 +268,10 @@ class BeamDrafter(TreeDrafter):
             self.log_probs = logits.new_zeros(batch, 1, dtype=torch.float32)
             self.scores = logits.new_zeros(batch, 1, dtype=torch.float32)
         p = self.params
+        width = min(self.shape[0], logits.shape[-1])  # no more distinct children than tokens
         slot, tokens, self.log_probs, self.scores, q = ops.stochastic_beam_step(
-            logits, self.log_probs, self.scores, min(self.shape[0], logits.shape[-1]), temperature=p.temperature, top_k=p.top_k,
-            top_p=p.top_p, seed=self.seeds, offset=draft_offset(step, level << _CHILD_BITS), validate=False)
+            logits, self.log_probs, self.scores, width, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+            seed=self.seeds, offset=draft_offset(step, level << _CHILD_BITS), validate=False)
         return Level(tokens, slot, None if p.greedy else q)
 
 
