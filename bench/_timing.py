@@ -132,6 +132,25 @@ def median_time(fn: Callable[[], object], *, warmup: int = 3, min_runs: int = 20
     return statistics.median(times), len(times)
 
 
+def time_provider(row: dict, fn: Callable[[], object] | None, *, events: bool, params: dict, quick: bool,
+                  must_move: float = 0.0) -> None:
+    """Time one provider into its table row: median_us by CUDA events (events=True) or by wall-clock medians
+    with median_time(**params) (then runs too), and GB/s against the must_move bytes. fn None leaves the
+    row untimed; a provider that raises is reported in row["note"], not fatal."""
+    try:
+        if fn is None:
+            pass
+        elif events:
+            row["median_us"] = cuda_median_time(fn, rep_ms=30 if quick else 100) * 1e6
+        else:
+            seconds, row["runs"] = median_time(fn, **params)
+            row["median_us"] = seconds * 1e6
+    except Exception as error:  # noqa: BLE001 - a broken provider is reported, not fatal
+        row["note"] = f"failed: {type(error).__name__}: {error}"[:100]
+    if row.get("median_us") and must_move:
+        row["GB/s"] = must_move / row["median_us"] / 1e3
+
+
 def cuda_graph_of(fn):
     """`fn` captured once as a CUDA graph (after warm-up on a side stream); returns graph.replay."""
     stream = torch.cuda.Stream()

@@ -3,7 +3,7 @@ and settings, in one run.
 
     python bench/bench_e2e.py [--prompts 6] [--first 0] [--new-tokens 64] [--modes greedy,sample]
                               [--configs ar,sd,ngram,slem,tli,hf-generate,hf-assisted,hf-lookup,hf-uag]
-                              [--early-exit 6] [--fixed-k K] [--tree-shape 2,2] [--hetero-k K]
+                              [--early-exit 6] [--fixed-k K] [--tree-shape 2,2] [--beam-shape 3,2] [--hetero-k K]
                               [--hf-assistant-tokens N]
                               [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
                               [--no-batched] [--threads 2] [--csv PATH]
@@ -27,6 +27,8 @@ union; "all" adds it):
                      a draft tree of --tree-shape children per node and level (default 2,2), siblings drawn
                      without replacement, verified by recursive rejection sampling (not run by default)
   specops specinfer  [trees] the same tree with i.i.d. siblings (method "specinfer")
+  specops rsd-s      [trees] `specops.decode(method="rsd-s", drafter="self:N", num_draft_tokens=(W, L))`: W
+                     sequences of L tokens by Stochastic Beam Search (--beam-shape, default 3,2)
   hf prompt lookup   [hf-lookup] transformers prompt lookup decoding, `prompt_lookup_num_tokens=N`
                      (--hf-lookup-tokens, default 10 as in /work/shared/baselines/hf_baseline.py), with
                      transformers' default max_matching_ngram_size 2: the draft is what followed the
@@ -409,6 +411,9 @@ def configurations(args) -> list[Config]:
     for method in ("rsd-c", "specinfer"):
         configs.append(Config(f"specops {method} self:{n} ({shape})", "specops", "trees", assisted,
                               {**sd, "method": method, "num_draft_tokens": args.tree_shape}))
+    beams = ",".join(map(str, args.beam_shape))
+    configs.append(Config(f"specops rsd-s self:{n} ({beams})", "specops", "trees", assisted,
+                          {**sd, "method": "rsd-s", "num_draft_tokens": args.beam_shape}))
     configs += [Config("hf prompt lookup", "hf", "hf-lookup", None,
                        dict(prompt_lookup_num_tokens=args.hf_lookup_tokens)),
                 Config("specops ngram", "specops", "ngram", "hf prompt lookup", ngram)]
@@ -609,6 +614,8 @@ def main() -> None:
     parser.add_argument("--tree-shape", type=lambda text: tuple(int(b) for b in text.split(",")), default=(2, 2),
                         metavar="B1,B2,...", help="children per node at each level for specops rsd-c and specinfer "
                                                   "(configs trees)")
+    parser.add_argument("--beam-shape", type=_shape, default=(3, 2), metavar="W,L",
+                        help="beams W and levels L for specops rsd-s (configs trees)")
     parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
                         help="specops ngram_tables: model n-grams that fill rows the context does not")
     parser.add_argument("--no-batched", dest="batched", action="store_false",

@@ -40,16 +40,15 @@ from _timing import (
     add_speedup,
     bench_parser,
     cuda_graph_of,
-    cuda_median_time,
     find_row,
     import_specops,
     int_list,
     machine_info,
-    median_time,
     mismatch_lines,
     parse_bench_args,
     report,
     run_cases,
+    time_provider,
 )
 
 LOGIT_SCALE = 3.0
@@ -184,18 +183,7 @@ def run_case(specops, case: Case, device: str, quick: bool) -> list[dict]:
         row = {"device": device, "N": case.batch, "V": case.vocab, "k": case.samples,
                "dtype": DTYPE_NAMES[dtype], "top_p": case.top_p, "provider": provider, "median_us": None,
                "GB/s": None, "vs_torch": None, "agree": agree, "runs": None, "note": note}
-        try:
-            if fn is None:
-                pass
-            elif events:
-                row["median_us"] = cuda_median_time(fn, rep_ms=30 if quick else 100) * 1e6
-            else:
-                seconds, row["runs"] = median_time(fn, **params)
-                row["median_us"] = seconds * 1e6
-        except Exception as error:  # noqa: BLE001 - a broken provider is reported, not fatal
-            row["note"] = f"failed: {type(error).__name__}: {error}"[:100]
-        if row["median_us"]:
-            row["GB/s"] = must_move / row["median_us"] / 1e3
+        time_provider(row, fn, events=events, params=params, quick=quick, must_move=must_move)
         rows.append(row)
 
     if case.batch * case.vocab <= REFERENCE_MAX_ELEMENTS:

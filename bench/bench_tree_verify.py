@@ -59,11 +59,11 @@ from _timing import (
     import_specops,
     int_list,
     machine_info,
-    median_time,
     mismatch_lines,
     parse_bench_args,
     report,
     run_cases,
+    time_provider,
 )
 
 TARGET_SCALE = 3.0
@@ -301,20 +301,9 @@ def run_setting(p: Providers, case: Case, device: str, quick: bool, bandwidth: f
                "dtype": DTYPE_NAMES[p.x["target"].dtype], "draft": p.setting, "provider": provider,
                "median_us": None, "GB/s": None, "accepted": acc, "vs_loop": None, "x_floor": None,
                "agree": agree, "runs": None, "note": note}
-        try:
-            if fn is None:
-                pass
-            elif events:
-                row["median_us"] = cuda_median_time(fn, rep_ms=30 if quick else 100) * 1e6
-            else:
-                seconds, row["runs"] = median_time(fn, **params)
-                row["median_us"] = seconds * 1e6
-        except Exception as error:  # noqa: BLE001 - a broken provider is reported, not fatal
-            row["note"] = f"failed: {type(error).__name__}: {error}"[:100]
-        if row["median_us"] and must_read:
-            row["GB/s"] = must_read / row["median_us"] / 1e3
-            if bandwidth:
-                row["x_floor"] = row["median_us"] / (must_read / bandwidth * 1e6)
+        time_provider(row, fn, events=events, params=params, quick=quick, must_move=must_read)
+        if row["median_us"] and must_read and bandwidth:
+            row["x_floor"] = row["median_us"] / (must_read / bandwidth * 1e6)
         rows.append(row)
 
     add("specops", p.specops_fn(validate=False), "validate=False")

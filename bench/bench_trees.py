@@ -87,7 +87,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--csv", default="bench/results/trees_cpu.csv")
     parser.add_argument("--plot", default=None, help="PNG of tokens per target call (both studies)")
+    parser.add_argument("--from-csv", default=None,
+                        help="comma-separated CSVs of earlier runs: merge them into --csv and plot, without decoding")
     args = parser.parse_args()
+    if args.from_csv:
+        return merge(args)
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).parent))
     import specops
@@ -153,6 +157,31 @@ def main() -> int:
     return 0
 
 
+def merge(args) -> int:
+    """Rows of earlier runs (the last row of a repeated configuration wins), written to --csv, plotted."""
+    rows = {}
+    for path in args.from_csv.split(","):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                for key in ("temperature", "tokens_per_call", "tok_s"):
+                    row[key] = float(row[key])
+                for key in ("x", "nodes", "tokens", "target_calls", "accepted", "drafted"):
+                    row[key] = int(row[key])
+                rows[(row["temperature"], row["study"], row["x"], row["method"], row["setting"])] = row
+    ordered = sorted(rows.values(), key=lambda r: (-r["temperature"], r["study"], r["x"],
+                                                    METHODS.index(r["method"]), r["nodes"]))
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(ordered[0]))
+        writer.writeheader()
+        writer.writerows(ordered)
+    temperatures = sorted({r["temperature"] for r in ordered}, reverse=True)
+    studies = [s for s in ("depth", "budget") if any(r["study"] == s for r in ordered)]
+    if args.plot:
+        plot(ordered, temperatures, studies, args.plot, args.drafter)
+    print(f"merged {len(ordered)} rows into {args.csv}" + (f", plotted {args.plot}" if args.plot else ""))
+    return 0
+
+
 def plot(rows, temperatures, studies, path, drafter):
     import matplotlib
 
@@ -165,8 +194,11 @@ def plot(rows, temperatures, studies, path, drafter):
         for j, study in enumerate(studies):
             ax = axes[i][j]
             for method in sorted({r["method"] for r in rows}, key=METHODS.index):
-                points = [(r["x"], r["tokens_per_call"]) for r in rows
-                          if r["temperature"] == temperature and r["study"] == study and r["method"] == method]
+                points = sorted((r["x"], r["tokens_per_call"]) for r in rows
+                                if r["temperature"] == temperature and r["study"] == study and r["method"] == method
+                                and (method != "rsd-s" or study != "depth" or r["setting"].startswith("(3,")))
+                if not points:
+                    continue
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
             ax.set_xlabel("draft depth L" if study == "depth" else "draft tree nodes per call")
             ax.set_ylabel("tokens per target call")
