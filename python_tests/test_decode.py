@@ -713,3 +713,16 @@ def test_draft_length_recovers_from_unlucky_start():
             n += 1
         controller.observe(k, cpu_like(k + 1), 0.02 if k else None, STEP_COST, [n], [k])
     assert chosen[-1] >= 1, chosen[:20]
+
+
+def test_command_line_offers_every_method():
+    """The command line lists its methods without importing the registry (so --help stays light): they
+    must be the registry's."""
+    import argparse
+
+    from specops import cli
+    from specops.decoding import registry
+
+    parser = cli._generate_parser(argparse.ArgumentParser())
+    method = next(a for a in parser._actions if a.dest == "method")
+    assert tuple(method.choices) == registry.NAMES

@@ -36,13 +36,13 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="the prompt; '-' or none reads it from stdin")
     parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
     parser.add_argument("--method", choices=("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram", "rsd-c",
-                                             "specinfer"),
+                                             "rsd-s", "specinfer"),
                         default="auto",
                         help="decoding method: auto (with a drafter sd, or for another vocabulary tli when "
                              "sampling and slem when greedy; else ar), ar (autoregressive), sd (speculative "
                              "decoding), tli / union / slem / slrs (a drafter with another vocabulary), ngram "
-                             "(drafts from the context and the model's own n-grams, no drafter), rsd-c / specinfer "
-                             "(draft trees from a drafter of the same vocabulary)")
+                             "(drafts from the context and the model's own n-grams, no drafter), rsd-c / rsd-s / "
+                             "specinfer (draft trees from any drafter)")
     parser.add_argument("--target", default="gemma-3-270m", help=f"target model, an embedded name ({_MODELS})")
     parser.add_argument("--drafter", default=None,
                         help="drafter: an embedded model name (its vocabulary may differ from the target's), or "
@@ -56,7 +56,8 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--seed", type=int, default=None, help="random seed (sampling); none draws one")
     parser.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="{auto,N,K,W}",
                         help="drafts per step: auto (chosen from measured costs), an integer, for ngram K,W "
-                             "(K rows of W tokens), for rsd-c / specinfer B1,B2,... (children per node per level)")
+                             "(K rows of W tokens), for rsd-c / specinfer B1,B2,... (children per node per level), "
+                             "for rsd-s W,L (beams, levels)")
     parser.add_argument("--ngram-tables", choices=("bigram", "unigram", "none"), default="bigram",
                         help="ngram: model-derived n-grams for rows the context cannot fill; bigram is computed "
                              "once per model (minutes on a CPU, with a progress bar) and cached")
