@@ -183,28 +183,32 @@ def merge(args) -> int:
 
 
 def plot(rows, temperatures, studies, path, drafter):
+    """One panel per (temperature, study) that has rows: tokens per target call of each method. In the
+    depth study rsd-s is drawn at W = 3 (other widths are in the CSV and the table)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(temperatures), len(studies), figsize=(5.5 * len(studies), 3.6 * len(temperatures)),
-                             squeeze=False)
-    for i, temperature in enumerate(temperatures):
-        for j, study in enumerate(studies):
-            ax = axes[i][j]
-            for method in sorted({r["method"] for r in rows}, key=METHODS.index):
-                points = sorted((r["x"], r["tokens_per_call"]) for r in rows
-                                if r["temperature"] == temperature and r["study"] == study and r["method"] == method
-                                and (method != "rsd-s" or study != "depth" or r["setting"].startswith("(3,")))
-                if not points:
-                    continue
+    panels = [(t, study) for t in temperatures for study in studies
+              if any(r["temperature"] == t and r["study"] == study for r in rows)]
+    columns = min(2, len(panels))
+    lines = (len(panels) + columns - 1) // columns
+    fig, axes = plt.subplots(lines, columns, figsize=(5.5 * columns, 3.6 * lines), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (temperature, study) in zip(axes.flat, panels):
+        for method in sorted({r["method"] for r in rows}, key=METHODS.index):
+            points = sorted((r["x"], r["tokens_per_call"]) for r in rows
+                            if r["temperature"] == temperature and r["study"] == study and r["method"] == method
+                            and (method != "rsd-s" or study != "depth" or r["setting"].startswith("(3,")))
+            if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
-            ax.set_xlabel("draft depth L" if study == "depth" else "draft tree nodes per call")
-            ax.set_ylabel("tokens per target call")
-            ax.set_title(f"T = {temperature}, {study}")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+        ax.set_xlabel("draft depth L" if study == "depth" else "draft tree nodes per call")
+        ax.set_ylabel("tokens per target call")
+        ax.set_title(f"T = {temperature}, {study}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
     fig.suptitle(f"Gemma-3-270M, drafter {drafter}, HumanEval prompts", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
