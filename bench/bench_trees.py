@@ -189,6 +189,7 @@ def plot(rows, temperatures, studies, path, drafter):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = [(t, study) for t in temperatures for study in studies
               if any(r["temperature"] == t and r["study"] == study for r in rows)]
@@ -204,12 +205,14 @@ def plot(rows, temperatures, studies, path, drafter):
                             and (method != "rsd-s" or study != "depth" or r["setting"].startswith("(3,")))
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("draft depth L" if study == "depth" else "draft tree nodes per call")
         ax.set_ylabel("tokens per target call")
         ax.set_title(f"T = {temperature}, {study}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Gemma-3-270M, drafter {drafter}, HumanEval prompts", fontsize=10)
+    fig.suptitle(f"Gemma-3-270M, drafter {drafter}, HumanEval prompts (sd: a chain of L drafts; tli for a drafter "
+                 "with another vocabulary)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
