@@ -68,12 +68,14 @@ def check_beams(setting) -> None:
                      f"each of L >= 1 levels, got {setting!r}")
 
 
+@dataclasses.dataclass
 class Level:
     """One level of a draft tree: children [B, M] in verification ids (-1: none) under the frontier slots
     slot [B, M] (-1: none), and q [B, P, V] of every frontier node (None when greedy)."""
 
-    def __init__(self, tokens: torch.Tensor, slot: torch.Tensor, q: torch.Tensor | None):
-        self.tokens, self.slot, self.q = tokens, slot, q
+    tokens: torch.Tensor
+    slot: torch.Tensor
+    q: torch.Tensor | None
 
 
 class TreeDrafter(DrafterProposer):
@@ -92,7 +94,7 @@ class TreeDrafter(DrafterProposer):
         self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
                                             setup.method) if auto else None
         self.shape = initial if auto else tuple(setup.num_draft_tokens)
-        self.tree: tuple[list, list, list] | None = None  # the last tree's tokens, parents, node counts
+        self.tree: tuple[list, list] | None = None  # the last tree's tokens and parents per request (lists)
 
     def start(self, first: list[int]) -> None:
         self.pending = [p + self.vocab.to_drafter([t]) for p, t in zip(self.pending, first)]
