@@ -200,8 +200,10 @@ class TreeDrafter(DrafterProposer):
         if self.chooser is not None:
             paths = [] if self.tree is None else [_path(t, p, e, n) for t, p, e, n in
                                                   zip(*self.tree, result.emitted, result.accepted)]
-            self.chooser.observe(self.shape if self.k else (), result.target_seconds, result.drafter_seconds,
-                                 result.outside_seconds, paths)
+            # the shape drawn: fewer levels than chosen where a request's budget cut the tree
+            drawn = () if not self.k else (self.shape[0], self.k) if self.beams else self.shape[:self.k]
+            self.chooser.observe(drawn, result.target_seconds, result.drafter_seconds, result.outside_seconds,
+                                 paths)
 
     def select(self, rows: torch.Tensor) -> None:
         super().select(rows)
