@@ -1,7 +1,8 @@
 """Tests of the draft-tree shape chooser (`specops.decoding.tree_shape.TreeShape`, num_draft_tokens="auto"
 for rsd-c, rsd-s and specinfer): acceptance counted per number of children from the paths verification
-walked, expected tokens, the choice under GPU-like and CPU-like costs, the probe out of plain decoding, and
-decode() with "auto" equal to greedy "ar" on the toy models."""
+walked, expected tokens, the choice under GPU-like and CPU-like costs, the probe out of plain decoding,
+decode() with "auto" equal to greedy "ar" on the toy models, and a same-tokenizer drafter whose LM head has
+padding rows (never drafted)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,22 @@ def test_auto_greedy_equals_ar(method):
                             num_draft_tokens="auto", **kwargs)
     assert result.tokens == expected
     assert result.stats.draft_lengths[0] > 0  # the first step measures a tree
+
+
+@pytest.mark.parametrize("method", ["rsd-c", "rsd-s"])
+def test_drafter_with_a_padded_head_equals_ar(method):
+    """The target's tokenizer over a drafter LM head with more rows (padding): the rows past the target's
+    vocabulary are never drafted, and greedy output equals ar's."""
+    from toy_models import BYTE_VOCAB, byte_tokenizer, tiny_llama
+
+    tok = byte_tokenizer()
+    target = tiny_llama(layers=2, seed=0, vocab=BYTE_VOCAB + 1)
+    drafter = tiny_llama(layers=1, seed=1, vocab=BYTE_VOCAB + 9)
+    with torch.no_grad():  # the padding rows would win most draws if they could be drafted
+        drafter.lm_head.weight[BYTE_VOCAB + 1:] *= 100
+    prompts = ["abcab", "the cat; the cat; "]
+    expected = specops.decode(prompts, target=target, tokenizer=tok, method="ar", max_new_tokens=10).tokens
+    result = specops.decode(prompts, target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok,
+                            method=method, num_draft_tokens=(2, 2), max_new_tokens=10)
+    assert result.tokens == expected
+    assert result.stats.drafted > 0

@@ -284,8 +284,13 @@ def _crossing(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
     the intersection (tli's)."""
     if setup.same_vocabulary:
         setup.drafter.check_prompts(setup.batch.prompt_rows, setup.batch.max_new_tokens, "drafter")
-        return DraftVocab.same(setup.target.vocab_size, setup.target.device), [list(p) for p in
-                                                                                setup.batch.prompt_rows]
+        prompts = [list(p) for p in setup.batch.prompt_rows]
+        target_rows, drafter_rows, device = setup.target.vocab_size, setup.drafter.vocab_size, setup.target.device
+        if drafter_rows == target_rows:
+            return DraftVocab.same(target_rows, device), prompts
+        # The same tokenizer over LM heads of other sizes (padding rows): ids past the target's never drafted.
+        ids = torch.arange(drafter_rows, device=device)
+        return DraftVocab(torch.where(ids < target_rows, ids, -1), target_rows, target_rows, list), prompts
     vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
     text = TextCrossing(vmap, setup.tokenizer, setup.drafter_tokenizer)
     prompts = setup.batch.encode(setup.drafter_tokenizer)
