@@ -24,6 +24,20 @@ _PRIOR_WEIGHT = 16.0  # drafts' worth of acceptance evidence carried into the ne
 _LEARNED: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
 
 
+def swap_learned(store: weakref.WeakKeyDictionary, target, drafter_key, method: str, new):
+    """Keep `new` as what decoding with this target, drafter and method learns, and return what the last
+    such call learned (None: none, or a target that cannot be weakly referenced, which has no memory).
+    drafter_key: the drafter model, or a string such as "self:6"."""
+    try:
+        table = store.setdefault(target, {})
+    except TypeError:
+        return None
+    key = (drafter_key if isinstance(drafter_key, str) else id(drafter_key), method)
+    old = table.get(key)
+    table[key] = new
+    return old
+
+
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - _EMA) * old + _EMA * new
 
@@ -92,19 +106,13 @@ class DraftLength:
         """A DraftLength that starts from what the last call with this target, drafter and method
         learned (drafter_key: the drafter model, or a string such as "self:6")."""
         new = cls(setting)
-        try:
-            table = _LEARNED.setdefault(target, {})
-        except TypeError:  # not weak-referenceable: no memory
-            return new
-        key = (drafter_key if isinstance(drafter_key, str) else id(drafter_key), method)
-        old = table.get(key)
+        old = swap_learned(_LEARNED, target, drafter_key, method, new)
         if old is not None:
             new.target_cost.points = dict(old.target_cost.points)
             new.draft_cost, new.step_cost = old.draft_cost, old.step_cost
             new.probe_interval = old.probe_interval
             scale = min(1.0, _PRIOR_WEIGHT / (old.accepted + old.rejected))
             new.accepted, new.rejected = old.accepted * scale, old.rejected * scale
-        table[key] = new
         return new
 
     @property

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from specops.decoding.draft_length import CostCurve, _ema
+from specops.decoding.draft_length import CostCurve, _ema, swap_learned
 
 __all__ = ["TreeShape"]
 
@@ -69,6 +69,7 @@ class TreeShape:
         self.initial = self.current = initial
         self.hits = torch.zeros(_MAX_BEAMS + 1 if beams else _MAX_WIDTH + 1, dtype=torch.float64)
         self.seen = torch.zeros_like(self.hits)
+        self._table: list[float] | None = None  # acceptance by width, until the next observation
         self.kept: dict[int, float] = {}  # rsd-s: W -> mean children of a path node below the root
         self.target_cost = CostCurve()  # tokens carried (nodes + 1) -> seconds per target forward
         self.draft_cost: float | None = None  # seconds per drafter forward
@@ -80,32 +81,34 @@ class TreeShape:
     def remembered(cls, beams: bool, initial, target, drafter_key, method: str) -> TreeShape:
         """A TreeShape that starts from what the last call with this target, drafter and method learned."""
         new = cls(beams, initial)
-        try:
-            table = _LEARNED.setdefault(target, {})
-        except TypeError:
-            return new
-        key = (drafter_key if isinstance(drafter_key, str) else id(drafter_key), method)
-        old = table.get(key)
+        old = swap_learned(_LEARNED, target, drafter_key, method, new)
         if old is not None:
             new.target_cost.points = dict(old.target_cost.points)
             new.draft_cost, new.step_cost, new.kept = old.draft_cost, old.step_cost, dict(old.kept)
             scale = min(1.0, _MEMORY_WEIGHT / max(1.0, float(old.seen[1])))
             new.hits, new.seen = old.hits * scale, old.seen * scale
             new.current = old.current
-        table[key] = new
         return new
 
     def acceptance(self, width: int) -> float:
         """a(width): P(one of `width` children accepted | node reached)."""
         if width <= 0:
             return 0.0
-        measured = int(torch.nonzero(self.seen > 0).max()) if bool((self.seen > 0).any()) else 0
-        widest = min(width, measured, len(self.hits) - 1)
+        if self._table is None:  # every width a shape can ask for (+1 to interpolate), once per observation
+            self._table = [self._acceptance(b) for b in range(len(self.hits) + 1)]
+        return self._table[width] if width < len(self._table) else self._acceptance(width)
+
+    def _acceptance(self, width: int) -> float:
+        if width <= 0:
+            return 0.0
+        seen, hits = self.seen.tolist(), self.hits.tolist()
+        measured = max((b for b, n in enumerate(seen) if n > 0), default=0)
+        widest = min(width, measured, len(seen) - 1)
         if widest == 0:
             return 1 - 0.5 ** width  # nothing measured yet: a(1) = 1/2
-        rate = (self.hits[widest] + _PRIOR[0]) / (self.seen[widest] + sum(_PRIOR))
-        single = (self.hits[1] + _PRIOR[0]) / (self.seen[1] + sum(_PRIOR))
-        return float(1 - (1 - rate) * (1 - single) ** (width - widest))
+        rate = (hits[widest] + _PRIOR[0]) / (seen[widest] + sum(_PRIOR))
+        single = (hits[1] + _PRIOR[0]) / (seen[1] + sum(_PRIOR))
+        return 1 - (1 - rate) * (1 - single) ** (width - widest)
 
     def expected_tokens(self, shape: tuple[int, ...]) -> float:
         if not shape:
@@ -162,6 +165,7 @@ class TreeShape:
         if draft_seconds is not None and shape:
             self.draft_cost = _ema(self.draft_cost, draft_seconds)
         self.step_cost = _ema(self.step_cost, outside_seconds)
+        self._table = None
         top = len(self.hits) - 1
         for path in paths:
             for level, (children, rank) in enumerate(path):
