@@ -50,6 +50,9 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "vocab_project(Tensor draft_logits, Tensor target_ids, int target_vocab, Tensor temperature, "
       "Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  // A linear layer over the few rows a decoding forward carries: input [M, K] @ weight[N, K]^T + bias,
+  // the weight read once whatever M is (BLAS re-reads it per few rows when M is small).
+  m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
   // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
   // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.
   m.def(

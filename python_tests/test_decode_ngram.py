@@ -496,7 +496,7 @@ def test_commit_crops_slots_no_row_keeps():
 
 
 def test_cpu_forward_used_and_restored():
-    """CPU float32 models run through the engine's weight-stationary forward (cpu_forward.CpuForward; the
+    """CPU float32 models run through the engine's skinny_linear forward (cpu_forward.CpuForward; the
     fresh-run comparisons above go through it), and the model's own layers are untouched afterwards."""
     model = tiny_llama(layers=1, seed=7)
     lm = CausalLM(model)

@@ -7,6 +7,7 @@ check here) rejects bad values. The dispatcher picks the C++ CPU or Triton CUDA 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -14,8 +15,8 @@ import torch
 from specops._rows import per_row
 from specops._seeds import draw_seed, row_seeds
 
-__all__ = ["chain_verify", "ngram_match", "sample_without_replacement", "stochastic_beam_step", "tree_attention",
-           "tree_verify", "vocab_project"]
+__all__ = ["chain_verify", "ngram_match", "sample_without_replacement", "skinny_linear", "stochastic_beam_step",
+           "tree_attention", "tree_verify", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
@@ -700,3 +701,56 @@ def _tree_mask_checks(tree_mask: torch.Tensor, nodes: int) -> list:
 @torch.library.register_fake("specops::tree_attention")
 def _tree_attention_fake(query, key, value, tree_mask, kv_mask, scale, window, softcap, sinks, validate=True):
     return torch.empty_like(query)
+
+
+def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """input @ weight^T + bias for the few rows a decoding forward carries (one token, a draft chain or a
+    tree), reading the weight once whatever the number of rows: `torch.nn.functional.linear`'s semantics.
+
+    BLAS GEMMs are tuned for many rows; for a few they re-read the weight (MKL on an Intel Xeon once per
+    three rows, on AMD EPYC about once per row), and a forward's cost is mostly reading weights. On the
+    CPU each output is a 16-lane dot product summed by one fixed tree, so a row's result has the same
+    bits whatever the number of rows is and wherever the row sits (batch invariance). Best for up to a
+    few dozen rows; beyond that a BLAS GEMM is as fast. Forward only: with gradients enabled and a
+    tensor that requires them it raises (use F.linear to train).
+
+    Shape:
+        input: [..., K]; float32 on CPU; float32, bfloat16 or float16 on CUDA.
+        weight: [N, K] of input's dtype (a non-contiguous weight is copied first: pass a contiguous one).
+        bias: [N] of input's dtype, or None.
+
+    Returns [..., N] in input's dtype.
+    """
+    op = "skinny_linear"
+    if not isinstance(input, torch.Tensor) or input.dim() < 1:
+        raise ValueError(f"{op}: input must be a tensor [..., K]")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != input.shape[-1]:
+        got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"{op}: weight must be [N, K] with K = {input.shape[-1]} (input's last dim), got {got}")
+    device = input.device
+    allowed = (torch.float32,) if device.type == "cpu" else _LOGIT_DTYPES
+    if input.dtype not in allowed:
+        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{op}: input on {device.type} must be {names}, got {input.dtype}")
+    tensors = {"weight": weight}
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],):
+            got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"{op}: bias must be [N] = [{weight.shape[0]}] or None, got {got}")
+        tensors["bias"] = bias
+    for name, t in tensors.items():
+        if t.dtype != input.dtype:
+            raise TypeError(f"{op}: {name} must have input's dtype {input.dtype}, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but input is on {device}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias)):
+        raise RuntimeError(f"{op} has no backward: call it under torch.no_grad() or torch.inference_mode() "
+                           "(a decoding forward), or use torch.nn.functional.linear to train")
+    rows = input.reshape(math.prod(input.shape[:-1]), input.shape[-1])
+    out = torch.ops.specops.skinny_linear(rows, weight, bias)
+    return out.reshape(*input.shape[:-1], weight.shape[0])
+
+
+@torch.library.register_fake("specops::skinny_linear")
+def _skinny_linear_fake(input, weight, bias):
+    return input.new_empty((input.shape[0], weight.shape[0]))

@@ -11,7 +11,8 @@ import torch
 
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
            "tree_attention", "tree_visibility", "tree_children", "tree_verify",
-           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "NGRAM_KEY_BITS"]
+           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
+           "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -541,3 +542,13 @@ def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, bea
         for j, (score, _, w, token, log_prob) in enumerate(cand[:k]):
             parents[b, j], tokens[b, j], log_probs[b, j], scores[b, j] = w, token, log_prob, score
     return parents, tokens, log_probs, scores, probs
+
+
+def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """input [M, K] @ weight[N, K]^T + bias [N] (or None): a linear layer, computed in float64 and returned
+    in input's dtype. The kernels sum in float32 in their own order: they match this to float32
+    round-off of the products' magnitudes, not bit for bit."""
+    out = input.double() @ weight.double().T
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(input.dtype)

@@ -109,7 +109,7 @@ class CausalLM:
 
     @property
     def cpu_forward(self) -> CpuForward | None:
-        """The weight-stationary CPU path (cpu_forward.py) if this model reproduces its logits through it."""
+        """The skinny_linear CPU path (cpu_forward.py) if this model reproduces its logits through it."""
         if self._cpu_forward is False:
             self._cpu_forward = CpuForward(self.model) if CpuForward.usable(self.model) else None
         return self._cpu_forward

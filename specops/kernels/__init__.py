@@ -11,4 +11,5 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 if triton is not None:
     from specops.kernels import (chain_verify, ngram_match, sample_without_replacement,  # noqa: F401
-                                 stochastic_beam_step, tree_attention, tree_verify, vocab_project)
+                                 skinny_linear, stochastic_beam_step, tree_attention, tree_verify,
+                                 vocab_project)
