@@ -18,7 +18,7 @@ __all__ = ["skinny_linear_triton"]
 
 @triton.jit
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K,
-                          HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -30,7 +30,10 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K,
         k = k0 + ks
         x = tl.load(x_ptr + rows[:, None] * K + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0)
         w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=(cols[:, None] < N) & (k[None, :] < K), other=0.0)
-        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision=PRECISION)
+        if DOT_FP32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, out_dtype=tl.float32, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -56,6 +59,9 @@ def skinny_linear_triton(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     _skinny_linear_kernel[grid](
         x, w, bias.contiguous() if bias is not None else x, out, rows, out_features, dim,
         HAS_BIAS=bias is not None,
+        # 16-bit tiles multiply natively (float32 accumulation); Triton's interpreter multiplies bfloat16
+        # tiles as raw bits, so on the CPU they are converted first.
+        DOT_FP32=x.device.type == "cpu" and x.dtype != torch.float32,
         # float32 products as torch does them: TF32 only where the user allowed it.
         PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
