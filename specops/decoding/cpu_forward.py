@@ -27,8 +27,8 @@ _TIMED_HEAD = 1 << 23
 
 def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
     """rows [n, d] @ weight[out, d]^T (+ bias): skinny_linear for up to _SKINNY_ROWS rows, F.linear
-    beyond (a prefill)."""
-    if rows.shape[0] > _SKINNY_ROWS:
+    beyond (a prefill) and for a weight stored transposed (skinny_linear would copy it on every call)."""
+    if rows.shape[0] > _SKINNY_ROWS or not weight.is_contiguous():
         return torch.nn.functional.linear(rows, weight, bias)
     return torch.ops.specops.skinny_linear(rows, weight, bias)
 
