@@ -244,6 +244,28 @@ def test_causal_window_read_from_mask_functions():
     assert window(mu.or_masks(mu.causal_mask_function, mu.blockwise_overlay(blocks))) is None
 
 
+def test_causal_windows_cached_by_what_the_function_computes():
+    """transformers builds new mask closures every forward: the window is probed once per distinct
+    code-and-closure, never reused across different windows, and never cached for functions over data."""
+    from transformers import masking_utils as mu
+
+    fingerprint = attention._fingerprint
+    assert fingerprint(mu.sliding_window_causal_mask_function(8)) == fingerprint(mu.sliding_window_causal_mask_function(8))
+    assert fingerprint(mu.sliding_window_causal_mask_function(8)) != fingerprint(mu.sliding_window_causal_mask_function(9))
+    assert fingerprint(mu.sliding_window_overlay(8)) != fingerprint(mu.sliding_window_causal_mask_function(8))
+    assert fingerprint(mu.chunked_causal_mask_function(16, torch.zeros(1, dtype=torch.long))) is None
+    probes = []
+    real = attention._probe_window
+    try:
+        attention._probe_window = lambda *a: probes.append(1) or real(*a)
+        for _ in range(3):
+            for size in (3, 77):
+                assert attention._causal_window(mu.sliding_window_causal_mask_function(size), torch.device("cpu")) == size
+    finally:
+        attention._probe_window = real
+    assert len(probes) <= 2
+
+
 def _ngram_greedy(model, tok, prompts):
     return specops.decode(prompts, method="ngram", target=model, tokenizer=tok, max_new_tokens=12,
                           temperature=0.0, ngram_tables="none", num_draft_tokens=(2, 3))

@@ -93,16 +93,49 @@ def pack_rows(visible: torch.Tensor) -> torch.Tensor:
 _FAR = 1 << 40  # a query index far from any real one: windows are measured there
 
 
+_WINDOWS: dict = {}  # _fingerprint of a mask function -> its window (transformers rebuilds them every forward)
+
+
+def _fingerprint(value, depth: int = 0):
+    """A hashable key that determines a mask function's behaviour: its code and defaults, with the same
+    for every function, int, bool, str, None, or tuple of them its closure holds; None when it holds anything else
+    (tensors: per-token data), which is then probed every time."""
+    if value is None or isinstance(value, (bool, int, str, float)):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)) and depth <= 8:  # and_masks / or_masks keep their parts in one
+        parts = tuple(_fingerprint(item, depth + 1) for item in value)
+        return None if None in parts else (type(value), parts)
+    code = getattr(value, "__code__", None)
+    if code is None or depth > 8:
+        return None
+    parts = [code]
+    for item in (*(value.__defaults__ or ()), *(cell.cell_contents for cell in value.__closure__ or ())):
+        part = _fingerprint(item, depth + 1)
+        if part is None:
+            return None
+        parts.append(part)
+    return tuple(parts)
+
+
 def _causal_window(mask_function, device) -> int | None:
     """The window W of a mask function that is causal with keys kept while q - kv < W (0: no window up to
-    2**40), found by probing it; None if it is anything else (chunked, bidirectional, data-dependent),
-    whose masks tree_attention cannot reproduce."""
+    2**40), found by probing it (once per distinct function); None if it is anything else (chunked,
+    bidirectional, data-dependent), whose masks tree_attention cannot reproduce."""
     if mask_function is None:
         return 0
     try:
-        return _probe_window(mask_function, device)
+        key = _fingerprint(mask_function)
+    except (AttributeError, ValueError):  # an empty closure cell
+        key = None
+    if key is not None and key in _WINDOWS:
+        return _WINDOWS[key]
+    try:
+        window = _probe_window(mask_function, device)
     except (IndexError, RuntimeError, ValueError):  # it reads per-token data (blockwise overlays)
-        return None
+        window = None
+    if key is not None and len(_WINDOWS) < 256:
+        _WINDOWS[key] = window
+    return window
 
 
 def _probe_window(mask_function, device) -> int | None:
@@ -240,9 +273,16 @@ def _register() -> None:
         _REGISTERED = True
 
 
+_CONFIGS: weakref.WeakKeyDictionary[object, tuple] = weakref.WeakKeyDictionary()
+
+
 def _configs(model) -> list:
     """Every distinct config object the model's modules read (a `self:N` view holds a copy of the
-    target's, while its layers still read the target's own)."""
+    target's, while its layers still read the target's own). Found once per model: walking the modules
+    took 2 ms of every tree step on Gemma-3-270M."""
+    known = _CONFIGS.get(model)
+    if known is not None and known[0] is model.config:
+        return known[1]
     from transformers import PretrainedConfig
 
     seen = {}
@@ -254,7 +294,12 @@ def _configs(model) -> list:
                 sub = getattr(config, name, None)
                 if isinstance(sub, PretrainedConfig):
                     seen[id(sub)] = sub
-    return list(seen.values())
+    configs = list(seen.values())
+    try:
+        _CONFIGS[model] = (model.config, configs)
+    except TypeError:  # not weak-referenceable: walk every time
+        pass
+    return configs
 
 
 def is_transformers_model(model) -> bool:
