@@ -50,6 +50,11 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "vocab_project(Tensor draft_logits, Tensor target_ids, int target_vocab, Tensor temperature, "
       "Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  // The logits of an ensemble of models (speculative ensembles): mode 0 weighted, log sum_i w_i softmax(l_i);
+  // mode 1 contrastive, (l_1 - max l_1) - mu (l_2 - max l_2) on the expert's tokens of probability at least
+  // alpha times its largest (alpha 0: no cut). members [..., V] each; returns [..., V] float32.
+  m.def("ensemble_logits(Tensor[] members, Tensor weights, int mode, float mu, float alpha, bool validate=True) "
+        "-> Tensor");
   // A linear layer over the few rows a decoding forward carries: input [M, K] @ weight[N, K]^T + bias,
   // the weight read once whatever M is (BLAS re-reads it per few rows when M is small).
   m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");

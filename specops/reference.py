@@ -7,9 +7,11 @@ ties). Arguments are the op's normalized arguments (per-row tensors), as `specop
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ngram_match", "vocab_project",
+__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match", "vocab_project",
            "tree_attention", "tree_visibility", "tree_children", "tree_verify",
            "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
            "NGRAM_KEY_BITS"]
@@ -552,3 +554,38 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     if bias is not None:
         out = out + bias.double()
     return out.to(input.dtype)
+
+
+WEIGHTED, CONTRASTIVE = 0, 1  # ensemble_logits modes
+
+
+def ensemble_logits(members: list[torch.Tensor], weights: torch.Tensor, mode: int, mu: float = 0.0,
+                    alpha: float = 0.0) -> torch.Tensor:
+    """The logits of an ensemble of next-token distributions, each member's logits [..., V] over one
+    vocabulary (-inf: a token the member cannot produce), computed in float64, returned as float32.
+
+    - mode 0, weighted: log(sum_i weights[i] * softmax(members[i])); -inf where no member with a
+      positive weight gives the token any probability.
+    - mode 1, contrastive (two members, expert then amateur): (l_e - max l_e) - mu * (l_a - max l_a),
+      -inf where either member has -inf and, with alpha > 0, where the expert's probability is below
+      alpha times its largest (the adaptive-plausibility cut of contrastive decoding). A row where no
+      token survives (possible only with members of different vocabularies) is the expert's cut logits.
+
+    Temperature, top-k and top-p are not part of it: a consumer applies them to these logits as to one
+    model's (chain_verify, tree_verify), so the ensemble samples like a model would."""
+    logits = [m.double() for m in members]
+    if mode == WEIGHTED:
+        out = torch.full_like(logits[0], float("-inf"))
+        for w, l in zip(weights.double().tolist(), logits):
+            if w > 0:
+                out = torch.logaddexp(out, math.log(w) + torch.log_softmax(l, dim=-1))
+        return out.float()
+    expert, amateur = logits
+    e = expert - expert.amax(-1, keepdim=True)
+    a = amateur - amateur.amax(-1, keepdim=True)
+    cut = e >= math.log(alpha) if alpha > 0 else torch.ones_like(e, dtype=torch.bool)
+    keep = cut & (e > float("-inf")) & (a > float("-inf"))
+    out = torch.where(keep, e - mu * torch.where(keep, a, 0.0), float("-inf"))
+    fallback = torch.where(cut & (e > float("-inf")), e, float("-inf"))
+    empty = ~keep.any(-1, keepdim=True)
+    return torch.where(empty, fallback, out).float()
