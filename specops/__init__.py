@@ -1,6 +1,7 @@
 """specops: speculative-decoding kernels for PyTorch, and the decoders built on them.
 
-Public API: `specops.decode` (generation with any method), `specops.ops` (the kernels, as typed
+Public API: `specops.decode` (generation with any method; `specops.WeightedEnsemble` and
+`specops.ContrastiveEnsemble` define ensembles of targets), `specops.ops` (the kernels, as typed
 wrappers over `torch.ops.specops.*`), `specops.models` (the embedded default models) and
 `specops.vocab` (vocabulary maps between two tokenizers: `specops.vocab.vocab_map`).
 """
@@ -12,8 +13,9 @@ from specops import ops
 from specops import kernels  # noqa: F401  (registers the Triton kernels for CUDA)
 from specops import vocab
 from specops.decoding import DecodeResult, decode
+from specops.decoding.ensemble import ContrastiveEnsemble, WeightedEnsemble
 
-__all__ = ["decode", "DecodeResult", "ops", "models", "vocab"]
+__all__ = ["decode", "DecodeResult", "ContrastiveEnsemble", "WeightedEnsemble", "ops", "models", "vocab"]
 __version__ = "0.1.0"
 
 

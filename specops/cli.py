@@ -3,6 +3,7 @@
     specops generate "def fibonacci(n):"                       # target gemma-3-270m, method auto
     specops generate "def f(x):" --drafter self:6 --compare    # speculative, against autoregressive
     specops generate "def f(x):" --drafter smollm2-135m        # a drafter with another vocabulary (slem)
+    specops generate "def f(x):" --target gemma-3-270m,smollm2-135m --ensemble weighted:0.7,0.3 --compare
     echo "def f(x):" | specops generate -                      # prompt from stdin
 
 The generated text streams to stdout as tokens are accepted; statistics go to stderr, so stdout holds
@@ -31,19 +32,38 @@ def _draft_tokens(value: str):
     raise argparse.ArgumentTypeError(f"must be 'auto', an integer N, K,W or B1,B2,..., got {value!r}")
 
 
+def _ensemble_rule(value: str):
+    kind, _, numbers = value.partition(":")
+    try:
+        values = [float(v) for v in numbers.split(",")] if numbers else []
+    except ValueError:
+        values = None
+    if kind == "weighted" and values:
+        return ("weighted", values)
+    if kind == "contrastive" and values and len(values) <= 2:
+        return ("contrastive", values)
+    raise argparse.ArgumentTypeError(f"must be weighted:W1,W2,... or contrastive:MU[,ALPHA], got {value!r}")
+
+
 def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("prompt", nargs="?",
                         help="the prompt; '-' or none reads it from stdin")
     parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
     parser.add_argument("--method", choices=("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram", "rsd-c",
-                                             "rsd-s", "specinfer"),
+                                             "rsd-s", "specinfer", "ensemble", "se"),
                         default="auto",
                         help="decoding method: auto (with a drafter sd, or for another vocabulary tli when "
-                             "sampling and slem when greedy; else ar), ar (autoregressive), sd (speculative "
-                             "decoding), tli / union / slem / slrs (a drafter with another vocabulary), ngram "
-                             "(drafts from the context and the model's own n-grams, no drafter), rsd-c / rsd-s / "
-                             "specinfer (draft trees from any drafter)")
-    parser.add_argument("--target", default="gemma-3-270m", help=f"target model, an embedded name ({_MODELS})")
+                             "sampling and slem when greedy; else ar, or se for an ensemble), ar (autoregressive), "
+                             "sd (speculative decoding), tli / union / slem / slrs (a drafter with another "
+                             "vocabulary), ngram (drafts from the context and the model's own n-grams, no drafter), "
+                             "rsd-c / rsd-s / specinfer (draft trees from any drafter), ensemble / se (an ensemble "
+                             "of targets: every member scores every token / the members propose to each other)")
+    parser.add_argument("--target", default="gemma-3-270m",
+                        help=f"target model, an embedded name ({_MODELS}); several, comma-separated, decode from "
+                             "their ensemble (--ensemble)")
+    parser.add_argument("--ensemble", type=_ensemble_rule, default=None, metavar="{weighted:W1,W2,...,contrastive:MU[,ALPHA]}",
+                        help="with several targets: the weighted mixture of their probabilities (default: equal "
+                             "weights), or contrastive decoding (expert first) with mu and the plausibility alpha")
     parser.add_argument("--drafter", default=None,
                         help="drafter: an embedded model name (its vocabulary may differ from the target's), or "
                              "'self:N' (the target's first N layers); none means autoregressive decoding")
@@ -65,7 +85,8 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="stop when this text appears (repeatable); it is not printed")
     parser.add_argument("--echo", action="store_true", help="print the prompt before the generated text")
     parser.add_argument("--compare", action="store_true",
-                        help="also decode with method ar and the same settings; print the speedup (tok/s "
+                        help="also decode with method ar (ensemble for several targets) and the same settings; "
+                             "print the speedup (tok/s "
                              "ratio) and, when greedy, whether the outputs are identical")
     return parser
 
@@ -118,13 +139,25 @@ def _generate(args) -> int:
     from specops._seeds import draw_seed
 
     prompt = _read_prompt(args)
-    target, tokenizer = specops.models.load(args.target)
+    names = args.target.split(",")
+    if len(names) > 1:
+        loaded = [specops.models.load(name) for name in names]
+        target, tokenizer = [m for m, _ in loaded], [t for _, t in loaded]
+    elif args.ensemble is not None:
+        raise ValueError("--ensemble needs several targets: --target NAME1,NAME2")
+    else:
+        target, tokenizer = specops.models.load(args.target)
+    ensemble = None
+    if args.ensemble is not None:
+        kind, values = args.ensemble
+        ensemble = (specops.WeightedEnsemble(values) if kind == "weighted"
+                    else specops.ContrastiveEnsemble(values[0], values[1] if len(values) > 1 else None))
     drafter, drafter_tokenizer = args.drafter, None
     if drafter is not None and not drafter.startswith("self:"):
         drafter, drafter_tokenizer = specops.models.load(drafter)
     # --compare needs both runs on the same random numbers, so a missing seed is drawn here, once.
     seed = args.seed if args.seed is not None else draw_seed()
-    settings = dict(target=target, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
+    settings = dict(target=target, tokenizer=tokenizer, ensemble=ensemble, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
     method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,
                   num_draft_tokens=args.num_draft_tokens, ngram_tables=args.ngram_tables,
@@ -138,11 +171,12 @@ def _generate(args) -> int:
         _stream(0, "\n")
     print(result.stats.summary(), file=sys.stderr, flush=True)
     if args.compare:
-        baseline = specops.decode(prompt, method="ar", **settings)
-        print(f"ar: {baseline.stats.summary()}", file=sys.stderr)
+        plain = "ensemble" if len(names) > 1 else "ar"
+        baseline = specops.decode(prompt, method=plain, **settings)
+        print(f"{plain}: {baseline.stats.summary()}", file=sys.stderr)
         ratio = (result.stats.tokens_per_second / baseline.stats.tokens_per_second
                  if baseline.stats.tokens_per_second else float("nan"))
-        line = (f"compare: {result.stats.tokens_per_second:.1f} tok/s vs ar {baseline.stats.tokens_per_second:.1f} "
+        line = (f"compare: {result.stats.tokens_per_second:.1f} tok/s vs {plain} {baseline.stats.tokens_per_second:.1f} "
                 f"tok/s, speedup {ratio:.2f}x")
         if args.temperature == 0:
             line += f"; greedy outputs identical: {'yes' if result.tokens == baseline.tokens else 'no'}"

@@ -20,6 +20,7 @@ from specops.decoding import registry
 from specops.decoding.attention import tree_support
 from specops.decoding.batch import Batch
 from specops.decoding.engine import CausalLM
+from specops.decoding.ensemble import ENSEMBLES, EnsembleLM, WeightedEnsemble, member_vocab
 from specops.decoding.loop import run
 from specops.decoding.ngram import TABLES as NGRAM_TABLES
 from specops.decoding.self_draft import truncated
@@ -87,6 +88,49 @@ def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer):
     return _resolve_model(drafter, drafter_tokenizer, "drafter")
 
 
+def _ensemble_members(target, tokenizer, ensemble):
+    """(members [(model, tokenizer)], rule) for target=[...], or (None, None) for a single target; raises for
+    a malformed ensemble before any model is loaded."""
+    if not isinstance(target, (list, tuple)):
+        if ensemble is not None:
+            raise ValueError("decode: ensemble= needs an ensemble of targets: target=[model, model, ...]")
+        if isinstance(tokenizer, (list, tuple)):
+            raise ValueError("decode: a list of tokenizers needs a list of targets (an ensemble)")
+        return None, None
+    if len(target) < 2:
+        raise ValueError(f"decode: an ensemble needs at least 2 members in target=[...], got {len(target)}; "
+                         "pass a single model as target=model")
+    if tokenizer is None:
+        tokenizer = [None] * len(target)
+    if not isinstance(tokenizer, (list, tuple)) or len(tokenizer) != len(target):
+        raise ValueError(f"decode: with target=[...] of {len(target)} members, tokenizer must be a list of "
+                         f"{len(target)} (one per member; None for an embedded model name)")
+    rule = WeightedEnsemble([1.0 / len(target)] * len(target)) if ensemble is None else ensemble
+    if not isinstance(rule, ENSEMBLES):
+        raise TypeError("decode: ensemble must be specops.WeightedEnsemble(weights) or "
+                        f"specops.ContrastiveEnsemble(mu, alpha), got {type(ensemble).__name__}")
+    rule.check(len(target))
+    return list(zip(target, tokenizer)), rule
+
+
+def _ensemble_lm(members, rule, prompts: list[str]) -> tuple[EnsembleLM, object]:
+    """The ensemble as the loop's target, and its output tokenizer (the first member's)."""
+    loaded = [_resolve_model(model, tok, f"target[{i}]") for i, (model, tok) in enumerate(members)]
+    lms = [CausalLM(model, f"target[{i}]") for i, (model, _) in enumerate(loaded)]
+    if len({str(lm.device) for lm in lms}) > 1:
+        raise ValueError(f"decode: ensemble members are on different devices: {[str(lm.device) for lm in lms]}")
+    first_tokenizer = loaded[0][1]
+    vocabs, encoded = [], []
+    for lm, (_, tok) in zip(lms, loaded):
+        same = _same_vocabulary(first_tokenizer, tok)
+        vocabs.append(member_vocab(lm, tok, lms[0], first_tokenizer, same))
+        rows = [list(tok(p)["input_ids"]) for p in prompts]
+        if any(not r for r in rows):
+            raise ValueError("decode: a prompt encodes to no tokens")
+        encoded.append(rows)
+    return EnsembleLM(lms, vocabs, encoded, rule), first_tokenizer
+
+
 def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> None:
     """Methods that score draft trees need a model that takes them exactly (attention.tree_support)."""
     reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
@@ -99,7 +143,7 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None, options: dict | None = None,
-           ngram_tables: str = "bigram", slrs_max_nodes: int = 256) -> DecodeResult:
+           ngram_tables: str = "bigram", slrs_max_nodes: int = 256, ensemble=None) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
@@ -121,6 +165,13 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     stop: strings that end a request (excluded from its text). stream: called as stream(request_index,
     text) with each new piece of text as tokens are accepted.
 
+    Ensembles: target=[m1, m2, ...] with tokenizer=[t1, t2, ...] (None for embedded names) decodes from the
+    ensemble `ensemble` defines: specops.WeightedEnsemble(weights) (the default: equal weights) or
+    specops.ContrastiveEnsemble(mu, alpha=None). The first member's tokenizer gives the output tokens;
+    members with another vocabulary contribute through the shared tokens (specops.decoding.ensemble).
+    Methods: "se" (the members propose to each other; "auto" without a drafter), "ensemble" (every member
+    scores every token), and sd / tli / union with a drafter verifying against the ensemble.
+
     Raises ValueError before decoding for a combination it cannot decode exactly (for example a method
     that scores draft trees with a model whose attention cannot take them), naming what works instead.
     """
@@ -139,8 +190,20 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     if stream is not None and not callable(stream):
         raise TypeError("decode: stream must be callable as stream(request_index, text)")
     registry.check_draft_setting(method, num_draft_tokens)
+    members, rule = _ensemble_members(target, tokenizer, ensemble)
+    if method != "auto":
+        kind = registry.METHODS[method].ensemble
+        if members is None and kind == "only":
+            raise ValueError(f"decode: method {method!r} decodes an ensemble: pass target=[model, model, ...]")
+        if members is not None and kind == "no":
+            takes = ", ".join(m.name for m in registry.METHODS.values() if m.ensemble != "no")
+            raise ValueError(f"decode: method {method!r} does not take an ensemble of targets; methods that do: {takes}")
 
-    target_model, tokenizer = _resolve_model(target, tokenizer, "target")
+    if members is not None:
+        target_lm, tokenizer = _ensemble_lm(members, rule, prompts)
+        target_model = target_lm.members[0].model
+    else:
+        target_model, tokenizer = _resolve_model(target, tokenizer, "target")
     drafter_model = None
     if drafter is not None:
         if method != "auto" and registry.METHODS[method].drafter == "none":
@@ -150,7 +213,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or 'self:N')")
     same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
     chosen = registry.resolve(method, drafter=drafter_model is not None, same_vocabulary=same,
-                              greedy=temperature == 0)
+                              greedy=temperature == 0, ensemble=members is not None)
     if chosen.drafter == "same" and not same:
         raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
                          "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
@@ -158,7 +221,8 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     settings = registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
                                                         "slrs_max_nodes": slrs_max_nodes})
 
-    target_lm = CausalLM(target_model, "target")
+    if members is None:
+        target_lm = CausalLM(target_model, "target")
     drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
@@ -187,6 +251,8 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     stats.target_calls = target_lm.calls
     stats.drafter_calls = drafter_lm.calls if drafter_lm else 0
     stats.forward_seconds = target_lm.seconds + (drafter_lm.seconds if drafter_lm else 0.0)
+    if members is not None:
+        stats.member_calls = [lm.calls for lm in target_lm.members]
     texts = batch.texts()
     tokens = batch.generated
     return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)

@@ -290,13 +290,19 @@ class KVState:
             return self.prefill(rows).unsqueeze(1)
         return self._feed(tokens, torch.ones_like(tokens, dtype=torch.bool), keep)
 
-    def extend(self, rows: list[list[int]]) -> torch.Tensor:
+    def extend(self, rows: list[list[int]], keep: int | None = None) -> torch.Tensor:
         """Feed a ragged list of tokens per row (at least one each); returns the logits [B, V] after each
-        row's last token. A shorter row re-reads its own last cached tokens so that every row feeds the
-        same number and ends on the last slot (a drafter catching up with what the target emitted)."""
+        row's last token, or with `keep` the logits [B, keep, V] of the last `keep` slots (a row that feeds
+        fewer has its re-read tokens' logits first). A shorter row re-reads its own last cached tokens so that every row
+        feeds the same number and ends on the last slot (a drafter catching up with what the target
+        emitted, an ensemble member scoring drafts after what it has not read yet)."""
         if len(rows) != self.rows or any(not r for r in rows):
             raise ValueError(f"KVState.extend needs {self.rows} non-empty rows")
+        if keep is not None and keep > max(len(r) for r in rows):
+            raise ValueError(f"KVState.extend: keep={keep} is more than any row feeds")
         if not self.mask.shape[1]:
+            if keep is not None:
+                raise ValueError("KVState.extend with keep needs a prefilled state")
             return self.prefill(rows)
         width = max(len(r) for r in rows)
         reread = torch.clamp(width - torch.tensor([len(r) for r in rows], device=self.lm.device), max=self.next_pos)
@@ -306,7 +312,13 @@ class KVState:
                     for b, (n, r) in enumerate(zip(reread.tolist(), rows))]
             self._drop_last(reread)
         tokens, valid = _left_padded(rows, self.lm.device)  # holes only where a row holds nothing else
+        if keep is not None:
+            return self._feed(tokens, valid, keep=keep)
         return self._feed(tokens, valid, keep=1)[:, -1]
+
+    def drop_last(self, counts: torch.Tensor) -> None:
+        """Row b forgets its last counts[b] tokens (they leave before the next forward)."""
+        self._drop_last(counts.to(self.mask.device))
 
     def _feed(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
         self._compact()

@@ -34,10 +34,10 @@ def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Ten
         proposer: Proposer) -> None:
     """Decode every request of `batch` to the end with `proposer`'s drafts, filling `stats`."""
     device = target.device
-    verify = VERIFIERS[proposer.verifier]
+    verify = proposer.verifier if callable(proposer.verifier) else VERIFIERS[proposer.verifier]
     drafters = tuple(proposer.drafters)
     start = time.perf_counter()
-    state = KVState(target, batch.rows)
+    state = target.new_state(batch.rows) if hasattr(target, "new_state") else KVState(target, batch.rows)
     logits = state.prefill(batch.prompt_rows)
     stats.prefill_seconds += time.perf_counter() - start
     last = sample(logits, params, seeds, 0)  # emitted, not yet read by the target
@@ -73,7 +73,8 @@ def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Ten
         requests = list(batch.index)
         finished, used = batch.emit(emitted)
         stats.drafted += sum(num_draft)
-        stats.accepted += sum(min(n, u) for n, u in zip(accepted, used))  # drafts emitted, not cut at a stop
+        drafts_emitted = accepted if verified.accepted_drafts is None else verified.accepted_drafts.tolist()
+        stats.accepted += sum(min(n, u) for n, u in zip(drafts_emitted, used))  # drafts emitted, not cut at a stop
         stats.steps += 1
         stats.draft_lengths.append(verified.size)
         step_seconds = time.perf_counter() - step_start

@@ -15,7 +15,7 @@ from specops.decoding.step import Method
 __all__ = ["METHODS", "NAMES", "check_draft_setting", "check_options", "resolve"]
 
 # Method modules, in the order methods are listed to users ("auto" comes first).
-_MODULES = ("ar", "sd", "tli", "slem", "slrs", "ngram", "rsd")
+_MODULES = ("ar", "sd", "tli", "slem", "slrs", "ngram", "rsd", "ensemble", "se")
 
 
 def _load() -> dict[str, Method]:
@@ -30,11 +30,15 @@ METHODS: dict[str, Method] = _load()
 NAMES = ("auto", *METHODS)
 
 
-def resolve(name: str, *, drafter: bool, same_vocabulary: bool, greedy: bool) -> Method:
+def resolve(name: str, *, drafter: bool, same_vocabulary: bool, greedy: bool, ensemble: bool = False) -> Method:
     """The method `name` stands for: "auto" picks sd for a drafter with the target's vocabulary, tli
-    (sampling) or slem (greedy) for one with another vocabulary, and ar without a drafter."""
+    (sampling) or slem (greedy) for one with another vocabulary (with an ensemble of targets: sd, or tli
+    for either mode), and without a drafter ar, or se for an ensemble."""
     if name == "auto":
-        name = "ar" if not drafter else "sd" if same_vocabulary else "slem" if greedy else "tli"
+        if not drafter:
+            name = "se" if ensemble else "ar"
+        else:
+            name = "sd" if same_vocabulary else "tli" if ensemble or not greedy else "slem"
     return METHODS[name]
 
 

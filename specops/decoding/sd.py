@@ -16,4 +16,5 @@ def _make(setup: Setup) -> Proposer:
     return TokenDrafter(setup, vocab, [list(p) for p in setup.batch.prompt_rows])
 
 
-METHODS = [Method("sd", "speculative decoding with a drafter of the target's vocabulary", _make, drafter="same")]
+METHODS = [Method("sd", "speculative decoding with a drafter of the target's vocabulary", _make, drafter="same",
+                  ensemble="yes")]

@@ -23,6 +23,7 @@ class Stats:
     verify_seconds: float = 0.0
     forward_seconds: float = 0.0
     draft_lengths: list[int] = field(default_factory=list)
+    member_calls: list[int] | None = None  # forwards of each ensemble member (target_calls is their sum)
 
     @property
     def tokens_per_second(self) -> float:
@@ -48,6 +49,8 @@ class Stats:
     def summary(self) -> str:
         text = (f"{self.new_tokens} tokens in {self.seconds:.2f} s ({self.tokens_per_second:.1f} tok/s), "
                 f"target calls {self.target_calls} ({self.target_calls_per_token:.2f}/token)")
+        if self.member_calls:
+            text += " = " + " + ".join(str(c) for c in self.member_calls) + " by member"
         if self.drafted:
             text += (f", drafter calls {self.drafter_calls}" if self.drafter_calls else "")
             text += (f", accepted {self.accepted}/{self.drafted} "

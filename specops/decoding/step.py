@@ -116,7 +116,8 @@ class StepResult:
 
 class Proposer:
     """Base of every method. `drafters` lists the drafter models (CausalLM) the method runs, so the loop
-    can time and count them; `verifier` names how drafts are checked (verify.py)."""
+    can time and count them; `verifier` names how drafts are checked (verify.py), or is the method's own
+    verifier, called as verify.py's are (se: the members' drafts and scores meet there)."""
 
     verifier = "chain"
     drafters: tuple = ()
@@ -144,7 +145,9 @@ class Method:
     values. legacy: decode() keywords that set an option (keyword -> option name). draft_setting:
     validates num_draft_tokens (default: "auto" or an int >= 1). tokenizers(target_tokenizer,
     drafter_tokenizer) checks what the tokenizers alone decide (a vocabulary map), before any prompt is
-    encoded. make(setup) builds the proposer, before decoding starts."""
+    encoded. ensemble: "no" (a single target), "yes" (a single target or an ensemble, verified against
+    the ensemble) or "only" (an ensemble of targets). make(setup) builds the proposer, before decoding
+    starts."""
 
     name: str
     summary: str
@@ -156,3 +159,4 @@ class Method:
     legacy: dict = field(default_factory=dict)
     draft_setting: Callable[[object], None] | None = None
     tokenizers: Callable[[object, object], None] | None = None
+    ensemble: str = "no"

@@ -46,7 +46,9 @@ def _maker(crossing):
 
 METHODS = [
     Method("tli", "a drafter with another vocabulary, drafting from the tokens both vocabularies share",
-           _maker(lambda *args: intersection(*args)), drafter="any", tokenizers=vocab_maps.vocab_map),
+           _maker(lambda *args: intersection(*args)), drafter="any", tokenizers=vocab_maps.vocab_map,
+           ensemble="yes"),
     Method("union", "TLI's baseline: the drafter's whole vocabulary, its own tokens always rejected",
-           _maker(lambda *args: union(*args)), drafter="any", tokenizers=vocab_maps.vocab_map),
+           _maker(lambda *args: union(*args)), drafter="any", tokenizers=vocab_maps.vocab_map,
+           ensemble="yes"),
 ]

@@ -23,13 +23,16 @@ __all__ = ["VERIFIERS", "Verified", "sample"]
 
 @dataclass
 class Verified:
-    """out [B, K+1]: accepted drafts, then the recovered or bonus token, then -1; accepted [B];
-    num_draft [B]: drafts each request offered; size: draft tokens per request in flight."""
+    """out [B, K+1]: accepted drafts, then the recovered or bonus token, then -1; accepted [B] (the tokens
+    emitted are out[:, :accepted + 1]); num_draft [B]: drafts each request offered; size: draft tokens per
+    request in flight; accepted_drafts [B]: drafts among the emitted tokens when that is not `accepted`
+    (se emits a whole accepted chain with no token after it)."""
 
     out: torch.Tensor
     accepted: torch.Tensor
     num_draft: torch.Tensor
     size: int
+    accepted_drafts: torch.Tensor | None = None
 
 
 def _chain_verify(logits, drafts, probs, num_draft, params: SamplingParams, seeds, offset):

@@ -1,0 +1,187 @@
+"""Speculative Ensemble (method "se"; paper 004, Alg. 1 for two members, Alg. 2 for n): the members of an
+ensemble take turns proposing tokens to each other, and every token is verified against the ensemble's
+distribution, so the output follows the ensemble exactly while most tokens cost one member's forward
+instead of all of them.
+
+A step, for every request at once (members in turn: step s's proposer is member s mod n):
+
+- the proposer P offers its drafts: the token it sampled from its own distribution at the end of the
+  previous step (its bonus, when that step accepted everything), then gamma_P - 1 more drawn from its own
+  distribution (at least one for a request without a bonus), each with the distribution q it was drawn
+  from;
+- every other member reads the last emitted token and the drafts in one forward, which gives its
+  distribution at every draft position and one past the last;
+- `specops.ops.ensemble_logits` combines the members' logits at every draft position and `chain_verify`
+  accepts a prefix with min(1, r/q) against the ensemble r; a rejected draft is replaced by a token from
+  the residual norm(max(0, r - q)) and the step ends;
+- when every draft is accepted no ensemble token is drawn: the next member (the next step's proposer)
+  samples its bonus from its own distribution one past the last draft, which the others verify next
+  step. That is what makes a step cheap: the bonus needs no forward of its own.
+
+Every member keeps in its KV cache what was emitted except the last token, which it reads with the next
+step's drafts; a member that did not read in a step (a proposer with gamma 1 and a bonus for every
+request) reads what it missed then. Temperature, top-k and top-p apply to each member's own proposals
+and to the ensemble's logits alike, so at temperature 0 every draft is its member's argmax and the
+output is the ensemble's greedy decoding, token for token. num_draft_tokens: gamma for every member (an
+int), one per member (a tuple), or "auto": 1 for each, the setting the paper shows is never slower than
+the ensemble (Cor. 3.7) and the fastest on a CPU, where a forward over two tokens costs about one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specops import ops
+from specops.decoding.crossing import DraftVocab
+from specops.decoding.step import Method, Proposal, Proposer, Setup, draft_offset
+from specops.decoding.verify import Verified
+
+__all__ = ["AlternateProposer"]
+
+_BONUS = 2**31  # random-number index of a step's bonus draw (drafts use 0, 1, ...)
+
+
+def _check_setting(setting) -> None:
+    if setting == "auto":
+        return
+    values = setting if isinstance(setting, tuple) else (setting,)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise ValueError("num_draft_tokens for method 'se' must be 'auto', an int gamma >= 1 (every member) or a "
+                         f"tuple of one gamma >= 1 per member, got {setting!r}")
+
+
+class AlternateProposer(Proposer):
+    """The alternate proposal framework over the members of an `EnsembleState` (module docstring).
+    Its verifier is its own `verify`: the proposer's drafts and the others' scores meet there."""
+
+    def __init__(self, setup: Setup):
+        self.params, self.seeds = setup.params, setup.seeds
+        members = len(setup.target.members)
+        setting = setup.num_draft_tokens
+        if isinstance(setting, tuple) and len(setting) != members:
+            raise ValueError(f"decode: num_draft_tokens for 'se' has {len(setting)} values for {members} members")
+        self.gammas = [1] * members if setting == "auto" else list(setting) if isinstance(setting, tuple) else \
+            [setting] * members
+        self.sampler = DraftVocab.same(setup.target.vocab_size, setup.target.device)
+        self.verifier = self.verify
+        self.turn = 0
+        self.started = False
+        self.bonus: torch.Tensor | None = None  # [B] bool: the request holds a bonus draft
+        self.bonus_token = self.bonus_logits = self.bonus_q = None
+
+    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        return Proposal(num_draft=budget)  # drafts are made in verify, where the members are
+
+    def select(self, rows: torch.Tensor) -> None:
+        if self.bonus is not None:
+            rows = rows.to(self.bonus.device)
+            self.bonus, self.bonus_token = self.bonus[rows], self.bonus_token[rows]
+            self.bonus_logits = self.bonus_logits[rows]
+            self.bonus_q = None if self.bonus_q is None else self.bonus_q[rows]
+        self.seeds = self.seeds[rows.to(self.seeds.device)]
+
+    def _draw(self, logits: torch.Tensor, step: int, index: int):
+        tokens, _, q = self.sampler.draft(logits, self.params, self.seeds, step, index)
+        return tokens, q
+
+    def verify(self, state, last: torch.Tensor, proposal: Proposal, params, seeds, step: int) -> Verified:
+        members = state.members
+        count, rows, device = len(members), state.rows, last.device
+        vocab = state.lm.vocab_size
+        if not self.started:  # every member has read the prompt; the first token is unread by all
+            for member in members:
+                member.unread = [[t] for t in last.tolist()]
+            self.bonus = torch.zeros(rows, dtype=torch.bool, device=device)
+            self.bonus_token = torch.zeros(rows, dtype=torch.long, device=device)
+            self.bonus_logits = torch.zeros(rows, vocab, device=device)
+            self.bonus_q = None if self.params.greedy else torch.zeros(rows, vocab, device=device)
+            self.started = True
+        p = self.turn % count
+        nxt = (p + 1) % count
+        proposer = members[p]
+        has = self.bonus
+        every = bool(has.all())
+        new = self.gammas[p] - 1 if every else max(self.gammas[p] - 1, 1)
+        offset = has.long()
+        num_draft = torch.minimum(offset + new, proposal.num_draft.to(device) + 1)
+        k = int(num_draft.max())
+        arange = torch.arange(rows, device=device)
+
+        # The proposer: its bonus first, then `new` drafts from its own distribution.
+        drafts = torch.full((rows, k), -1, dtype=torch.long, device=device)
+        own = torch.zeros(rows, k + 1, vocab, device=device)  # its logits at each draft position
+        q = None if self.params.greedy else torch.zeros(rows, k, vocab, device=device)
+        if bool(has.any()):
+            drafts[has, 0] = self.bonus_token[has]
+            own[has, 0] = self.bonus_logits[has]
+            if q is not None:
+                q[has, 0] = self.bonus_q[has]
+        bonus_list, has_list = self.bonus_token.tolist(), has.tolist()
+        proposer_read = [0] * rows  # drafts the proposer reads this step
+        if new:
+            logits = proposer.read([u + ([bonus_list[b]] if has_list[b] else []) for b, u in enumerate(proposer.unread)],
+                                   keep=1)[:, 0]
+            proposer.unread = [[] for _ in range(rows)]
+            proposer_read = [int(h) for h in has_list]
+            for i in range(new):
+                tokens, q_i = self._draw(logits, step, i)
+                col = offset + i
+                inside = col < k
+                where = arange[inside], col[inside]
+                drafts[where], own[where] = tokens[inside], logits[inside]
+                if q is not None:
+                    q[where] = q_i[inside]
+                if i + 1 < new:
+                    logits = proposer.read([[t] for t in tokens.tolist()], keep=1)[:, 0]
+                    proposer_read = [n + 1 for n in proposer_read]
+
+        # The others score the last token and the drafts in one forward each.
+        scored = drafts.clamp(min=0).tolist()
+        logits_of = {}
+        for m, member in enumerate(members):
+            if m != p:
+                logits_of[m] = member.read([u + d for u, d in zip(member.unread, scored)], keep=k + 1)
+        after = logits_of[nxt]
+        position = torch.arange(k + 1, device=device)[None, :]
+        own = torch.where((position < num_draft[:, None])[:, :, None], own, after)  # padding: any valid row
+        logits_of[p] = own
+        ensemble = state.combine([logits_of[m] for m in range(count)])
+        out, accepted = ops.chain_verify(ensemble, drafts, q, num_draft=num_draft, temperature=params.temperature,
+                                         top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=step,
+                                         validate=False)
+
+        # Everything accepted: no ensemble token; the next member's own draw past the drafts is its bonus.
+        whole = (accepted == num_draft) & (num_draft > 0)
+        if bool(whole.any()):
+            past = after[arange, num_draft]
+            token, q_b = self._draw(past, step, _BONUS)
+            self.bonus_token = torch.where(whole, token, self.bonus_token)
+            self.bonus_logits = torch.where(whole[:, None], past, self.bonus_logits)
+            if q_b is not None:
+                self.bonus_q = torch.where(whole[:, None], q_b, self.bonus_q)
+            padded = torch.cat([drafts, drafts.new_full((rows, 1), -1)], dim=1)
+            out = torch.where(whole[:, None], torch.where(position < num_draft[:, None], padded, -1), out)
+        self.bonus = whole
+        emitted_count = torch.where(whole, num_draft, accepted + 1).tolist()
+        emitted = [row[:n] for row, n in zip(out.tolist(), emitted_count)]
+
+        # Each member keeps what was emitted except the last token (read with the next step's drafts).
+        for m, member in enumerate(members):
+            read = proposer_read if m == p else ([k] * rows if m in logits_of else [0] * rows)
+            if m == p and not new:
+                member.unread = [u + e for u, e in zip(member.unread, emitted)]
+                continue
+            kept = [min(r, n - 1) for r, n in zip(read, emitted_count)]
+            member.forget([r - c for r, c in zip(read, kept)])
+            member.unread = [e[c:] for e, c in zip(emitted, kept)]
+        self.turn += 1
+        return Verified(out, torch.where(whole, num_draft - 1, accepted), num_draft, k,
+                        accepted_drafts=torch.where(whole, num_draft, accepted))
+
+
+def _make(setup: Setup) -> Proposer:
+    return AlternateProposer(setup)
+
+
+METHODS = [Method("se", "speculative ensemble: the members propose to each other, verified against the ensemble",
+                  _make, ensemble="only", draft_setting=_check_setting)]
