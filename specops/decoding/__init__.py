@@ -49,8 +49,9 @@ def _resolve_model(model, tokenizer, role: str):
         loaded, loaded_tokenizer = models.load(model)
         return loaded, tokenizer or loaded_tokenizer
     if tokenizer is None:
-        raise ValueError(f"decode: {role} is a model object, so its tokenizer must be given "
-                         f"({'tokenizer' if role == 'target' else 'drafter_tokenizer'}=...)")
+        keyword = ("tokenizer=..." if role == "target" else "drafter_tokenizer=..." if role == "drafter"
+                   else "tokenizer=[...], one per member")
+        raise ValueError(f"decode: {role} is a model object, so its tokenizer must be given ({keyword})")
     return model, tokenizer
 
 
