@@ -43,48 +43,65 @@ SPECOPS_INLINE F log_at_least_one_t(F s) {
 SPECOPS_INLINE float log_at_least_one(float s) { return log_at_least_one_t<float, int32_t>(s); }
 SPECOPS_INLINE f32x16 log_at_least_one(f32x16 s) { return log_at_least_one_t<f32x16, i32x16>(s); }
 
-// Weighted: out[x] = log sum_i exp(l_i[x] + c_i), c_i = log w_i - max_i - log z_i (member i's log-softmax
-// plus its log-weight), as A + log sum_i exp(l_i[x] + c_i - A) with A the largest term; -inf where every
-// member has -inf (or weight 0). Returns the number of finite outputs.
+// Weighted: out[x] = log sum_i exp((l_i[x] - max_i) + c_i), c_i = log w_i - log z_i (member i's log-softmax
+// plus its log-weight; the maximum comes off first, so a row far from zero keeps full precision), as
+// A + log sum_i exp(a_i - A) with A the largest term a_i; -inf where every member has -inf (or weight 0).
 template <typename Load>
-SPECOPS_INLINE int64_t weighted_impl(const Load& load, int64_t members, const float* shift, int64_t n, float* out) {
-  int64_t finite = 0;
+SPECOPS_INLINE void weighted_impl(const Load& load, int64_t members, const float* top, const float* add, int64_t n,
+                                  float* out) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    f32x16 top = f32x16{} - kInf;
+    f32x16 best = f32x16{} - kInf;
     for (int64_t m = 0; m < members; ++m) {
-      const f32x16 a = load16(load(m) + i) + shift[m];
-      top = a > top ? a : top;
+      const f32x16 a = (load16(load(m) + i) - top[m]) + add[m];
+      best = a > best ? a : best;
     }
-    const i32x16 some = top > -kInf;
-    const f32x16 safe = some ? top : f32x16{};
+    const i32x16 some = best > -kInf;
+    const f32x16 safe = some ? best : f32x16{};
     f32x16 sum = {};
-    for (int64_t m = 0; m < members; ++m) sum += exp_nonpositive(load16(load(m) + i) + shift[m] - safe);
+    for (int64_t m = 0; m < members; ++m) sum += exp_nonpositive(((load16(load(m) + i) - top[m]) + add[m]) - safe);
     const f32x16 v = safe + log_at_least_one(some ? sum : f32x16{} + 1.0f);
     store16(out + i, some ? v : f32x16{} - kInf);
-    for (int l = 0; l < kLanes; ++l) finite += some[l] != 0;
   }
   for (; i < n; ++i) {
-    float top = -kInf;
-    for (int64_t m = 0; m < members; ++m) top = std::max(top, load(m)[i] + shift[m]);
-    if (top == -kInf) {
+    float best = -kInf;
+    for (int64_t m = 0; m < members; ++m) best = std::max(best, (load(m)[i] - top[m]) + add[m]);
+    if (best == -kInf) {
       out[i] = -kInf;
       continue;
     }
     float sum = 0.0f;
-    for (int64_t m = 0; m < members; ++m) sum += exp_nonpositive(load(m)[i] + shift[m] - top);
-    out[i] = top + log_at_least_one(sum);
-    ++finite;
+    for (int64_t m = 0; m < members; ++m) sum += exp_nonpositive(((load(m)[i] - top[m]) + add[m]) - best);
+    out[i] = best + log_at_least_one(sum);
   }
-  return finite;
 }
 
-int64_t weighted(const float* const* member, int64_t members, const float* shift, int64_t n, float* out) {
-  if (members == 2) {  // the common pair, with the member loop unrolled
-    const float* two[2] = {member[0], member[1]};
-    return weighted_impl([&](int64_t m) { return two[m & 1]; }, 2, shift, n, out);
+// Two members: A + log(1 + exp(-|a_0 - a_1|)), one exp and one log per token.
+SPECOPS_INLINE void weighted_pair(const float* x0, const float* x1, const float* top, const float* add, int64_t n,
+                                  float* out) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const f32x16 a = (load16(x0 + i) - top[0]) + add[0];
+    const f32x16 b = (load16(x1 + i) - top[1]) + add[1];
+    const f32x16 hi = a > b ? a : b, lo = a > b ? b : a;
+    const i32x16 some = hi > -kInf;
+    const f32x16 gap = some ? lo - hi : f32x16{} - kInf;  // <= 0; -inf where lo is -inf
+    const f32x16 v = hi + log_at_least_one(1.0f + exp_nonpositive(gap));
+    store16(out + i, some ? v : f32x16{} - kInf);
   }
-  return weighted_impl([&](int64_t m) { return member[m]; }, members, shift, n, out);
+  for (; i < n; ++i) {
+    const float a = (x0[i] - top[0]) + add[0], b = (x1[i] - top[1]) + add[1];
+    const float hi = std::max(a, b), lo = std::min(a, b);
+    out[i] = hi == -kInf ? -kInf : hi + log_at_least_one(1.0f + exp_nonpositive(lo - hi));
+  }
+}
+
+void weighted(const float* const* member, int64_t members, const float* top, const float* add, int64_t n, float* out) {
+  if (members == 2) {
+    weighted_pair(member[0], member[1], top, add, n, out);
+    return;
+  }
+  weighted_impl([&](int64_t m) { return member[m]; }, members, top, add, n, out);
 }
 
 // Contrastive: out[x] = (e[x] - max_e) - mu (a[x] - max_a), -inf where e[x] or a[x] is -inf or where the
@@ -93,14 +110,16 @@ int64_t weighted(const float* const* member, int64_t members, const float* shift
 int64_t contrastive(const float* e, const float* a, float max_e, float max_a, float mu, float log_alpha, int64_t n,
                     float* out) {
   int64_t finite = 0;
+  i32x16 kept = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const f32x16 de = load16(e + i) - max_e;
     const f32x16 da = load16(a + i) - max_a;
     const i32x16 keep = (de >= log_alpha) & (de > -kInf) & (da > -kInf);
     store16(out + i, keep ? de - mu * da : f32x16{} - kInf);
-    for (int l = 0; l < kLanes; ++l) finite += keep[l] != 0;
+    kept -= keep;  // keep is -1 where true
   }
+  for (int l = 0; l < kLanes; ++l) finite += kept[l];
   for (; i < n; ++i) {
     const float de = e[i] - max_e, da = a[i] - max_a;
     const bool keep = de >= log_alpha && de > -kInf && da > -kInf;

@@ -3,7 +3,7 @@ next-token distributions (semantics: `specops.reference.ensemble_logits`).
 
 One program per row. Pass 1 walks the vocabulary in BLOCK_V tiles once per member, keeping a running
 maximum and (weighted) a running softmax sum per lane, rescaled when the maximum grows (online softmax);
-the lanes are reduced at the end and each member's log-normalizer is stored in a small scratch tensor.
+the lanes are reduced at the end and each member's maximum and log-normalizer are stored in small scratch tensors.
 Pass 2 reads every member's tile once more and writes the ensemble tile. The launcher stacks the members
 into one [M, R, V] tensor (one copy: members arrive as separate tensors). Offsets are 64-bit.
 """
@@ -22,12 +22,13 @@ _NEG_INF = float("-inf")
 
 
 @triton.jit
-def _ensemble_logits_kernel(x_ptr, w_ptr, shift_ptr, out_ptr, R, V, MEMBERS, mu, log_alpha,
+def _ensemble_logits_kernel(x_ptr, w_ptr, top_ptr, add_ptr, out_ptr, R, V, MEMBERS, mu, log_alpha,
                             CONTRASTIVE: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_V)
-    # Pass 1: per member, the row's maximum and (weighted) log sum exp, into shift_ptr[row, m]:
-    # weighted: log w_m - max - log z (member m's log-softmax shift plus its log-weight); contrastive: -max.
+    # Pass 1: per member, the row's maximum into top_ptr[row, m] and (weighted) log w_m - log z into
+    # add_ptr[row, m]: member m's log-softmax plus its log-weight is (x - top) + add, the maximum taken off
+    # first so that rows far from zero keep full precision.
     for m in range(MEMBERS):
         base = x_ptr + (m * R + row) * V
         run_max = tl.full((BLOCK_V,), _NEG_INF, tl.float32)
@@ -41,13 +42,11 @@ def _ensemble_logits_kernel(x_ptr, w_ptr, shift_ptr, out_ptr, R, V, MEMBERS, mu,
                 tl.exp(tl.where(x > _NEG_INF, x - safe, _NEG_INF))
             run_max = new_max
         top = tl.max(run_max, axis=0)
-        if CONTRASTIVE:
-            tl.store(shift_ptr + row * MEMBERS + m, -top)
-        else:
+        tl.store(top_ptr + row * MEMBERS + m, top)
+        if not CONTRASTIVE:
             z = tl.sum(tl.where(run_max > _NEG_INF, run_sum * tl.exp(run_max - top), 0.0), axis=0)
             w = tl.load(w_ptr + m)
-            shift = tl.where(w > 0, tl.log(w) - top - tl.log(z), _NEG_INF)
-            tl.store(shift_ptr + row * MEMBERS + m, shift)
+            tl.store(add_ptr + row * MEMBERS + m, tl.where(w > 0, tl.log(w) - tl.log(z), _NEG_INF))
     # Pass 2: combine tile by tile.
     out_row = out_ptr + row * V
     finite = 0
@@ -55,24 +54,24 @@ def _ensemble_logits_kernel(x_ptr, w_ptr, shift_ptr, out_ptr, R, V, MEMBERS, mu,
         idx = v0 + cols
         inside = idx < V
         if CONTRASTIVE:
-            e = tl.load(x_ptr + row * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) + \
-                tl.load(shift_ptr + row * MEMBERS)
-            a = tl.load(x_ptr + (R + row) * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) + \
-                tl.load(shift_ptr + row * MEMBERS + 1)
+            e = tl.load(x_ptr + row * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) - \
+                tl.load(top_ptr + row * MEMBERS)
+            a = tl.load(x_ptr + (R + row) * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) - \
+                tl.load(top_ptr + row * MEMBERS + 1)
             keep = (e >= log_alpha) & (e > _NEG_INF) & (a > _NEG_INF)
             value = tl.where(keep, e - mu * tl.where(keep, a, 0.0), _NEG_INF)
         else:
             top = tl.full((BLOCK_V,), _NEG_INF, tl.float32)
             for m in range(MEMBERS):
-                a = tl.load(x_ptr + (m * R + row) * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) + \
-                    tl.load(shift_ptr + row * MEMBERS + m)
+                a = (tl.load(x_ptr + (m * R + row) * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) -
+                     tl.load(top_ptr + row * MEMBERS + m)) + tl.load(add_ptr + row * MEMBERS + m)
                 top = tl.maximum(top, a)
             keep = top > _NEG_INF
             safe = tl.where(keep, top, 0.0)
             total = tl.zeros((BLOCK_V,), tl.float32)
             for m in range(MEMBERS):
-                a = tl.load(x_ptr + (m * R + row) * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) + \
-                    tl.load(shift_ptr + row * MEMBERS + m)
+                a = (tl.load(x_ptr + (m * R + row) * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) -
+                     tl.load(top_ptr + row * MEMBERS + m)) + tl.load(add_ptr + row * MEMBERS + m)
                 total += tl.exp(tl.where(a > _NEG_INF, a - safe, _NEG_INF))
             value = tl.where(keep, safe + tl.log(tl.where(keep, total, 1.0)), _NEG_INF)
         finite += tl.sum((keep & inside).to(tl.int32), axis=0)
@@ -82,8 +81,8 @@ def _ensemble_logits_kernel(x_ptr, w_ptr, shift_ptr, out_ptr, R, V, MEMBERS, mu,
             for v0 in range(0, V, BLOCK_V):
                 idx = v0 + cols
                 inside = idx < V
-                e = tl.load(x_ptr + row * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) + \
-                    tl.load(shift_ptr + row * MEMBERS)
+                e = tl.load(x_ptr + row * V + idx, mask=inside, other=_NEG_INF).to(tl.float32) - \
+                    tl.load(top_ptr + row * MEMBERS)
                 tl.store(out_row + idx, tl.where((e >= log_alpha) & (e > _NEG_INF), e, _NEG_INF), mask=inside)
 
 
@@ -99,10 +98,11 @@ def ensemble_logits_triton(members: list[torch.Tensor], weights: torch.Tensor, m
         return out
     stacked = torch.stack([m.reshape(rows, vocab) for m in members]).contiguous()
     count = len(members)
-    scratch = torch.empty((rows, count), dtype=torch.float32, device=first.device)
-    w = weights.to(device=first.device, dtype=torch.float32).contiguous() if mode == 0 else scratch
+    top = torch.empty((rows, count), dtype=torch.float32, device=first.device)
+    add = torch.empty_like(top)
+    w = weights.to(device=first.device, dtype=torch.float32).contiguous() if mode == 0 else top
     log_alpha = math.log(alpha) if alpha > 0 else _NEG_INF
-    _ensemble_logits_kernel[(rows,)](stacked, w, scratch, out, rows, vocab, count, float(mu), log_alpha,
+    _ensemble_logits_kernel[(rows,)](stacked, w, top, add, out, rows, vocab, count, float(mu), log_alpha,
                                      CONTRASTIVE=mode == 1, BLOCK_V=block_v)
     return out
 
