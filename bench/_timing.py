@@ -236,6 +236,42 @@ def write_csv(path: str | Path, rows: Sequence[dict], info: dict[str, str]) -> N
             writer.writerow({**info, **row})
 
 
+def fmt(value) -> str:
+    """A table cell: floats to 3 significant places (scientific below 1e-3), None blank."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if value != 0 and abs(value) < 1e-3:
+            return f"{value:.1e}"
+        for limit, digits in ((100, 0), (10, 1), (1, 2)):
+            if abs(value) >= limit:
+                return f"{value:.{digits}f}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    """A markdown table of `columns`, numeric columns right-aligned."""
+    numeric = {c: all(isinstance(r.get(c), (int, float)) for r in rows if r.get(c) not in (None, ""))
+               for c in columns}
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join("---:" if numeric[c] else "---" for c in columns) + "|"]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_csv_columns(path: str | Path, rows: Sequence[dict], columns: Sequence[str], info: dict[str, str]) -> None:
+    """Rows restricted to `columns`, then the machine info, on every row."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(columns) + [k for k in info if k not in columns]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**info, **{c: row.get(c) for c in columns}})
+
+
 def format_table(rows: Iterable[dict], columns: Sequence[str]) -> str:
     """An aligned text table of `columns`; numbers right-aligned, missing values blank."""
     rows = list(rows)

@@ -7,6 +7,9 @@ and settings, in one run.
                               [--hf-assistant-tokens N]
                               [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
                               [--no-batched] [--threads 2] [--csv PATH]
+    python bench/bench_e2e.py --configs ensembles [--prompts 4] ...   # bench_ensemble.py: se, ensemble-SD
+                                                                       # and transformers' ensemble weight
+                                                                       # against the standard ensemble
 
 Target Gemma-3-270M (float32, the embedded model), prompts HumanEval/<first>..<first+prompts-1>
 (problems 0-99 are for tuning), batch size 1 per prompt. Each mode (greedy; sampling at temperature 1,
@@ -597,7 +600,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
     parser.add_argument("--configs", default=",".join(DEFAULT_GROUPS),
-                        help="comma-separated configurations to run (module docstring), or all (adds union)")
+                        help="comma-separated configurations to run (module docstring), or all (adds union); "
+                             "'ensembles' alone runs bench_ensemble.py")
     parser.add_argument("--target", default="gemma-3-270m", help="embedded target model")
     parser.add_argument("--early-exit", type=int, default=6,
                         help="drafter layers: transformers assistant_early_exit=N and specops drafter self:N")
@@ -628,6 +632,16 @@ def main() -> None:
     modes = _names(args.modes)
     if any(m not in MODES for m in modes):
         parser.error(f"--modes: choose from {', '.join(MODES)}")
+    if "ensembles" in _names(args.configs):  # ensembles of targets: bench_ensemble.py's run, on these prompts
+        if _names(args.configs) != ["ensembles"]:
+            parser.error("--configs ensembles runs alone (bench/bench_ensemble.py)")
+        import bench_ensemble
+
+        bench_ensemble.run(argparse.Namespace(
+            prompts=args.prompts, first=args.first, new_tokens=args.new_tokens, modes=",".join(modes),
+            pairs="hetero,same", rules="w55,w73,cd", early_exit=args.early_exit, threads=args.threads,
+            seed=args.seed, device=args.device, csv=args.csv))
+        return
     args.configs = list(GROUPS) if _names(args.configs) == ["all"] else _names(args.configs)
     if not args.configs or any(c not in GROUPS for c in args.configs):
         parser.error(f"--configs: choose from {', '.join(GROUPS)} (or all)")

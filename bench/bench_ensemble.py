@@ -85,10 +85,8 @@ def run(args) -> None:
     from bench_e2e import load_prompts
 
     torch.set_num_threads(args.threads)
-    gemma, gemma_tok = models.load("gemma-3-270m")
-    smol, smol_tok = models.load("smollm2-135m")
-    if args.device != "cpu":
-        gemma, smol = gemma.to(args.device), smol.to(args.device)
+    gemma, gemma_tok = models.load("gemma-3-270m", device=args.device)
+    smol, smol_tok = models.load("smollm2-135m", device=args.device)
     short = truncated(gemma, args.early_exit)
     pairs = {"hetero": ([gemma, smol], [gemma_tok, smol_tok], dict(method="tli", drafter=smol, drafter_tokenizer=smol_tok)),
              "same": ([gemma, short], [gemma_tok, gemma_tok], dict(method="sd", drafter=f"self:{args.early_exit}"))}

@@ -34,7 +34,6 @@ bench/results/ensemble_logits_<device>.csv) has every column and the machine inf
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 import sys
@@ -49,9 +48,11 @@ from _timing import (
     import_specops,
     int_list,
     machine_info,
+    markdown_table,
     mismatch_lines,
     parse_bench_args,
     run_cases,
+    write_csv_columns,
 )
 
 VOCABS = [32000, 262144]
@@ -248,37 +249,6 @@ def run_case(specops, case: Case, args, flush: torch.Tensor | None) -> list[dict
     return [row]
 
 
-def fmt(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if value != 0 and abs(value) < 1e-3:
-            return f"{value:.1e}"
-        for limit, digits in ((100, 0), (10, 1), (1, 2)):
-            if abs(value) >= limit:
-                return f"{value:.{digits}f}"
-        return f"{value:.3f}"
-    return str(value)
-
-
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    numeric = {c: all(isinstance(r.get(c), (int, float)) for r in rows if r.get(c) not in (None, ""))
-               for c in columns}
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---:" if numeric[c] else "---" for c in columns) + "|"]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def write_csv(path: Path, rows: list[dict], info: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields = CSV_COLUMNS + [k for k in info if k not in CSV_COLUMNS]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**info, **{c: row.get(c) for c in CSV_COLUMNS}})
-
 
 def summary_lines(rows: list[dict]) -> list[str]:
     """Per mode: the range of the overhead, of ensemble_logits' GB/s and of the speedups."""
@@ -338,7 +308,7 @@ def main() -> int:
     with torch.inference_mode():
         rows, elapsed, other_load = run_cases(
             cases, lambda c: f"{c.mode} V={c.vocab} B={c.batch} K={c.k}", one_case, info)
-    write_csv(csv_path, rows, info)
+    write_csv_columns(csv_path, rows, CSV_COLUMNS, info)
 
     print(markdown_table(rows, COLUMNS))
     print()

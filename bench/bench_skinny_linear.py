@@ -39,7 +39,6 @@ bench/results/skinny_linear_<device>.csv) has every column.
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 import sys
@@ -55,9 +54,11 @@ from _timing import (
     import_specops,
     int_list,
     machine_info,
+    markdown_table,
     mismatch_lines,
     parse_bench_args,
     run_cases,
+    write_csv_columns,
 )
 
 SHAPES = {  # name: (N, K)
@@ -249,37 +250,6 @@ def run_case(specops, case: Case, args, weights: Weights, llc: int, flush: torch
     return [row]
 
 
-def fmt(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if value != 0 and abs(value) < 1e-3:
-            return f"{value:.1e}"
-        for limit, digits in ((100, 0), (10, 1), (1, 2)):
-            if abs(value) >= limit:
-                return f"{value:.{digits}f}"
-        return f"{value:.3f}"
-    return str(value)
-
-
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    numeric = {c: all(isinstance(r.get(c), (int, float)) for r in rows if r.get(c) not in (None, ""))
-               for c in columns}
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---:" if numeric[c] else "---" for c in columns) + "|"]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def write_csv(path: Path, rows: list[dict], info: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields = CSV_COLUMNS + [k for k in info if k not in CSV_COLUMNS]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**info, **{c: row.get(c) for c in CSV_COLUMNS}})
-
 
 def summary_lines(rows: list[dict]) -> list[str]:
     """Per shape: the speedup at each M, and skinny's median GB/s range."""
@@ -339,7 +309,7 @@ def main() -> int:
             cases, lambda c: f"{c.shape} N={c.n} K={c.k} M={c.m}",
             lambda c: run_case(specops, c, args, weights, llc, flush), info)
     weights.clear()
-    write_csv(csv_path, rows, info)
+    write_csv_columns(csv_path, rows, CSV_COLUMNS, info)
 
     print(markdown_table(rows, COLUMNS))
     print()
