@@ -119,3 +119,21 @@ def test_slrs_refuses_long_tokens_on_real_pair(gemma, smollm2):
         specops.decode(PROMPTS[0], target=model, tokenizer=tokenizer, drafter=drafter,
                        drafter_tokenizer=drafter_tokenizer, method="slrs", max_new_tokens=4, temperature=1.0,
                        slrs_max_nodes=64)
+
+
+@needs_smollm2
+@pytest.mark.parametrize("rule", [specops.WeightedEnsemble([0.5, 0.5]), specops.WeightedEnsemble([0.7, 0.3]),
+                                  specops.ContrastiveEnsemble(0.1)], ids=["w55", "w73", "cd"])
+def test_greedy_se_equals_ensemble_on_real_pair(gemma, smollm2, rule):
+    """The ensemble of Gemma-3-270M and SmolLM2-135M (another vocabulary, through the shared tokens) on every
+    benchmark prompt as one ragged batch: se and ensemble-SD (tli, SmolLM2 drafting) give the standard
+    ensemble's greedy tokens."""
+    (model, tokenizer), (other, other_tokenizer) = gemma, smollm2
+    prompts = _benchmark_prompts()
+    members = dict(target=[model, other], tokenizer=[tokenizer, other_tokenizer], ensemble=rule, max_new_tokens=24)
+    plain = specops.decode(prompts, method="ensemble", **members)
+    se = specops.decode(prompts, method="se", **members)
+    assert se.tokens == plain.tokens
+    assert sum(se.stats.member_calls) < sum(plain.stats.member_calls)
+    sd = specops.decode(prompts, method="tli", drafter=other, drafter_tokenizer=other_tokenizer, **members)
+    assert sd.tokens == plain.tokens
