@@ -249,7 +249,6 @@ def run_case(specops, case: Case, args, flush: torch.Tensor | None) -> list[dict
     return [row]
 
 
-
 def summary_lines(rows: list[dict]) -> list[str]:
     """Per mode: the range of the overhead, of ensemble_logits' GB/s and of the speedups."""
     lines = []

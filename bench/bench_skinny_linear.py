@@ -250,7 +250,6 @@ def run_case(specops, case: Case, args, weights: Weights, llc: int, flush: torch
     return [row]
 
 
-
 def summary_lines(rows: list[dict]) -> list[str]:
     """Per shape: the speedup at each M, and skinny's median GB/s range."""
     lines = []

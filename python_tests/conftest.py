@@ -7,6 +7,7 @@ conftest.py is imported before the test modules, so it is set here, first.
 
 import os
 
+import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
@@ -24,3 +25,26 @@ def pytest_generate_tests(metafunc):
     if "device" in metafunc.fixturenames:
         metafunc.parametrize("device", DEVICES)
 
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of tiny-model tests: they gain nothing from more, and a shared
+    2-core machine is oversubscribed by two threads per process."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def private_specops_cache(tmp_path_factory):
+    """specops' on-disk caches (vocabulary maps, model n-grams) go to a temporary directory for a module,
+    never to the user's ~/.cache."""
+    before = os.environ.get("SPECOPS_CACHE")
+    os.environ["SPECOPS_CACHE"] = str(tmp_path_factory.mktemp("specops-cache"))
+    yield
+    if before is None:
+        del os.environ["SPECOPS_CACHE"]
+    else:
+        os.environ["SPECOPS_CACHE"] = before

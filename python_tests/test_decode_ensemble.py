@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 
 import pytest
 import torch
@@ -49,26 +48,7 @@ MIN_EXPECTED = 5  # sequences expected fewer times share one chi-square cell (Co
 SHIFT = 0.03  # mass moved between the two likeliest cells that every check must catch with power >= 0.99
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and a shared 2-core machine is oversubscribed by
-    two threads per process (as test_architectures.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _vocab_cache(tmp_path_factory):
-    """Vocabulary maps are cached on disk: keep this module's out of the user's cache."""
-    before = os.environ.get("SPECOPS_CACHE")
-    os.environ["SPECOPS_CACHE"] = str(tmp_path_factory.mktemp("specops-cache"))
-    yield
-    if before is None:
-        del os.environ["SPECOPS_CACHE"]
-    else:
-        os.environ["SPECOPS_CACHE"] = before
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "private_specops_cache")
 
 
 # ---- exact distributions ----

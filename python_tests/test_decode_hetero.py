@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 
 import pytest
 import torch
@@ -46,16 +45,7 @@ DRAFT_TO_TARGET = [TARGET_TOKENS.index(t) if t in TARGET_TOKENS else -1 for t in
 METHODS = ["tli", "union", "slem", "slrs"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _vocab_cache(tmp_path_factory):
-    """Vocabulary maps are cached on disk: keep this module's out of the user's cache."""
-    before = os.environ.get("SPECOPS_CACHE")
-    os.environ["SPECOPS_CACHE"] = str(tmp_path_factory.mktemp("specops-cache"))
-    yield
-    if before is None:
-        del os.environ["SPECOPS_CACHE"]
-    else:
-        os.environ["SPECOPS_CACHE"] = before
+pytestmark = pytest.mark.usefixtures("private_specops_cache")  # vocabulary maps: not the user's cache
 
 
 def _drafter_table(seed: int, mirror: float, target_table: torch.Tensor) -> torch.Tensor:

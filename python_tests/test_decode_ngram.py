@@ -40,12 +40,7 @@ from toy_models import (BOS_ID, BYTE_VOCAB, EOS_ID, LETTERS, START, TableLM, byt
 NGRAM_TABLES = ("bigram", "unigram", "none")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", autouse=True)
