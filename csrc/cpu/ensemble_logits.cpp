@@ -27,7 +27,6 @@ constexpr int64_t kWeighted = 0;
 constexpr int64_t kContrastive = 1;
 constexpr int64_t kCombineChunk = 16384;  // vocabulary entries per combine task
 constexpr double kWeightSumTolerance = 1e-4;
-constexpr int64_t kMaxStack = 8;  // members whose per-row constants live on the stack
 
 struct CombinePasses {
   void (*weighted)(const float* const*, int64_t, const float*, const float*, int64_t, float*);
@@ -124,24 +123,15 @@ at::Tensor ensemble_logits_cpu(at::TensorList members, const at::Tensor& weights
     const int64_t begin = c * kCombineChunk, len = std::min(kCombineChunk, vocab - begin);
     float* dst = out_p + r * vocab + begin;
     if (mode == kWeighted) {
-      float top[kMaxStack], add[kMaxStack];
-      const float* src[kMaxStack];
-      std::vector<float> top_v, add_v;
-      std::vector<const float*> src_v;
-      float* tp = top;
-      float* ap = add;
-      const float** sp = src;
-      if (count > kMaxStack) {
-        top_v.resize(count), add_v.resize(count), src_v.resize(count);
-        tp = top_v.data(), ap = add_v.data(), sp = src_v.data();
-      }
+      std::vector<float> top(static_cast<size_t>(count)), add(static_cast<size_t>(count));
+      std::vector<const float*> src(static_cast<size_t>(count));
       for (int64_t m = 0; m < count; ++m) {
         const int64_t p = r * count + m;
-        tp[m] = row_max[p];
-        ap[m] = weight[m] > 0.0 ? static_cast<float>(std::log(weight[m]) - std::log(row_sum[p])) : -kInf;
-        sp[m] = ptr[m] + r * vocab + begin;
+        top[m] = row_max[p];
+        add[m] = weight[m] > 0.0 ? static_cast<float>(std::log(weight[m]) - std::log(row_sum[p])) : -kInf;
+        src[m] = ptr[m] + r * vocab + begin;
       }
-      combine_passes().weighted(sp, count, tp, ap, len, dst);
+      combine_passes().weighted(src.data(), count, top.data(), add.data(), len, dst);
       return int64_t{1};  // the weighted ensemble always has a finite token (every member row has one)
     }
     const float* e = ptr[0] + r * vocab + begin;
