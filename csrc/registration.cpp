@@ -58,6 +58,9 @@ TORCH_LIBRARY(specops, m) {
   // A linear layer over the few rows a decoding forward carries: input [M, K] @ weight[N, K]^T + bias,
   // the weight read once whatever M is (BLAS re-reads it per few rows when M is small).
   m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
+  // skinny_linear with the weight stored in low precision (bfloat16; int8 with per-group scales; int4 packed two
+  // per uint8 byte with per-group scales and minimums), de-quantized as it is read; float32 activations.
+  m.def("quantized_linear(Tensor input, Tensor weight, Tensor? scales, Tensor? mins, Tensor? bias) -> Tensor");
   // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
   // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.
   m.def(

@@ -15,7 +15,7 @@ import torch
 from specops._rows import per_row
 from specops._seeds import draw_seed, row_seeds
 
-__all__ = ["chain_verify", "ensemble_logits", "ngram_match", "sample_without_replacement", "skinny_linear", "stochastic_beam_step",
+__all__ = ["chain_verify", "ensemble_logits", "ngram_match", "quantized_linear", "sample_without_replacement", "skinny_linear", "stochastic_beam_step",
            "tree_attention", "tree_verify", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -833,4 +833,93 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 @torch.library.register_fake("specops::skinny_linear")
 def _skinny_linear_fake(input, weight, bias):
+    return input.new_empty((input.shape[0], weight.shape[0]))
+
+
+_QUANTIZED_FORMATS = {torch.bfloat16: "bfloat16", torch.int8: "int8", torch.uint8: "int4"}
+
+
+def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None,
+                     mins: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """input @ W^T + bias with W stored in low precision and de-quantized as it is read (weight-only
+    quantization: the input stays in its float type), for the few rows of a decoding forward: a
+    skinny_linear that reads 2, 1 or 0.5 bytes per weight instead of 4. `specops.quantize` builds these
+    weights from a model's linear layers. The weight's dtype names the format (exact definition:
+    `specops.reference.dequantize`):
+
+    - bfloat16 [N, K]: W = weight; no scales or mins.
+    - int8 [N, K] with float32 scales [N, G]: W[n, k] = weight[n, k] * scales[n, k // (K / G)].
+    - uint8 [N, K / 2] (int4, two per byte) with float32 scales and mins [N, G]:
+      W[n, k] = q[n, k] * scales[n, g] + mins[n, g], q in 0..15; in each block of 32 weights along K,
+      byte j holds weight j in its low nibble and weight j + 16 in its high nibble (K % 32 == 0).
+
+    G = 1 is one scale per output channel; with G > 1 a group spans K / G weights, a multiple of 32. On
+    the CPU each output is float32 de-quantized weights times inputs in 16 lanes summed by a fixed tree,
+    so a row's result has the same bits whatever the number of rows (as skinny_linear). Forward only.
+
+    Shape:
+        input: [..., K]; float32 on CPU; float32, bfloat16 or float16 on CUDA.
+        weight, scales, mins: as above, on input's device. bias: [N] of input's dtype, or None.
+
+    Returns [..., N] in input's dtype.
+    """
+    op = "quantized_linear"
+    if not isinstance(input, torch.Tensor) or input.dim() < 1:
+        raise ValueError(f"{op}: input must be a tensor [..., K]")
+    device = input.device
+    allowed = (torch.float32,) if device.type == "cpu" else _LOGIT_DTYPES
+    if input.dtype not in allowed:
+        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{op}: input on {device.type} must be {names}, got {input.dtype}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be a 2-D tensor")
+    fmt = _QUANTIZED_FORMATS.get(weight.dtype)
+    article = "an" if fmt in ("int8", "int4") else "a"
+    if fmt is None:
+        raise TypeError(f"{op}: weight must be bfloat16, int8 or uint8 (packed int4), got {weight.dtype}")
+    k, n = input.shape[-1], weight.shape[0]
+    width = k // 2 if fmt == "int4" else k
+    if weight.shape[1] != width or (fmt == "int4" and k % 32):
+        rule = "[N, K / 2] with K a multiple of 32" if fmt == "int4" else "[N, K]"
+        raise ValueError(f"{op}: {article} {fmt} weight must be {rule}, K = {k} (input's last dim); got "
+                         f"{tuple(weight.shape)}")
+    tensors = {"weight": weight}
+    needs = {"bfloat16": (), "int8": ("scales",), "int4": ("scales", "mins")}[fmt]
+    for name, value in (("scales", scales), ("mins", mins)):
+        if name not in needs:
+            if value is not None:
+                raise ValueError(f"{op}: {article} {fmt} weight takes no {name}")
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[0] != n:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{op}: {name} must be [N, G] = [{n}, G] for {article} {fmt} weight, got {got}")
+        if value.dtype != torch.float32:
+            raise TypeError(f"{op}: {name} must be float32, got {value.dtype}")
+        tensors[name] = value
+    if "scales" in needs:
+        groups = scales.shape[1]
+        if groups < 1 or k % groups or (groups > 1 and (k // groups) % 32):
+            raise ValueError(f"{op}: scales [N, G] must split K = {k} into G groups of a multiple of 32 weights "
+                             f"(or G = 1), got G = {groups}")
+        if mins is not None and mins.shape != scales.shape:
+            raise ValueError(f"{op}: mins must have the shape of scales {tuple(scales.shape)}, got {tuple(mins.shape)}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (n,):
+            got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"{op}: bias must be [N] = [{n}] or None, got {got}")
+        if bias.dtype != input.dtype:
+            raise TypeError(f"{op}: bias must have input's dtype {input.dtype}, got {bias.dtype}")
+        tensors["bias"] = bias
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but input is on {device}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, scales, mins, bias)):
+        raise RuntimeError(f"{op} has no backward: call it under torch.no_grad() or torch.inference_mode()")
+    rows = input.reshape(math.prod(input.shape[:-1]), k)
+    out = torch.ops.specops.quantized_linear(rows, weight, scales, mins, bias)
+    return out.reshape(*input.shape[:-1], n)
+
+
+@torch.library.register_fake("specops::quantized_linear")
+def _quantized_linear_fake(input, weight, scales, mins, bias):
     return input.new_empty((input.shape[0], weight.shape[0]))

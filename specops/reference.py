@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match", "vocab_project",
            "tree_attention", "tree_visibility", "tree_children", "tree_verify",
-           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
+           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear", "dequantize", "quantized_linear",
            "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
@@ -554,6 +554,42 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     if bias is not None:
         out = out + bias.double()
     return out.to(input.dtype)
+
+
+def dequantize(weight: torch.Tensor, scales: torch.Tensor | None = None,
+               mins: torch.Tensor | None = None) -> torch.Tensor:
+    """The float64 [N, K] matrix a quantized_linear weight stands for; the weight's dtype names the format:
+
+    - bfloat16 [N, K]: the weight itself (no scales or mins).
+    - int8 [N, K] with scales [N, G]: weight[n, k] * scales[n, k // (K / G)] (symmetric; G = 1 is one
+      scale per output channel).
+    - uint8 [N, K / 2], int4: q[n, k] * scales[n, g] + mins[n, g] with q in 0..15, two per byte: in each
+      block of 32 weights along K, byte j holds weight j in its low nibble and weight j + 16 in its high
+      nibble. K is a multiple of 32.
+
+    With G > 1 each group spans K / G weights, a multiple of 32."""
+    if weight.dtype == torch.bfloat16:
+        return weight.double()
+    if weight.dtype == torch.int8:
+        q = weight.double()
+    else:
+        n, half = weight.shape
+        blocks = weight.view(n, half // 16, 16)
+        q = torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, 2 * half).double()
+    n, k = q.shape
+    groups = scales.shape[1]
+    out = q.view(n, groups, k // groups) * scales.double()[..., None]
+    if mins is not None:
+        out = out + mins.double()[..., None]
+    return out.reshape(n, k)
+
+
+def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None,
+                     mins: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """input [M, K] @ dequantize(weight, scales, mins)^T + bias: a linear layer whose weight is stored in
+    low precision (weight-only quantization: the input is not quantized), computed in float64 and
+    returned in input's dtype. The kernels de-quantize in float32 and sum in their own order."""
+    return skinny_linear(input, dequantize(weight, scales, mins), bias)
 
 
 WEIGHTED, CONTRASTIVE = 0, 1  # ensemble_logits modes

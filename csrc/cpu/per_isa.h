@@ -39,13 +39,17 @@ Isa cpu_isa() {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
 #define SPECOPS_ISA avx512
+#define SPECOPS_ISA_AVX512 1  // for a header that uses intrinsics in this copy
 #include SPECOPS_ISA_HEADER
+#undef SPECOPS_ISA_AVX512
 #undef SPECOPS_ISA
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define SPECOPS_ISA avx2
+#define SPECOPS_ISA_AVX2 1
 #include SPECOPS_ISA_HEADER
+#undef SPECOPS_ISA_AVX2
 #undef SPECOPS_ISA
 #pragma GCC pop_options
 #ifndef SPECOPS_X86_DISPATCH
