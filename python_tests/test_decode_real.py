@@ -137,3 +137,60 @@ def test_greedy_se_equals_ensemble_on_real_pair(gemma, smollm2, rule):
     assert sum(se.stats.member_calls) < sum(plain.stats.member_calls)
     sd = specops.decode(prompts, method="tli", drafter=other, drafter_tokenizer=other_tokenizer, **members)
     assert sd.tokens == plain.tokens
+
+
+# --- int4 SmolLM2-135M, the default drafter (opt-in: SPECOPS_TEST_MODELS=1; loads it twice more) ---
+
+import os
+
+import torch
+
+from specops.quantization import weights_of
+
+opt_in = pytest.mark.skipif(os.environ.get("SPECOPS_TEST_MODELS") != "1",
+                            reason="set SPECOPS_TEST_MODELS=1 (loads SmolLM2-135M as float32 and int4)")
+
+
+@opt_in
+@needs_smollm2
+def test_int4_smollm2_greedy_agrees_with_float(smollm2):
+    """Teacher-forced on each benchmark prompt plus 32 greedy tokens of the float model: the int4 model
+    (int4 layers, int8 head in groups of 32, as `load("smollm2-135m:int4")` gives) picks the float model's
+    token on >= 97 % of the positions that predict those tokens."""
+    model, tokenizer = smollm2
+    int4, _ = specops.models.load("smollm2-135m:int4", progress=False)
+    assert weights_of(int4) == "int4" and weights_of(model) == "float"
+    agree = total = 0
+    for prompt in _benchmark_prompts():
+        greedy = specops.decode(prompt, target=model, tokenizer=tokenizer, method="ar", max_new_tokens=32).tokens
+        prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ids = torch.cat([prompt_ids, torch.tensor([greedy])], dim=1)
+        predicting = slice(prompt_ids.shape[1] - 1, ids.shape[1] - 1)  # the positions that predict `greedy`
+        with torch.inference_mode():
+            want = model(input_ids=ids).logits[0, predicting].argmax(-1)
+            got = int4(input_ids=ids).logits[0, predicting].argmax(-1)
+        agree += int((want == got).sum())
+        total += len(greedy)
+    assert total >= 32 * 3
+    assert agree >= 0.97 * total, f"{agree} / {total}"
+
+
+@opt_in
+@needs_smollm2
+def test_int4_smollm2_default_drafter_slem_equals_ar_on_gemma(gemma, monkeypatch):
+    """drafter="smollm2-135m" loads the int4 drafter (models.drafter_weights); greedy slem stays exact."""
+    model, tokenizer = gemma
+    loads = []
+    load = specops.models.load
+
+    def spy(name, **kwargs):
+        loads.append((name, kwargs.get("weights")))
+        return load(name, **kwargs)
+
+    monkeypatch.setattr(specops.models, "load", spy)
+    ar = specops.decode(PROMPTS[:2], target=model, tokenizer=tokenizer, method="ar", max_new_tokens=24)
+    slem = specops.decode(PROMPTS[:2], target=model, tokenizer=tokenizer, drafter="smollm2-135m", method="slem",
+                          max_new_tokens=24, num_draft_tokens=3)  # fixed: "auto" may not draft on a slow CPU
+    assert loads == [("smollm2-135m", "int4")]
+    assert slem.tokens == ar.tokens
+    assert 0 < slem.stats.accepted < slem.stats.drafted  # 25 of 62 measured, as the float drafter

@@ -1,8 +1,9 @@
 """specops: speculative-decoding kernels for PyTorch, and the decoders built on them.
 
 Public API: `specops.decode` (generation with any method; `specops.WeightedEnsemble` and
-`specops.ContrastiveEnsemble` define ensembles of targets), `specops.ops` (the kernels, as typed
-wrappers over `torch.ops.specops.*`), `specops.models` (the embedded default models) and
+`specops.ContrastiveEnsemble` define ensembles of targets), `specops.quantize` (weight-only int8 / int4 /
+bf16 linear layers, for fast drafters), `specops.ops` (the kernels, as typed wrappers over
+`torch.ops.specops.*`), `specops.models` (the embedded default models) and
 `specops.vocab` (vocabulary maps between two tokenizers: `specops.vocab.vocab_map`).
 """
 
@@ -14,8 +15,10 @@ from specops import kernels  # noqa: F401  (registers the Triton kernels for CUD
 from specops import vocab
 from specops.decoding import DecodeResult, decode
 from specops.decoding.ensemble import ContrastiveEnsemble, WeightedEnsemble
+from specops.quantization import QuantizedLinear, quantize
 
-__all__ = ["decode", "DecodeResult", "ContrastiveEnsemble", "WeightedEnsemble", "ops", "models", "vocab"]
+__all__ = ["decode", "DecodeResult", "ContrastiveEnsemble", "WeightedEnsemble", "QuantizedLinear", "quantize", "ops",
+           "models", "vocab"]
 __version__ = "0.1.0"
 
 

@@ -65,8 +65,9 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="with several targets: the weighted mixture of their probabilities (default: equal "
                              "weights), or contrastive decoding (expert first) with mu and the plausibility alpha")
     parser.add_argument("--drafter", default=None,
-                        help="drafter: an embedded model name (its vocabulary may differ from the target's), or "
-                             "'self:N' (the target's first N layers); none means autoregressive decoding")
+                        help="drafter: an embedded model name (its vocabulary may differ from the target's; it runs "
+                             "with its default low-precision weights, or name them: smollm2-135m:int8, :int4, :bf16, "
+                             ":float32), or 'self:N' (the target's first N layers); none means autoregressive decoding")
     parser.add_argument("--slrs-max-nodes", type=int, default=256,
                         help="slrs: most drafter positions one step may score before it refuses")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
@@ -154,7 +155,8 @@ def _generate(args) -> int:
                     else specops.ContrastiveEnsemble(values[0], values[1] if len(values) > 1 else None))
     drafter, drafter_tokenizer = args.drafter, None
     if drafter is not None and not drafter.startswith("self:"):
-        drafter, drafter_tokenizer = specops.models.load(drafter)
+        weights = None if specops.models.split_weights(drafter)[1] else specops.models.drafter_weights(drafter)
+        drafter, drafter_tokenizer = specops.models.load(drafter, weights=weights)
     # --compare needs both runs on the same random numbers, so a missing seed is drawn here, once.
     seed = args.seed if args.seed is not None else draw_seed()
     settings = dict(target=target, tokenizer=tokenizer, ensemble=ensemble, max_new_tokens=args.max_new_tokens,

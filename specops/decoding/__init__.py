@@ -46,7 +46,12 @@ def _resolve_model(model, tokenizer, role: str):
     if isinstance(model, str):
         from specops import models
 
-        loaded, loaded_tokenizer = models.load(model)
+        # An embedded drafter named without ":weights" gets its default low-precision weights; targets
+        # and ensemble members stay float32 unless their name asks otherwise.
+        weights = models.drafter_weights(model) if role == "drafter" else None
+        if models.split_weights(model)[1] is not None:
+            weights = None
+        loaded, loaded_tokenizer = models.load(model, weights=weights)
         return loaded, tokenizer or loaded_tokenizer
     if tokenizer is None:
         keyword = ("tokenizer=..." if role == "target" else "drafter_tokenizer=..." if role == "drafter"
@@ -148,7 +153,9 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
-    "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. method: "auto"
+    "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. An embedded drafter
+    gets its default low-precision weights (`specops.models.drafter_weights`: int4 for SmolLM2-135M);
+    a suffix chooses them: "smollm2-135m:float32", ":bf16", ":int8", ":int4". method: "auto"
     (with a drafter: sd for the same vocabulary, else tli when sampling and slem when greedy; without:
     ar), "ar", "sd", "tli" (drafts from the vocabulary intersection), "union" (TLI's baseline), "slem"
     (drafted text re-encoded for the target, exact-match verification), "slrs" (string-level rejection

@@ -15,6 +15,8 @@ import weakref
 
 import torch
 
+from specops.quantization import QuantizedLinear
+
 __all__ = ["CpuForward"]
 
 
@@ -42,15 +44,15 @@ def _linear_forward(module: torch.nn.Linear):
 
 
 class CpuForward:
-    """Forwards of a CPU float32 model with every linear layer of its decoder, and its output head,
-    through skinny_linear (`_product`). Plain decoding gets the same forwards as verification. The
+    """Forwards of a CPU float32 model with every float linear layer of its decoder, and its output head,
+    through skinny_linear (`_product`); layers `specops.quantize` made low-precision run as they are. Plain decoding gets the same forwards as verification. The
     model's own modules are routed for the duration of a call only, and the output projection is applied
     here (then the final soft-cap, if the model has one). Used only after a probe shows the result
     reproduces the model's own logits."""
 
     def __init__(self, model):
         self.base = model.get_decoder()
-        self.weight = model.get_output_embeddings().weight
+        self.head = model.get_output_embeddings()
         config = getattr(model.config, "get_text_config", lambda: model.config)()
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.linears = [m for m in self.base.modules()
@@ -70,7 +72,10 @@ class CpuForward:
                 else:
                     module.forward = forward
         batch, n, dim = hidden.shape
-        logits = _product(self.weight, None, hidden.reshape(batch * n, dim)).reshape(batch, n, -1)
+        rows = hidden.reshape(batch * n, dim)
+        # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.
+        logits = (self.head(rows) if isinstance(self.head, QuantizedLinear)
+                  else _product(self.head.weight, None, rows)).reshape(batch, n, -1)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
@@ -79,8 +84,9 @@ class CpuForward:
     def usable(model) -> bool:
         """Whether `model` is a CPU float32 causal LM whose logits this path reproduces (probed once)."""
         head = model.get_output_embeddings()
-        if not (isinstance(head, torch.nn.Linear) and head.weight.device.type == "cpu"
-                and head.weight.dtype == torch.float32):  # checked on every call: a model may move
+        float_head = isinstance(head, torch.nn.Linear) and head.weight.dtype == torch.float32
+        if not ((float_head or isinstance(head, QuantizedLinear))
+                and head.weight.device.type == "cpu"):  # checked on every call: a model may move
             return False
         known = _CPU_FORWARD_OK.get(model)
         if known is not None:
@@ -95,7 +101,7 @@ class CpuForward:
                 # Summation order differs (about 1e-5 of the logit scale after 18 layers); a missing
                 # scale or soft-cap would differ by percents.
                 ok = want.shape == got.shape and bool((want - got).abs().max() <= 1e-3 * want.abs().max())
-                if ok and head.weight.numel() >= _TIMED_HEAD:
+                if ok and float_head and head.weight.numel() >= _TIMED_HEAD:
                     ok = _faster(model)
         except Exception:  # any model that does not fit the pattern keeps its own forward
             ok = False

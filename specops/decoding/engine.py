@@ -93,7 +93,12 @@ class CausalLM:
         _refuse_recurrent(model, config, name)
         self.vocab_size = _vocab_size(model, name)
         self.embedding_rows = _embedding_rows(model)
-        parameter = next(model.parameters())
+        # A model quantize() made low-precision may hold its weights in buffers only.
+        parameter = next(model.parameters(), None)
+        if parameter is None:
+            parameter = next((b for b in model.buffers() if b.is_floating_point()), None)
+        if parameter is None:
+            raise TypeError(f"{name} ({type(model).__name__}) has no float parameters or buffers")
         self.device, self.dtype = parameter.device, parameter.dtype
         self.context, self.context_field = _context(config)
         layers = getattr(config, "num_hidden_layers", None)
