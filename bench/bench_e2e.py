@@ -10,6 +10,9 @@ and settings, in one run.
     python bench/bench_e2e.py --configs ensembles [--prompts 4] ...   # bench_ensemble.py: se, ensemble-SD
                                                                        # and transformers' ensemble weight
                                                                        # against the standard ensemble
+    python bench/bench_e2e.py --configs drafters [--prompts 4] ...    # bench_drafters.py: the drafter
+                                                                       # SmolLM2-135M in float32, bf16, int8
+                                                                       # and int4 side by side
 
 Target Gemma-3-270M (float32, the embedded model), prompts HumanEval/<first>..<first+prompts-1>
 (problems 0-99 are for tuning), batch size 1 per prompt. Each mode (greedy; sampling at temperature 1,
@@ -52,7 +55,8 @@ union; "all" adds it):
                      probability of its token falls below assistant_confidence_threshold 0.4 (fixed: the
                      threshold's adaptation runs only for same-vocabulary assisted generation)
   specops slem       [slem] `specops.decode(method="slem", drafter=SmolLM2-135M, drafter_tokenizer=its
-                     tokenizer, num_draft_tokens="auto")`: string-level exact match
+                     tokenizer, num_draft_tokens="auto")`: string-level exact match; the drafter runs with
+                     its default weights (int4 layers, int8 head: `specops.models.drafter_weights`)
   specops tli        [tli] the same with method "tli": token-level intersection
   specops union      [union] the same with method "union": drafts over the union of both vocabularies,
                      the baseline tli improves on (not run by default)
@@ -601,7 +605,7 @@ def main() -> None:
     parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
     parser.add_argument("--configs", default=",".join(DEFAULT_GROUPS),
                         help="comma-separated configurations to run (module docstring), or all (adds union); "
-                             "'ensembles' alone runs bench_ensemble.py")
+                             "'ensembles' alone runs bench_ensemble.py, 'drafters' alone bench_drafters.py")
     parser.add_argument("--target", default="gemma-3-270m", help="embedded target model")
     parser.add_argument("--early-exit", type=int, default=6,
                         help="drafter layers: transformers assistant_early_exit=N and specops drafter self:N")
@@ -632,6 +636,16 @@ def main() -> None:
     modes = _names(args.modes)
     if any(m not in MODES for m in modes):
         parser.error(f"--modes: choose from {', '.join(MODES)}")
+    if "drafters" in _names(args.configs):  # drafter weights side by side: bench_drafters.py's run
+        if _names(args.configs) != ["drafters"]:
+            parser.error("--configs drafters runs alone (bench/bench_drafters.py)")
+        import bench_drafters
+
+        bench_drafters.run(argparse.Namespace(
+            prompts=args.prompts, first=args.first, new_tokens=args.new_tokens, modes=",".join(modes),
+            weights=",".join(bench_drafters.WEIGHTS), threads=args.threads, seed=args.seed, device=args.device,
+            csv=args.csv, plot=False))
+        return
     if "ensembles" in _names(args.configs):  # ensembles of targets: bench_ensemble.py's run, on these prompts
         if _names(args.configs) != ["ensembles"]:
             parser.error("--configs ensembles runs alone (bench/bench_ensemble.py)")
@@ -667,8 +681,11 @@ def main() -> None:
     if {*HETERO, "hf-uag"} & set(args.configs):
         import specops.vocab
 
-        drafter = specops.models.load(DRAFTER, device=args.device)
-        vocabulary = (f"drafter {DRAFTER} with its own tokenizer: "
+        # specops' drafter with its default weights (int4 for SmolLM2: bench_drafters.py); transformers'
+        # assistants are float32 copies of their own.
+        weights = specops.models.drafter_weights(DRAFTER)
+        drafter = specops.models.load(DRAFTER, device=args.device, weights=weights)
+        vocabulary = (f"drafter {DRAFTER} ({weights} weights for specops, float32 for transformers) with its own tokenizer: "
                       f"{specops.vocab.vocab_map(tokenizer, drafter[1]).summary()}")
     prompts = load_prompts(args.first, args.prompts)
     print(f"{args.target}: {layers} layers, loaded in {time.perf_counter() - start:.1f} s; "
