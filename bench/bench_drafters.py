@@ -65,18 +65,27 @@ def forward_ms(models: dict, rounds: int = 7, context: int = 100) -> dict:
         for _ in range(rounds):
             for name, model in models.items():
                 route = CpuForward(model) if CpuForward.usable(model) else None
+                device = model.get_input_embeddings().weight.device
                 for n in (1, 4):
                     cache = DynamicCache()
-                    model(input_ids=torch.arange(context).unsqueeze(0) % 1000, past_key_values=cache, use_cache=True)
-                    ids = torch.arange(n).unsqueeze(0) + 7
+                    model(input_ids=torch.arange(context, device=device).unsqueeze(0) % 1000, past_key_values=cache,
+                          use_cache=True)
+                    ids = torch.arange(n, device=device).unsqueeze(0) + 7
+                    _sync(device)
                     start = time.perf_counter()
                     if route is not None:
                         route(n, input_ids=ids, past_key_values=cache, use_cache=True)
                     else:
                         model(input_ids=ids, past_key_values=cache, use_cache=True)
+                    _sync(device)
                     ms = (time.perf_counter() - start) * 1e3
                     best[name, n] = min(best.get((name, n), ms), ms)
     return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def agreement(reference, model, sequences: list[torch.Tensor]) -> float:

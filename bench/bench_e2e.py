@@ -56,7 +56,7 @@ union; "all" adds it):
                      threshold's adaptation runs only for same-vocabulary assisted generation)
   specops slem       [slem] `specops.decode(method="slem", drafter=SmolLM2-135M, drafter_tokenizer=its
                      tokenizer, num_draft_tokens="auto")`: string-level exact match; the drafter runs with
-                     its default weights (int4 layers, int8 head: `specops.models.drafter_weights`)
+                     its default weights (int8: `specops.models.drafter_weights`)
   specops tli        [tli] the same with method "tli": token-level intersection
   specops union      [union] the same with method "union": drafts over the union of both vocabularies,
                      the baseline tli improves on (not run by default)
@@ -681,7 +681,7 @@ def main() -> None:
     if {*HETERO, "hf-uag"} & set(args.configs):
         import specops.vocab
 
-        # specops' drafter with its default weights (int4 for SmolLM2: bench_drafters.py); transformers'
+        # specops' drafter with its default weights (int8 for SmolLM2: bench_drafters.py); transformers'
         # assistants are float32 copies of their own.
         weights = specops.models.drafter_weights(DRAFTER)
         drafter = specops.models.load(DRAFTER, device=args.device, weights=weights)

@@ -622,8 +622,8 @@ def test_split_weights():
 
 
 def test_drafter_weights():
-    assert models.drafter_weights("smollm2-135m") == "int4"
-    assert models.drafter_weights("SmolLM2:int8") == "int4"  # the default, whatever the name asks
+    assert models.drafter_weights("smollm2-135m") == "int8"
+    assert models.drafter_weights("SmolLM2:int4") == "int8"  # the default, whatever the name asks
     assert models.drafter_weights("gemma-3-270m") == "float32"
     with pytest.raises(ValueError, match="unknown model 'no-such-model'"):
         models.drafter_weights("no-such-model:int4")
@@ -657,7 +657,7 @@ def test_decode_gives_embedded_drafters_their_default_weights(monkeypatch, llama
         return (loaded if weights in (None, "float32") else quantize(loaded, weights)), byte_tokenizer()
 
     monkeypatch.setattr(models, "load", load)
-    for drafter, weights in [("smollm2-135m", "int4"), ("smollm2-135m:float32", None),
+    for drafter, weights in [("smollm2-135m", "int8"), ("smollm2-135m:float32", None),
                              ("smollm2-135m:int8", None), ("gemma-3-270m", "float32")]:
         calls.clear()
         specops.decode("ab", target=model, tokenizer=tok, drafter=drafter, method="sd", max_new_tokens=2)
@@ -739,3 +739,18 @@ def test_a_drafter_with_only_buffers_decodes():
     assert next(drafter.parameters(), None) is None
     lm = CausalLM(drafter, "drafter")
     assert lm.device.type == "cpu" and lm.dtype == torch.float32
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_prefill_rows_take_blas_on_the_float32_weight(fmt):
+    """Beyond 32 rows a CPU layer multiplies a float32 copy of its weight by BLAS: the same products as
+    the op's (the float32 de-quantization equals the reference's rounding to a float32 ulp), summed in
+    another order."""
+    torch.manual_seed(0)
+    layer = QuantizedLinear(torch.randn(96, 128) / 11, torch.randn(96), fmt)
+    assert (layer.dequantize_float32() - layer.dequantize()).abs().max() <= 1e-6 * layer.dequantize().abs().max()
+    x = torch.randn(40, 128)
+    with torch.inference_mode():
+        got = layer(x)
+        want = torch.ops.specops.quantized_linear(x, layer.weight, layer.scales, layer.mins, layer.bias)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()

@@ -23,6 +23,7 @@ FORMATS = {"bf16": None, "int8": None, "int4": 32}
 _ALIASES = {"bfloat16": "bf16", "int4": "int4", "int8": "int8", "bf16": "bf16"}
 _STORAGE = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.uint8}
 _ATTRIBUTE = "_specops_weights"  # set on a quantized model: its format
+_SKINNY_ROWS = 32  # beyond this many rows (a prefill) a CPU layer multiplies a float32 copy by BLAS
 
 
 def _format(weights) -> str:
@@ -103,18 +104,39 @@ class QuantizedLinear(torch.nn.Module):
             raise TypeError(f"QuantizedLinear: scales became {self.scales.dtype} (a model.to(dtype) after "
                             "quantize?); quantize the model after changing its dtype")
         bias = self.bias if self.bias is not None and self.bias.dtype == rows.dtype else None
-        # The op directly: the wrapper's checks cost more than a small layer's product, and the shapes
-        # were checked when the weight was packed.
-        out = torch.ops.specops.quantized_linear(rows, self.weight, self.scales, self.mins, bias)
+        if rows.shape[0] > _SKINNY_ROWS and rows.device.type == "cpu":
+            # A prefill: the products outweigh reading the weight, and BLAS on the float32 weight (made
+            # for this call only) computes them about twice as fast as de-quantizing per 4 rows.
+            out = torch.nn.functional.linear(rows, self.dequantize_float32(), bias)
+        else:
+            # The op directly: the wrapper's checks cost more than a small layer's product, and the
+            # shapes were checked when the weight was packed.
+            out = torch.ops.specops.quantized_linear(rows, self.weight, self.scales, self.mins, bias)
         if bias is None and self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weight [N, K] this layer multiplies by."""
+        """The float32 weight [N, K] this layer multiplies by (the float64 reference, rounded)."""
         from specops.reference import dequantize
 
         return dequantize(self.weight, self.scales, self.mins).float()
+
+    def dequantize_float32(self) -> torch.Tensor:
+        """The weight [N, K] de-quantized in float32 arithmetic (fast; within a rounding of `dequantize`)."""
+        if self.format == "bf16":
+            return self.weight.float()
+        n, k = self.out_features, self.in_features
+        if self.format == "int8":
+            q = self.weight.float()
+        else:
+            blocks = self.weight.view(n, k // 32, 16)
+            q = torch.cat([blocks & 15, blocks >> 4], dim=-1).reshape(n, k).float()
+        groups = self.scales.shape[1]
+        w = q.view(n, groups, k // groups) * self.scales[..., None]
+        if self.mins is not None:
+            w = w + self.mins[..., None]
+        return w.view(n, k)
 
     def extra_repr(self) -> str:
         group = "" if self.group_size is None else f", group_size={self.group_size}"

@@ -154,7 +154,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
     "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. An embedded drafter
-    gets its default low-precision weights (`specops.models.drafter_weights`: int4 for SmolLM2-135M);
+    gets its default low-precision weights (`specops.models.drafter_weights`: int8 for SmolLM2-135M);
     a suffix chooses them: "smollm2-135m:float32", ":bf16", ":int8", ":int4". method: "auto"
     (with a drafter: sd for the same vocabulary, else tli when sampling and slem when greedy; without:
     ar), "ar", "sd", "tli" (drafts from the vocabulary intersection), "union" (TLI's baseline), "slem"
