@@ -783,6 +783,20 @@ def _ensemble_logits_fake(members, weights, mode, mu, alpha, validate=True):
     return members[0].new_empty(members[0].shape, dtype=torch.float32)
 
 
+def _check_linear_input(op: str, input: torch.Tensor) -> None:
+    """The input of skinny_linear / quantized_linear: float32 on the CPU, a logit dtype on accelerators."""
+    allowed = (torch.float32,) if input.device.type == "cpu" else _LOGIT_DTYPES
+    if input.dtype not in allowed:
+        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{op}: input on {input.device.type} must be {names}, got {input.dtype}")
+
+
+def _check_bias(op: str, bias, n: int) -> None:
+    if not isinstance(bias, torch.Tensor) or bias.shape != (n,):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"{op}: bias must be [N] = [{n}] or None, got {got}")
+
+
 def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """input @ weight^T + bias for the few rows a decoding forward carries (one token, a draft chain or a
     tree), reading the weight once whatever the number of rows: `torch.nn.functional.linear`'s semantics.
@@ -808,15 +822,10 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"{op}: weight must be [N, K] with K = {input.shape[-1]} (input's last dim), got {got}")
     device = input.device
-    allowed = (torch.float32,) if device.type == "cpu" else _LOGIT_DTYPES
-    if input.dtype not in allowed:
-        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise TypeError(f"{op}: input on {device.type} must be {names}, got {input.dtype}")
+    _check_linear_input(op, input)
     tensors = {"weight": weight}
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],):
-            got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
-            raise ValueError(f"{op}: bias must be [N] = [{weight.shape[0]}] or None, got {got}")
+        _check_bias(op, bias, weight.shape[0])
         tensors["bias"] = bias
     for name, t in tensors.items():
         if t.dtype != input.dtype:
@@ -867,10 +876,7 @@ def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Te
     if not isinstance(input, torch.Tensor) or input.dim() < 1:
         raise ValueError(f"{op}: input must be a tensor [..., K]")
     device = input.device
-    allowed = (torch.float32,) if device.type == "cpu" else _LOGIT_DTYPES
-    if input.dtype not in allowed:
-        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise TypeError(f"{op}: input on {device.type} must be {names}, got {input.dtype}")
+    _check_linear_input(op, input)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"{op}: weight must be a 2-D tensor")
     fmt = _QUANTIZED_FORMATS.get(weight.dtype)
@@ -904,9 +910,7 @@ def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Te
         if mins is not None and mins.shape != scales.shape:
             raise ValueError(f"{op}: mins must have the shape of scales {tuple(scales.shape)}, got {tuple(mins.shape)}")
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.shape != (n,):
-            got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
-            raise ValueError(f"{op}: bias must be [N] = [{n}] or None, got {got}")
+        _check_bias(op, bias, n)
         if bias.dtype != input.dtype:
             raise TypeError(f"{op}: bias must have input's dtype {input.dtype}, got {bias.dtype}")
         tensors["bias"] = bias
