@@ -116,7 +116,8 @@ def plot(csv_path, png_path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     names = [r["weights"] for r in forward]
     for i, (column, label) in enumerate((("vs_gemma_1", "1 token"), ("vs_gemma_4", "4 tokens"))):
-        left.bar([x + (i - 0.5) * 0.38 for x in range(len(names))], [float(r[column]) for r in forward], 0.38, label=label)
+        left.bar([x + (i - 0.5) * 0.38 for x in range(len(names))], [float(r[column]) for r in forward], 0.38,
+                 label=label)
     left.axhline(0.4, color="red", linewidth=0.8, linestyle="--", label="goal 0.4")
     left.set_xticks(range(len(names)))
     left.set_xticklabels([f"{n}\n{float(r['agreement']):.1%} agree" if r["agreement"] else n

@@ -15,8 +15,9 @@ import torch
 from specops._rows import per_row
 from specops._seeds import draw_seed, row_seeds
 
-__all__ = ["chain_verify", "ensemble_logits", "ngram_match", "quantized_linear", "sample_without_replacement", "skinny_linear", "stochastic_beam_step",
-           "tree_attention", "tree_verify", "vocab_project"]
+__all__ = ["chain_verify", "ensemble_logits", "ngram_match", "quantized_linear",
+           "sample_without_replacement", "skinny_linear", "stochastic_beam_step", "tree_attention",
+           "tree_verify", "vocab_project"]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;

@@ -170,10 +170,11 @@ def quantize(model, weights: str = "int8", *, group_size: int | None = None, hea
     format (int4 needs K % 32 == 0; groups must divide K) is stored as int8 per channel instead.
 
     head, head_group_size: the output head's format and group (`model.get_output_embeddings()`). By
-    default the head takes `weights` and group_size (head_group_size defaults to group_size when the head
-    has the layers' format), except that int4 models get an int8 head in groups of 32: the head's logits pick the token directly, and 4 bits there cost most of the greedy agreement
-    (SmolLM2-135M: its float greedy token on 91 % of positions with an int4 head, 100 % with this one,
-    whose forward was no slower).
+    default the head takes `weights` and group_size (head_group_size defaults to group_size when the
+    head has the layers' format), except that int4 models get an int8 head in groups of 32: the head's
+    logits pick the token directly, and 4 bits there cost most of the greedy agreement (SmolLM2-135M:
+    its float greedy token on 91 % of positions with an int4 head, 100 % with this one, whose forward
+    was no slower).
 
     Embeddings stay float, and a head tied to the input embedding gets its own quantized copy, the
     embedding keeping its float weight. Works on CPU and CUDA models; the model's own forward then runs

@@ -11,10 +11,10 @@ import math
 
 import torch
 
-__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match", "vocab_project",
-           "tree_attention", "tree_visibility", "tree_children", "tree_verify",
-           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear", "dequantize", "quantized_linear",
-           "NGRAM_KEY_BITS"]
+__all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match",
+           "vocab_project", "tree_attention", "tree_visibility", "tree_children", "tree_verify",
+           "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
+           "dequantize", "quantized_linear", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
