@@ -155,8 +155,7 @@ def _generate(args) -> int:
                     else specops.ContrastiveEnsemble(values[0], values[1] if len(values) > 1 else None))
     drafter, drafter_tokenizer = args.drafter, None
     if drafter is not None and not drafter.startswith("self:"):
-        weights = None if specops.models.split_weights(drafter)[1] else specops.models.drafter_weights(drafter)
-        drafter, drafter_tokenizer = specops.models.load(drafter, weights=weights)
+        drafter, drafter_tokenizer = specops.models.load_drafter(drafter)
     # --compare needs both runs on the same random numbers, so a missing seed is drawn here, once.
     seed = args.seed if args.seed is not None else draw_seed()
     settings = dict(target=target, tokenizer=tokenizer, ensemble=ensemble, max_new_tokens=args.max_new_tokens,

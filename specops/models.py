@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["drafter_weights", "load", "names", "split_weights"]
+__all__ = ["drafter_weights", "load", "load_drafter", "names", "split_weights"]
 
 _GGUF_INSTALL = "pip install gguf accelerate"
 _MARKER = "specops_cache.json"  # written last: its presence means the cache is complete
@@ -94,6 +94,12 @@ def split_weights(name: str) -> tuple[str, str | None]:
 def drafter_weights(name: str) -> str:
     """The weights an embedded model gets as a drafter when its name carries no ":weights" suffix."""
     return _MODELS[_canonical(split_weights(name)[0])].drafter_weights
+
+
+def load_drafter(name: str, **kwargs):
+    """`load` for a drafter: a name without a ":weights" suffix gets `drafter_weights(name)`."""
+    weights = None if split_weights(name)[1] is not None else drafter_weights(name)
+    return load(name, weights=weights, **kwargs)
 
 
 def load(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

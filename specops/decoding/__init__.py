@@ -48,10 +48,7 @@ def _resolve_model(model, tokenizer, role: str):
 
         # An embedded drafter named without ":weights" gets its default low-precision weights; targets
         # and ensemble members stay float32 unless their name asks otherwise.
-        weights = models.drafter_weights(model) if role == "drafter" else None
-        if models.split_weights(model)[1] is not None:
-            weights = None
-        loaded, loaded_tokenizer = models.load(model, weights=weights)
+        loaded, loaded_tokenizer = models.load_drafter(model) if role == "drafter" else models.load(model)
         return loaded, tokenizer or loaded_tokenizer
     if tokenizer is None:
         keyword = ("tokenizer=..." if role == "target" else "drafter_tokenizer=..." if role == "drafter"
