@@ -26,7 +26,6 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("device", DEVICES)
 
 
-
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for a module of tiny-model tests: they gain nothing from more, and a shared
@@ -48,3 +47,14 @@ def private_specops_cache(tmp_path_factory):
         del os.environ["SPECOPS_CACHE"]
     else:
         os.environ["SPECOPS_CACHE"] = before
+
+
+@pytest.fixture(autouse=True)
+def fresh_embedded_models():
+    """Models decode loads by name are kept for the process (specops.decoding._load_embedded); a test that
+    replaces specops.models.load must neither see another test's models nor leave its own behind."""
+    from specops.decoding import _load_embedded
+
+    _load_embedded.cache_clear()
+    yield
+    _load_embedded.cache_clear()

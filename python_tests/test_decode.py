@@ -488,11 +488,18 @@ def test_result_shapes():
 
 
 def test_auto_method_and_draft_length(models, tok, ar_reference):
-    """method="auto" is ar without a drafter and sd with one; "auto" draft lengths stay within 0..8."""
+    """method="auto" is ngram without a drafter (ar for a model that cannot score trees) and sd with one;
+    "auto" draft lengths stay within 0..8."""
     tok_l = letter_tokenizer()
     target = TableLM(cycle_table())
     plain = specops.decode(["ab", "bc"], target=target, tokenizer=tok_l, max_new_tokens=8)
     assert plain.stats.drafter_calls == 0 and plain.text == ["cdabcdab", "dabcdabc"]
+    assert plain.stats.method == "ngram"
+    import arch_zoo
+
+    # GPT-Neo's local attention bypasses transformers' attention registry: no draft trees, so plain ar.
+    neo = specops.decode("ab", target=arch_zoo.gpt_neo(), tokenizer=tok, max_new_tokens=2)
+    assert neo.stats.method == "ar"
     drafted = specops.decode(["ab", "bc"], target=target, tokenizer=tok_l, drafter=target,
                              drafter_tokenizer=tok_l, max_new_tokens=40)
     assert drafted.stats.drafter_calls > 0
@@ -613,7 +620,7 @@ def test_unknown_embedded_model(tok):
 # ---- 5. the draft-length controller ----
 
 def cpu_like(n: int) -> float:
-    """Target forward over n tokens: 50 ms for one, growing linearly to 2.4x at n = 8 (DESIGN.md)."""
+    """Target forward over n tokens: 50 ms for one, growing linearly to 2.4x at n = 8."""
     return 0.05 * (1 + 1.4 * (n - 1) / 7)
 
 

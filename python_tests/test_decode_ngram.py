@@ -37,7 +37,7 @@ from test_decode import (ALPHA, N_SEQUENCES, STAT_NEW, STAT_PROMPTS, TARGET_TABL
 from toy_models import (BOS_ID, BYTE_VOCAB, EOS_ID, LETTERS, START, TableLM, byte_tokenizer, cycle_table,
                         greedy_cycle, letter_tokenizer, sequence_distribution, tiny_gemma3, tiny_llama)
 
-NGRAM_TABLES = ("bigram", "unigram", "none")
+NGRAM_TABLES = ("auto", "bigram", "unigram", "none")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -262,7 +262,7 @@ def _toy_decode(prompts, shape, tables, temperature, top_k, seed, max_new_tokens
                 bigram=TOY_BIGRAM):
     target = TableLM(table)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(model_ngrams, "bigram", lambda model, tokenizer, top: bigram)
+        patch.setattr(model_ngrams, "bigram", lambda model, tokenizer, top, **kwargs: bigram)
         result = specops.decode(prompts, target=target, tokenizer=letter_tokenizer(), method="ngram",
                                 max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                 seed=seed, num_draft_tokens=shape, ngram_tables=tables)
@@ -733,6 +733,28 @@ def _count_forwards(model) -> list[int]:
     return calls
 
 
+def test_auto_tables_build_a_bigram_only_when_cached_or_quick(monkeypatch, tmp_path):
+    """tables "auto": a tiny model's bigram is built at once (estimated well under a minute); where the
+    estimate is over budget, the context alone drafts until the table is cached (then it is used)."""
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    tok = byte_tokenizer()
+    model = tiny_llama(layers=1, seed=4)
+    assert model_ngrams.bigram_ready(model, tok, 8)
+    monkeypatch.setattr(model_ngrams, "BUILD_BUDGET_S", 0.0)
+    assert not model_ngrams.bigram_ready(model, tok, 8)
+    built = []
+    real = model_ngrams.bigram
+    monkeypatch.setattr(model_ngrams, "bigram", lambda *a, **k: built.append(1) or real(*a, **k))
+    kwargs = dict(target=model, tokenizer=tok, method="ngram", max_new_tokens=6, num_draft_tokens=(2, 2))
+    ar = specops.decode(PROMPTS[:2], target=model, tokenizer=tok, method="ar", max_new_tokens=6)
+    assert specops.decode(PROMPTS[:2], **kwargs).tokens == ar.tokens
+    assert not built and not list((tmp_path / "ngrams").glob("*.pt"))
+    real(model, tok, top=8, progress=False)  # cached now: "auto" takes it
+    assert model_ngrams.bigram_ready(model, tok, 8)
+    assert specops.decode(PROMPTS[:2], **kwargs).tokens == ar.tokens
+    assert built
+
+
 def test_bigram_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
     tok = byte_tokenizer()
@@ -861,7 +883,7 @@ def llama(targets):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(drafter="self:2"), "method 'ngram' does not use a drafter"),
-    (dict(ngram_tables="trigram"), "ngram_tables must be one of bigram, unigram, none, got 'trigram'"),
+    (dict(ngram_tables="trigram"), "ngram_tables must be one of auto, bigram, unigram, none, got 'trigram'"),
     (dict(ngram_tables=None), "ngram_tables must be one of"),
     (dict(num_draft_tokens=0), "num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1"),
     (dict(num_draft_tokens=(0, 3)), "num_draft_tokens for method 'ngram'"),

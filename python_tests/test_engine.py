@@ -167,7 +167,8 @@ def test_options_dict_equals_keywords(tok):
 @pytest.mark.parametrize("method,options,match", [
     ("ngram", {"tabels": "none"}, r"unknown option 'tabels' for method 'ngram'; it takes tables"),
     ("ar", {"tables": "none"}, r"unknown option 'tables' for method 'ar'; it takes none"),
-    ("ngram", {"tables": "trigram"}, "ngram_tables must be one of bigram, unigram, none, got 'trigram'"),
+    ("ngram", {"tables": "trigram"},
+     "ngram_tables must be one of auto, bigram, unigram, none, got 'trigram'"),
 ])
 def test_bad_options(tok, method, options, match):
     with pytest.raises(ValueError, match=match):

@@ -1,6 +1,7 @@
 """specops: speculative-decoding kernels for PyTorch, and the decoders built on them.
 
-Public API: `specops.decode` (generation with any method; `specops.WeightedEnsemble` and
+Public API: `specops.decode` (generation with any method; `specops.hf.generate` runs it inside transformers'
+`model.generate(..., custom_generate=specops.hf.generate)`; `specops.WeightedEnsemble` and
 `specops.ContrastiveEnsemble` define ensembles of targets), `specops.quantize` (weight-only int8 / int4 /
 bf16 linear layers, for fast drafters), `specops.ops` (the kernels, as typed wrappers over
 `torch.ops.specops.*`), `specops.models` (the embedded default models) and
@@ -15,17 +16,18 @@ from specops import kernels  # noqa: F401  (registers the Triton kernels for CUD
 from specops import vocab
 from specops.decoding import DecodeResult, decode
 from specops.decoding.ensemble import ContrastiveEnsemble, WeightedEnsemble
+from specops.decoding.stats import Stats
 from specops.quantization import QuantizedLinear, quantize
 
-__all__ = ["decode", "DecodeResult", "ContrastiveEnsemble", "WeightedEnsemble", "QuantizedLinear", "quantize", "ops",
-           "models", "vocab"]
+__all__ = ["decode", "DecodeResult", "Stats", "ContrastiveEnsemble", "WeightedEnsemble", "QuantizedLinear",
+           "quantize", "ops", "models", "hf", "vocab"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # specops.models imports transformers; load it on first use, not with the kernels.
-    if name == "models":
+    # specops.models and specops.hf import transformers; load them on first use, not with the kernels.
+    if name in ("models", "hf"):
         import importlib
 
-        return importlib.import_module("specops.models")
+        return importlib.import_module(f"specops.{name}")
     raise AttributeError(f"module 'specops' has no attribute {name!r}")

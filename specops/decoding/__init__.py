@@ -5,11 +5,12 @@ Methods: "ar" (autoregressive, the baseline), "sd" (standard speculative decodin
 same-vocabulary drafter), "tli", "union", "slem" and "slrs" (a drafter with another vocabulary,
 paper 000) and "ngram" (learning-free drafts from the context and the model's own n-grams, no
 drafter). "auto" picks "sd" for a drafter with the target's vocabulary, "tli" (sampling) or "slem"
-(greedy) for one with another vocabulary, else "ar".
+(greedy) for one with another vocabulary, else "ngram" ("ar" for a model that cannot score draft trees).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from specops.decoding.self_draft import truncated
 from specops.decoding.stats import Stats
 from specops.decoding.step import SamplingParams, Setup
 
-__all__ = ["METHODS", "NGRAM_TABLES", "DecodeResult", "decode"]
+__all__ = ["METHODS", "NGRAM_TABLES", "DecodeResult", "check_arguments", "decode"]
 
 METHODS = registry.NAMES
 
@@ -42,15 +43,23 @@ class DecodeResult:
     stats: Stats
 
 
-def _resolve_model(model, tokenizer, role: str):
-    if isinstance(model, str):
-        from specops import models
+@functools.lru_cache(maxsize=4)
+def _load_embedded(name: str, drafter: bool):
+    """An embedded model named by string, loaded once per process (decoding never changes a model): repeated
+    calls, such as model.generate(custom_generate=specops.hf.generate, draft_model="smollm2-135m") in a loop,
+    do not reload it."""
+    from specops import models
 
-        # An embedded drafter named without ":weights" gets its default low-precision weights; targets
-        # and ensemble members stay float32 unless their name asks otherwise.
-        loaded, loaded_tokenizer = models.load_drafter(model) if role == "drafter" else models.load(model)
+    # An embedded drafter named without ":weights" gets its default low-precision weights; targets and
+    # ensemble members stay float32 unless their name asks otherwise.
+    return models.load_drafter(name) if drafter else models.load(name)
+
+
+def _resolve_model(model, tokenizer, role: str, need_tokenizer: bool = True):
+    if isinstance(model, str):
+        loaded, loaded_tokenizer = _load_embedded(model, role == "drafter")
         return loaded, tokenizer or loaded_tokenizer
-    if tokenizer is None:
+    if tokenizer is None and need_tokenizer:
         keyword = ("tokenizer=..." if role == "target" else "drafter_tokenizer=..." if role == "drafter"
                    else "tokenizer=[...], one per member")
         raise ValueError(f"decode: {role} is a model object, so its tokenizer must be given ({keyword})")
@@ -82,13 +91,15 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"decode: top_p must be in (0, 1], got {top_p!r}")
 
 
-def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer):
+def _check_self_drafter(drafter) -> None:
+    if isinstance(drafter, str) and drafter.startswith("self:") and not drafter[len("self:"):].isdigit():
+        raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
+
+
+def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, need_tokenizer: bool = True):
     if isinstance(drafter, str) and drafter.startswith("self:"):
-        layers = drafter[len("self:"):]
-        if not layers.isdigit():
-            raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
-        return truncated(target_model, int(layers)), tokenizer
-    return _resolve_model(drafter, drafter_tokenizer, "drafter")
+        return truncated(target_model, int(drafter[len("self:"):])), tokenizer
+    return _resolve_model(drafter, drafter_tokenizer, "drafter", need_tokenizer)
 
 
 def _ensemble_members(target, tokenizer, ensemble):
@@ -116,18 +127,21 @@ def _ensemble_members(target, tokenizer, ensemble):
     return list(zip(target, tokenizer)), rule
 
 
-def _ensemble_lm(members, rule, prompts: list[str]) -> tuple[EnsembleLM, object]:
-    """The ensemble as the loop's target, and its output tokenizer (the first member's)."""
+def _ensemble_lm(members, rule, prompts: list[str] | list[list[int]]) -> tuple[EnsembleLM, object]:
+    """The ensemble as the loop's target, and its output tokenizer (the first member's). Prompts given as
+    token ids are the first member's; a member with another vocabulary encodes their text."""
     loaded = [_resolve_model(model, tok, f"target[{i}]") for i, (model, tok) in enumerate(members)]
     lms = [CausalLM(model, f"target[{i}]") for i, (model, _) in enumerate(loaded)]
     if len({str(lm.device) for lm in lms}) > 1:
         raise ValueError(f"decode: ensemble members are on different devices: {[str(lm.device) for lm in lms]}")
     first_tokenizer = loaded[0][1]
+    as_ids = not isinstance(prompts[0], str)
+    texts = [first_tokenizer.decode(p, skip_special_tokens=True) for p in prompts] if as_ids else prompts
     vocabs, encoded = [], []
     for lm, (_, tok) in zip(lms, loaded):
         same = _same_vocabulary(first_tokenizer, tok)
         vocabs.append(member_vocab(lm, tok, lms[0], first_tokenizer, same))
-        rows = [list(tok(p)["input_ids"]) for p in prompts]
+        rows = [list(p) for p in prompts] if as_ids and same else [list(tok(p)["input_ids"]) for p in texts]
         if any(not r for r in rows):
             raise ValueError("decode: a prompt encodes to no tokens")
         encoded.append(rows)
@@ -146,7 +160,7 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None, options: dict | None = None,
-           ngram_tables: str = "bigram", slrs_max_nodes: int = 256, ensemble=None) -> DecodeResult:
+           ngram_tables: str = "auto", slrs_max_nodes: int = 256, ensemble=None) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
@@ -154,15 +168,18 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     gets its default low-precision weights (`specops.models.drafter_weights`: int8 for SmolLM2-135M);
     a suffix chooses them: "smollm2-135m:float32", ":bf16", ":int8", ":int4". method: "auto"
     (with a drafter: sd for the same vocabulary, else tli when sampling and slem when greedy; without:
-    ar), "ar", "sd", "tli" (drafts from the vocabulary intersection), "union" (TLI's baseline), "slem"
-    (drafted text re-encoded for the target, exact-match verification), "slrs" (string-level rejection
-    sampling; exact and exponential in token length) or "ngram". Greedy at temperature 0.
+    ngram, or ar for a model that cannot score draft trees), "ar", "sd", "tli" (drafts from the vocabulary
+    intersection), "union" (TLI's baseline), "slem" (drafted text re-encoded for the target, exact-match
+    verification), "slrs" (string-level rejection sampling; exact and exponential in token length) or
+    "ngram". Greedy at temperature 0.
     num_draft_tokens: an int, or "auto" to choose it each step from measured costs and acceptance; for
     "ngram" an int w is one row of w tokens and a tuple (k, w) is k rows of w tokens.
     options: the method's own settings, a dict:
-      - "ngram": {"tables": "bigram" | "unigram" | "none"}: the model-derived n-grams that fill rows the
-        context does not ("bigram" is computed once per model, with a progress bar, and cached on disk;
-        "unigram" comes from the embeddings, instantly);
+      - "ngram": {"tables": "auto" | "bigram" | "unigram" | "none"}: the model-derived n-grams that fill
+        rows the context does not ("bigram" is computed once per model, with a progress bar, and cached on
+        disk: seconds on a GPU, about 25 minutes for Gemma-3-270M on two CPU cores; "unigram" comes from the
+        embeddings, instantly; "auto", the default, takes the bigram when it is cached or estimated to build
+        within a minute, else the context alone);
       - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step.
     ngram_tables and slrs_max_nodes are the same settings as keywords. seed: makes sampling reproducible
     for a fixed num_draft_tokens (with "auto", draft lengths follow measured timings, and the steps they
@@ -186,6 +203,24 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError("decode: prompt must be a non-empty string or a non-empty list of strings")
     if any(not p for p in prompts):
         raise ValueError("decode: empty prompt")
+    batch, stats = _decode(prompts, target=target, drafter=drafter, method=method, tokenizer=tokenizer,
+                           drafter_tokenizer=drafter_tokenizer, max_new_tokens=max_new_tokens,
+                           temperature=temperature, top_k=top_k, top_p=top_p,
+                           num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, stream=stream,
+                           options=options, ngram_tables=ngram_tables,
+                           slrs_max_nodes=slrs_max_nodes, ensemble=ensemble)
+    texts = batch.texts()
+    tokens = batch.generated
+    return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)
+
+
+def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=None, max_new_tokens: int = 128,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, num_draft_tokens="auto",
+                    stop=None, stream=None, options: dict | None = None, ensemble=None,
+                    ngram_tables: str = "auto", slrs_max_nodes: int = 256):
+    """Every check of `decode`'s arguments that needs no model: raises ValueError / TypeError before
+    anything is loaded (the command line calls it first). Returns (stop strings, ensemble members and
+    rule, or None, None)."""
     if method not in METHODS:
         raise ValueError(f"decode: unknown method {method!r}; available: {', '.join(METHODS)}")
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
@@ -195,30 +230,65 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     if stream is not None and not callable(stream):
         raise TypeError("decode: stream must be callable as stream(request_index, text)")
     registry.check_draft_setting(method, num_draft_tokens)
+    _check_self_drafter(drafter)
     members, rule = _ensemble_members(target, tokenizer, ensemble)
     if method != "auto":
-        kind = registry.METHODS[method].ensemble
-        if members is None and kind == "only":
+        chosen = registry.METHODS[method]
+        if members is None and chosen.ensemble == "only":
             raise ValueError(f"decode: method {method!r} decodes an ensemble: pass target=[model, model, ...]")
-        if members is not None and kind == "no":
+        if members is not None and chosen.ensemble == "no":
             takes = ", ".join(m.name for m in registry.METHODS.values() if m.ensemble != "no")
             raise ValueError(f"decode: method {method!r} does not take an ensemble of targets; methods that do: {takes}")
+        if drafter is not None and chosen.drafter == "none":
+            raise ValueError(f"decode: method {method!r} does not use a drafter")
+        if drafter is None and chosen.drafter != "none":
+            raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or "
+                             "'self:N')")
+        registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
+                                                 "slrs_max_nodes": slrs_max_nodes})
+    return stops, members, rule
+
+
+def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, max_new_tokens, temperature,
+            top_k, top_p, num_draft_tokens, seed, stop, stream, options, ngram_tables="auto",
+            slrs_max_nodes=256, ensemble=None, eos_ids=None, stop_when=None, on_tokens=None):
+    """`decode` for prompts given as strings or as the target's token ids (then the tokenizers may be None
+    where nothing needs text: a drafter model object without one shares the target's vocabulary). eos_ids
+    replaces the model's and tokenizer's EOS ids; stop_when / on_tokens: see `Batch`. Returns the
+    finished (Batch, Stats)."""
+    as_ids = not isinstance(prompts[0], str)
+    stops, members, rule = check_arguments(
+        target=target, drafter=drafter, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens, stop=stop,
+        stream=stream, options=options, ensemble=ensemble, ngram_tables=ngram_tables,
+        slrs_max_nodes=slrs_max_nodes)
+    if (stops or stream is not None) and tokenizer is None:
+        raise ValueError("decode: stop strings and text streaming need the target's tokenizer")
 
     if members is not None:
         target_lm, tokenizer = _ensemble_lm(members, rule, prompts)
         target_model = target_lm.members[0].model
     else:
-        target_model, tokenizer = _resolve_model(target, tokenizer, "target")
+        target_model, tokenizer = _resolve_model(target, tokenizer, "target", need_tokenizer=not as_ids)
     drafter_model = None
     if drafter is not None:
-        if method != "auto" and registry.METHODS[method].drafter == "none":
-            raise ValueError(f"decode: method {method!r} does not use a drafter")
-        drafter_model, drafter_tokenizer = _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer)
-    elif method != "auto" and registry.METHODS[method].drafter != "none":
-        raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or 'self:N')")
+        drafter_model, drafter_tokenizer = _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer,
+                                                          need_tokenizer=not as_ids)
+        if tokenizer is None and drafter_tokenizer is not None:
+            raise ValueError("decode: the drafter comes with its own tokenizer, and comparing vocabularies "
+                             "needs the target's too: pass the target's tokenizer")
     same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
+    if members is None:
+        target_lm = CausalLM(target_model, "target")
+    batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream,
+                  _eos_ids(target_model, tokenizer) if eos_ids is None else set(eos_ids),
+                  stop_when=stop_when, on_tokens=on_tokens)
+    target_lm.check_prompts(batch.prompt_rows, max_new_tokens, "target")
+    # "auto" without a drafter drafts n-grams where the target scores draft trees exactly, else plainly.
+    trees = (method == "auto" and drafter_model is None and members is None
+             and tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None)
     chosen = registry.resolve(method, drafter=drafter_model is not None, same_vocabulary=same,
-                              greedy=temperature == 0, ensemble=members is not None)
+                              greedy=temperature == 0, ensemble=members is not None, trees=trees)
     if chosen.drafter == "same" and not same:
         raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
                          "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
@@ -226,8 +296,6 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     settings = registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
                                                         "slrs_max_nodes": slrs_max_nodes})
 
-    if members is None:
-        target_lm = CausalLM(target_model, "target")
     drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
@@ -235,9 +303,11 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
                          f"has {target_lm.vocab_size}; method {chosen.name!r} needs the same vocabulary")
     if chosen.tokenizers is not None:
+        if tokenizer is None or drafter_tokenizer is None:
+            raise ValueError(f"decode: method {chosen.name!r} maps between the target's and the drafter's "
+                             "tokenizers, and the target's was not given (specops.hf.generate: pass "
+                             "target_tokenizer=)")
         chosen.tokenizers(tokenizer, drafter_tokenizer)
-    batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream, _eos_ids(target_model, tokenizer))
-    target_lm.check_prompts(batch.prompt_rows, max_new_tokens, "target")
     _refuse_trees(chosen, "target", target_lm, batch.prompt_rows)
     if "drafter" in chosen.trees:
         _refuse_trees(chosen, "drafter", drafter_lm, batch.encode(drafter_tokenizer))
@@ -258,6 +328,6 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     stats.forward_seconds = target_lm.seconds + (drafter_lm.seconds if drafter_lm else 0.0)
     if members is not None:
         stats.member_calls = [lm.calls for lm in target_lm.members]
-    texts = batch.texts()
-    tokens = batch.generated
-    return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)
+    stats.method = chosen.name
+    stats.requests = len(prompts)
+    return batch, stats

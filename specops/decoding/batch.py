@@ -14,23 +14,50 @@ class Batch:
     Rows are the requests still running; `index[row]` is the request they belong to. Finished requests
     leave the batch (their caches shrink with them)."""
 
-    def __init__(self, tokenizer, prompts: list[str], max_new_tokens: int, stop: list[str] | None, stream,
-                 eos_ids: set[int]):
+    def __init__(self, tokenizer, prompts: list[str] | list[list[int]], max_new_tokens: int,
+                 stop: list[str] | None, stream, eos_ids: set[int], *, stop_when=None, on_tokens=None):
+        """prompts: strings (encoded with `tokenizer`) or the prompts' target token ids themselves (then
+        `tokenizer` may be None unless something needs text: another vocabulary, stop strings, `texts`).
+        stop_when(request, tokens) -> bool: an extra stopping rule, asked after every appended token;
+        on_tokens(request, tokens): each request's newly emitted tokens, after every step."""
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.stop = stop or []
         self.stream = stream
         self.eos_ids = eos_ids
-        self.prompts = prompts
+        self.stop_when = stop_when
+        self.on_tokens = on_tokens
         self.index = list(range(len(prompts)))
-        self.prompt_rows = self.encode(tokenizer)  # the running requests' prompts in target ids
+        if all(isinstance(p, str) for p in prompts):
+            self._texts: list[str] | None = list(prompts)
+            self.prompt_rows = self.encode(tokenizer)  # the running requests' prompts in target ids
+        else:
+            self._texts = None
+            self.prompt_rows = [list(row) for row in prompts]
+            if any(not row for row in self.prompt_rows):
+                raise ValueError("decode: a prompt has no tokens")
+        self._all_rows = list(self.prompt_rows)
         self.generated: list[list[int]] = [[] for _ in prompts]
         self.text_sent = [0] * len(prompts)
         self.stop_text: list[str | None] = [None] * len(prompts)
 
+    @property
+    def prompts(self) -> list[str]:
+        """Every request's prompt as text (decoded from its ids when it was given as ids)."""
+        if self._texts is None:
+            if self.tokenizer is None:
+                raise ValueError("decode: the prompts were given as token ids without the target's "
+                                 "tokenizer, and this method needs them as text (a drafter or ensemble "
+                                 "member with another vocabulary encodes the prompts itself): pass the "
+                                 "target's tokenizer")
+            self._texts = [self.tokenizer.decode(row, skip_special_tokens=True) for row in self._all_rows]
+        return self._texts
+
     def encode(self, tokenizer) -> list[list[int]]:
         """The running requests' prompts as token ids of `tokenizer` (a drafter with another vocabulary
         encodes the prompts itself)."""
+        if self._texts is None and tokenizer is self.tokenizer:
+            return [list(self._all_rows[i]) for i in self.index]
         encoded = [list(tokenizer(self.prompts[i])["input_ids"]) for i in self.index]
         if any(not ids for ids in encoded):
             raise ValueError("decode: a prompt encodes to no tokens")
@@ -59,10 +86,14 @@ class Batch:
                 count += 1
                 stopped = self._stopped(request)  # also on the last allowed token: it may complete a stop
                 done = stopped or token in self.eos_ids or len(out) >= self.max_new_tokens
+                if not done and self.stop_when is not None:
+                    done = bool(self.stop_when(request, out))
                 if done:
                     break
             if self.stream is not None:
                 self._stream(request, done)
+            if self.on_tokens is not None and count:
+                self.on_tokens(request, out[-count:])
             used.append(count)
             if done:
                 finished.append(row)

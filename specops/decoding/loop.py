@@ -40,6 +40,7 @@ def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Ten
     state = target.new_state(batch.rows) if hasattr(target, "new_state") else KVState(target, batch.rows)
     logits = state.prefill(batch.prompt_rows)
     stats.prefill_seconds += time.perf_counter() - start
+    stats.request_steps += batch.rows
     last = sample(logits, params, seeds, 0)  # emitted, not yet read by the target
     first = last.tolist()
     proposer.start(first)
@@ -76,6 +77,7 @@ def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Ten
         drafts_emitted = accepted if verified.accepted_drafts is None else verified.accepted_drafts.tolist()
         stats.accepted += sum(min(n, u) for n, u in zip(drafts_emitted, used))  # drafts emitted, not cut at a stop
         stats.steps += 1
+        stats.request_steps += len(requests)
         stats.draft_lengths.append(verified.size)
         step_seconds = time.perf_counter() - step_start
         forwards = target.seconds + sum(lm.seconds for lm in drafters) - forwards_before

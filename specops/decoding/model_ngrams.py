@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["unigram", "bigram", "extend", "cache_dir"]
+__all__ = ["unigram", "bigram", "bigram_ready", "extend", "cache_dir"]
 
 
 # Tables already computed or loaded in this process, per model object.
@@ -173,15 +173,46 @@ def _compute_bigram(model, bos: int | None, top: int, chunk: int, progress: bool
     return table
 
 
+def prompts_bos(model, rows: list[list[int]]) -> int | None:
+    """The model's BOS id when every prompt (token ids) starts with it, else None: what `_bos_of` says of
+    the tokenizer that encoded them, for prompts that come without one."""
+    bos = getattr(model.generation_config, "bos_token_id", None)
+    bos = getattr(model.config, "bos_token_id", None) if bos is None else bos
+    if isinstance(bos, (list, tuple)):
+        bos = bos[0] if bos else None
+    return int(bos) if bos is not None and rows and all(row and row[0] == bos for row in rows) else None
+
+
+# Rough forward throughput for estimating a bigram build (2 x parameters FLOPs per vocabulary token).
+_BUILD_FLOPS = {"cpu": 5e10, "cuda": 1e13}
+BUILD_BUDGET_S = 60.0  # "auto" tables build a bigram estimated to take at most this long
+
+
+def bigram_ready(model, tokenizer, top: int = 8, *, bos: int | None = None) -> bool:
+    """Whether `bigram` with these arguments returns soon: its table is cached on disk, or building it is
+    estimated to take under BUILD_BUDGET_S (V forwards' worth of tokens: seconds on a GPU, about 25 minutes
+    for Gemma-3-270M on two CPU cores)."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    top = min(top, vocab)
+    bos = _bos_of(tokenizer) if tokenizer is not None else bos
+    if (cache_dir() / f"bigram-{_fingerprint(model, bos, top)}.pt").exists():
+        return True
+    device = next(model.parameters()).device.type
+    flops = 2.0 * vocab * sum(p.numel() for p in model.parameters())
+    return flops / _BUILD_FLOPS.get(device, _BUILD_FLOPS["cpu"]) <= BUILD_BUDGET_S
+
+
 def bigram(model, tokenizer, top: int = 8, chunk: int = 512, progress: bool = True,
-           cache: bool = True) -> torch.Tensor:
+           cache: bool = True, *, bos: int | None = None) -> torch.Tensor:
     """[V, top] int32: row x holds the `top` most likely tokens after x under the model, most likely
     first. Computed once per model (one batched forward per `chunk` tokens, with a progress bar) and
-    cached under $SPECOPS_CACHE/ngrams (default ~/.cache/specops/ngrams); later calls load the file."""
+    cached under $SPECOPS_CACHE/ngrams (default ~/.cache/specops/ngrams); later calls load the file.
+    The rows are scored after the BOS the tokenizer puts before prompts; with tokenizer None, after `bos`
+    (None: no BOS)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"bigram: top must be an int >= 1, got {top!r}")
     top = min(top, int(model.get_output_embeddings().weight.shape[0]))
-    bos = _bos_of(tokenizer)
+    bos = _bos_of(tokenizer) if tokenizer is not None else bos
     return _remembered(model, ("bigram", top, bos, cache), lambda: _load_or_build(model, bos, top, chunk, progress, cache))
 
 

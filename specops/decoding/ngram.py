@@ -19,6 +19,7 @@ import torch
 
 from specops import ops
 from specops.decoding import model_ngrams
+from specops.decoding.attention import is_transformers_model
 from specops.decoding.batch import Batch
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.model_ngrams import extend
@@ -27,7 +28,7 @@ from specops.decoding.tree import build_tree
 
 __all__ = ["NgramDrafter", "NgramProposer"]
 
-TABLES = ("bigram", "unigram", "none")
+TABLES = ("auto", "bigram", "unigram", "none")
 
 
 class NgramDrafter:
@@ -135,13 +136,21 @@ def _make(setup: Setup) -> Proposer:
     model = setup.target.model
     shape = DraftShape(setup.num_draft_tokens, model, setup.target.device)
     bigram = unigram = None  # built (once per model) before the clock starts
-    if setup.options["tables"] == "bigram":
-        bigram = model_ngrams.bigram(model, setup.tokenizer, top=max(8, shape.k_max))
-    elif setup.options["tables"] == "unigram":
+    tables, top = setup.options["tables"], max(8, shape.k_max)
+    # Prompts given as token ids (specops.hf) may come without a tokenizer: their own BOS says it.
+    bos = None if setup.tokenizer is not None else model_ngrams.prompts_bos(model, setup.batch.prompt_rows)
+    if tables == "auto":  # the bigram when it is cached or quick to build, else the context alone
+        ready = (is_transformers_model(model)
+                 and model_ngrams.bigram_ready(model, setup.tokenizer, top, bos=bos))
+        tables = "bigram" if ready else "none"
+    if tables == "bigram":
+        bigram = model_ngrams.bigram(model, setup.tokenizer, top=top, bos=bos)
+    elif tables == "unigram":
         unigram = model_ngrams.unigram(model, top=shape.k_max)
     return NgramProposer(setup, bigram, unigram, shape)
 
 
 METHODS = [Method("ngram", "drafts from the context and the model's own n-grams, verified as a token tree", _make,
-                  trees=("target",), options={"tables": "bigram"}, check=_check, legacy={"ngram_tables": "tables"},
+                  trees=("target",), options={"tables": "auto"}, check=_check,
+                  legacy={"ngram_tables": "tables"},
                   draft_setting=DraftShape.check)]
