@@ -32,6 +32,40 @@ def _draft_tokens(value: str):
     raise argparse.ArgumentTypeError(f"must be 'auto', an integer N, K,W or B1,B2,..., got {value!r}")
 
 
+def _threads(value: str):
+    if value == "auto":
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {value!r}")
+
+
+def _auto_threads() -> int:
+    """The physical cores torch would use, less those the 1-minute load average says are busy (>= 1)."""
+    import os
+
+    import torch
+
+    cores = torch.get_num_threads()
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        return cores
+    return max(1, min(cores, (os.cpu_count() or cores) - round(busy)))
+
+
+def _set_threads(threads) -> None:
+    import os
+
+    import torch
+
+    if threads == "auto":
+        if os.environ.get("OMP_NUM_THREADS"):
+            return  # the user's setting; torch already follows it
+        threads = _auto_threads()
+    torch.set_num_threads(threads)
+
+
 def _ensemble_rule(value: str):
     kind, _, numbers = value.partition(":")
     try:
@@ -79,11 +113,18 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="drafts per step: auto (chosen from measured costs), an integer, for ngram K,W "
                              "(K rows of W tokens), for rsd-c / specinfer B1,B2,... (children per node per level), "
                              "for rsd-s W,L (beams, levels)")
-    parser.add_argument("--ngram-tables", choices=("bigram", "unigram", "none"), default="bigram",
-                        help="ngram: model-derived n-grams for rows the context cannot fill; bigram is computed "
-                             "once per model (minutes on a CPU, with a progress bar) and cached")
+    parser.add_argument("--ngram-tables", choices=("auto", "bigram", "unigram", "none"), default="auto",
+                        help="ngram: model-derived n-grams for rows the context cannot fill; bigram is "
+                             "computed once per model (about 25 minutes for gemma-3-270m on two CPU cores, "
+                             "seconds on a GPU, with a progress bar) and cached; auto uses it when cached or "
+                             "quick to build, else the context alone")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="stop when this text appears (repeatable); it is not printed")
+    parser.add_argument("--threads", type=_threads, default="auto", metavar="{auto,N}",
+                        help="CPU threads for the forwards: auto takes the cores the last minute's "
+                             "load leaves free (at least 1; all of them on an idle machine); "
+                             "OMP_NUM_THREADS, when set, is the default instead. Threads that compete with "
+                             "other busy processes slow decoding down many times over")
     parser.add_argument("--echo", action="store_true", help="print the prompt before the generated text")
     parser.add_argument("--compare", action="store_true",
                         help="also decode with method ar (ensemble for several targets) and the same settings; "
@@ -135,24 +176,46 @@ def _stream(request: int, text: str) -> None:
     sys.stdout.flush()
 
 
+def _check(args, names: list[str]) -> None:
+    """Every setting that can be checked without a model, before the seconds a model takes to load."""
+    from specops import models
+    from specops.decoding import check_arguments
+
+    for name in names + ([args.drafter] if args.drafter and not args.drafter.startswith("self:") else []):
+        models.check_name(name)
+    if args.ensemble is not None and len(names) < 2:
+        raise ValueError("--ensemble needs several targets: --target NAME1,NAME2")
+    check_arguments(target=names if len(names) > 1 else names[0], drafter=args.drafter, method=args.method,
+                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, num_draft_tokens=args.num_draft_tokens, stop=args.stop,
+                    ngram_tables=args.ngram_tables, slrs_max_nodes=args.slrs_max_nodes,
+                    ensemble=_ensemble(args))
+
+
+def _ensemble(args):
+    import specops
+
+    if args.ensemble is None:
+        return None
+    kind, values = args.ensemble
+    return (specops.WeightedEnsemble(values) if kind == "weighted"
+            else specops.ContrastiveEnsemble(values[0], values[1] if len(values) > 1 else None))
+
+
 def _generate(args) -> int:
     import specops
     from specops._seeds import draw_seed
 
     prompt = _read_prompt(args)
     names = args.target.split(",")
+    _check(args, names)
+    _set_threads(args.threads)
     if len(names) > 1:
         loaded = [specops.models.load(name) for name in names]
         target, tokenizer = [m for m, _ in loaded], [t for _, t in loaded]
-    elif args.ensemble is not None:
-        raise ValueError("--ensemble needs several targets: --target NAME1,NAME2")
     else:
         target, tokenizer = specops.models.load(args.target)
-    ensemble = None
-    if args.ensemble is not None:
-        kind, values = args.ensemble
-        ensemble = (specops.WeightedEnsemble(values) if kind == "weighted"
-                    else specops.ContrastiveEnsemble(values[0], values[1] if len(values) > 1 else None))
+    ensemble = _ensemble(args)
     drafter, drafter_tokenizer = args.drafter, None
     if drafter is not None and not drafter.startswith("self:"):
         drafter, drafter_tokenizer = specops.models.load_drafter(drafter)
@@ -170,7 +233,8 @@ def _generate(args) -> int:
     result = specops.decode(prompt, **method, stream=_stream, **settings)
     if not result.text.endswith("\n"):
         _stream(0, "\n")
-    print(result.stats.summary(), file=sys.stderr, flush=True)
+    chosen = f"auto chose {result.stats.method}; " if args.method == "auto" else ""
+    print(chosen + result.stats.summary(), file=sys.stderr, flush=True)
     if args.compare:
         plain = "ensemble" if len(names) > 1 else "ar"
         baseline = specops.decode(prompt, method=plain, **settings)

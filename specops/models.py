@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["drafter_weights", "load", "load_drafter", "names", "split_weights"]
+__all__ = ["check_name", "drafter_weights", "load", "load_drafter", "load_tokenizer", "names",
+           "split_weights"]
 
 _GGUF_INSTALL = "pip install gguf accelerate"
 _MARKER = "specops_cache.json"  # written last: its presence means the cache is complete
@@ -91,6 +92,12 @@ def split_weights(name: str) -> tuple[str, str | None]:
     return base, weights
 
 
+def check_name(name: str) -> None:
+    """Raises ValueError, as `load` would, for a name (with its ":weights" suffix) that names no embedded
+    model; loads nothing."""
+    _canonical(split_weights(name)[0])
+
+
 def drafter_weights(name: str) -> str:
     """The weights an embedded model gets as a drafter when its name carries no ":weights" suffix."""
     return _MODELS[_canonical(split_weights(name)[0])].drafter_weights
@@ -134,6 +141,27 @@ def load(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.d
 
         quantize(model, weights)
     return model, tokenizer
+
+
+def load_tokenizer(name: str, *, progress: bool = True):
+    """The tokenizer of an embedded model, without loading its weights (seconds): what `load` returns as
+    its second item, padding on the left. The first call converts the model's GGUF, as `load` does."""
+    from transformers import AutoTokenizer
+
+    name = _canonical(split_weights(name)[0])
+    path = _cache_dir(name)
+    if _read_marker(path) != _fingerprint(name):
+        load(name, progress=progress)  # builds the cache
+    with _quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return _ready_tokenizer(tokenizer)
+
+
+def _ready_tokenizer(tokenizer):
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # batched generation appends on the right
+    return tokenizer
 
 
 def _canonical(name: str) -> str:
@@ -240,16 +268,27 @@ def _load_or_convert(path: Path, fingerprint: dict, convert: Callable, *, dtype,
                 _write_cache(path, model, tokenizer, fingerprint)
                 bar.update()
             del model  # the returned model is always the cached one: one code path, same result
+        _make_readable(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model.to(device).eval().requires_grad_(False)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"  # batched generation appends on the right
+    tokenizer = _ready_tokenizer(tokenizer)
     if model.generation_config.pad_token_id is None:
         eos = model.generation_config.eos_token_id
         model.generation_config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
     return model, tokenizer
+
+
+def _make_readable(path: Path) -> None:
+    """Files of a cache readable by all, like any other file (safetensors writes the weights 0600); done
+    again on load for caches written before, where this user owns them."""
+    for file in path.iterdir():
+        try:
+            mode = file.stat().st_mode
+            if file.is_file() and mode & 0o044 != 0o044 and file.stat().st_uid == os.getuid():
+                file.chmod(mode | 0o044)
+        except OSError:
+            pass  # someone else's shared cache: reading it is all this process needs
 
 
 def _read_marker(path: Path) -> dict | None:
@@ -273,6 +312,7 @@ def _write_cache(path: Path, model, tokenizer, fingerprint: dict) -> None:
         model.save_pretrained(tmp)  # safetensors
         tokenizer.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+        _make_readable(tmp)
         if path.exists():
             path.rename(stale)
         try:
