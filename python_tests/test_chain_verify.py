@@ -1,4 +1,4 @@
-"""Tests of `specops::chain_verify`, in the four layers of DESIGN.md ("Testing"), plus bad inputs.
+"""Tests of `specops::chain_verify`, in the four layers of DEVELOPERS.md ("Tests"), plus bad inputs.
 
 1. Exact: greedy and one-hot hand tables whose answer does not depend on the random numbers.
 2. Agreement: the C++ CPU kernel, the Triton kernel (interpreted on CPU without a GPU) and the public

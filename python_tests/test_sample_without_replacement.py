@@ -1,5 +1,5 @@
 """Tests of `specops::sample_without_replacement` (a draft tree's siblings for RSD-C, and their q), in
-the four layers of DESIGN.md ("Testing"), plus bad inputs.
+the four layers of DEVELOPERS.md ("Tests"), plus bad inputs.
 
 1. Exact: greedy rows (the largest logits, ties to the lower index, -inf never taken), point-mass and
    small-support rows (draws past the support are -1), distinct tokens always.

@@ -1,5 +1,5 @@
 """Tests of `specops::stochastic_beam_step` (one level of Stochastic Beam Search, RSD-S's proposal), in the
-four layers of DESIGN.md ("Testing"), plus bad inputs.
+four layers of DEVELOPERS.md ("Tests"), plus bad inputs.
 
 1. Exact: greedy levels are beam search (each beam's largest logits, scored phi + log_softmax), small
    supports pad with -1 / -inf, dead beams are not read and get no children, and on random levels the

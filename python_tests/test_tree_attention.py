@@ -1,4 +1,4 @@
-"""Tests of `specops.ops.tree_attention`: the four layers of DESIGN.md.
+"""Tests of `specops.ops.tree_attention`: the four layers of DEVELOPERS.md ("Tests").
 
 Implementations: "reference" (specops.reference.tree_attention, the spec: a dense mask and a softmax in
 float32), "cpp" (torch.ops.specops.tree_attention on CPU tensors) and "triton" (tree_attention_triton on

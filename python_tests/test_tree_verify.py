@@ -1,5 +1,5 @@
 """Tests of `specops::tree_verify` (recursive rejection sampling over draft trees), in the four layers of
-DESIGN.md ("Testing"), plus bad inputs.
+DEVELOPERS.md ("Tests"), plus bad inputs.
 
 1. Exact: greedy trees, point-mass targets (the child holding the target's only token is accepted
    whatever q and the random numbers), ragged trees whose padding must not be read, a chain equal to
