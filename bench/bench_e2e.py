@@ -6,7 +6,7 @@ and settings, in one run.
                               [--early-exit 6] [--fixed-k K] [--tree-shape 2,2] [--beam-shape 3,2] [--hetero-k K]
                               [--hf-assistant-tokens N]
                               [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
-                              [--no-batched] [--threads 2] [--csv PATH]
+                              [--no-batched] [--threads 2] [--csv PATH] [--plot]
     python bench/bench_e2e.py --configs ensembles [--prompts 4] ...   # bench_ensemble.py: se, ensemble-SD
                                                                        # and transformers' ensemble weight
                                                                        # against the standard ensemble
@@ -632,6 +632,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--csv", default=None, help="CSV path (default bench/results/e2e_<device>.csv)")
+    parser.add_argument("--plot", action="store_true", help="also draw docs/e2e_<device>.png")
     args = parser.parse_args()
     modes = _names(args.modes)
     if any(m not in MODES for m in modes):
@@ -725,6 +726,43 @@ def main() -> None:
                            "hf_lookup_tokens": str(args.hf_lookup_tokens), "ngram_tables": args.ngram_tables,
                            "drafter": DRAFTER if drafter else "", "hetero_k": str(args.hetero_k)})
     print(f"\nwrote {path}")
+    if args.plot:
+        plot(rows, Path(__file__).parent.parent / "docs" / f"e2e_{args.device}.png",
+             f"{args.target}, {len(prompts)} HumanEval prompts, {args.new_tokens} new tokens, "
+             f"{info['machine']}, {info['threads']} threads")
+
+
+def plot(rows: list[dict], png: Path, title: str) -> None:
+    """tok/s of every configuration, one panel per mode; specops bars say their ratio to transformers'
+    counterpart (the peer) and to specops ar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.2 * len(modes), 0.34 * len(rows) / len(modes) + 1.8),
+                             squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        mine = [r for r in rows if r["mode"] == mode][::-1]
+        colors = ["#1f77b4" if r["config"].startswith("specops") else "#9e9e9e" for r in mine]
+        ax.barh(range(len(mine)), [r["tok/s"] for r in mine], color=colors)
+        for y, r in enumerate(mine):
+            notes = [f"{r['vs_peer']:.2f}x peer" if r.get("vs_peer") else "",
+                     f"{r['vs_ar']:.2f}x ar" if r.get("vs_ar") else ""]
+            text = ", ".join(n for n in notes if n)
+            if text:
+                ax.annotate(text, (r["tok/s"], y), xytext=(3, -3), textcoords="offset points", fontsize=7)
+        ax.set_yticks(range(len(mine)))
+        ax.set_yticklabels([r["config"] for r in mine], fontsize=7.5)
+        ax.set_xlabel("tokens / s (grey: transformers, blue: specops)")
+        ax.set_title(mode, fontsize=10)
+        ax.set_xlim(0, max(r["tok/s"] for r in mine) * 1.35)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":
