@@ -759,7 +759,7 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
         ax.set_title(mode, fontsize=10)
         ax.set_xlim(0, max(r["tok/s"] for r in mine) * 1.35)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(w_pad=4)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120, bbox_inches="tight")
     print(f"wrote {png}")

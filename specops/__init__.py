@@ -12,7 +12,12 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from specops import _C  # noqa: F401  (registers the op schemas and the C++ CPU kernels)
 from specops import ops
-from specops import kernels  # noqa: F401  (registers the Triton kernels for CUDA)
+import os as _os
+
+if torch.cuda.is_available() or _os.environ.get("TRITON_INTERPRET") == "1":
+    # Registers the Triton kernels for CUDA (or, interpreted, for the tests). Without CUDA they can never
+    # run, and importing Triton would add most of a second to every start.
+    from specops import kernels  # noqa: F401
 from specops import vocab
 from specops.decoding import DecodeResult, decode
 from specops.decoding.ensemble import ContrastiveEnsemble, WeightedEnsemble

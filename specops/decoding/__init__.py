@@ -148,6 +148,30 @@ def _ensemble_lm(members, rule, prompts: list[str] | list[list[int]]) -> tuple[E
     return EnsembleLM(lms, vocabs, encoded, rule), first_tokenizer
 
 
+def _chosen(method, same, temperature, members, options, ngram_tables, slrs_max_nodes, target_lm, drafter_lm,
+            tokenizer, drafter_tokenizer):
+    """The method `method` stands for with these models, after every check that needs no prompt."""
+    chosen = registry.resolve(method, drafter=drafter_lm is not None, same_vocabulary=same,
+                              greedy=temperature == 0, ensemble=members is not None)
+    if chosen.drafter == "same" and not same:
+        raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
+                         "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
+                         "'union' for a drafter with another vocabulary (or 'auto')")
+    registry.check_options(chosen, options, {"ngram_tables": ngram_tables, "slrs_max_nodes": slrs_max_nodes})
+    if drafter_lm is not None and drafter_lm.device != target_lm.device:
+        raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
+    if chosen.drafter == "same" and drafter_lm.vocab_size != target_lm.vocab_size:
+        raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
+                         f"has {target_lm.vocab_size}; method {chosen.name!r} needs the same vocabulary")
+    if chosen.tokenizers is not None:
+        if tokenizer is None or drafter_tokenizer is None:
+            raise ValueError(f"decode: method {chosen.name!r} maps between the target's and the drafter's "
+                             "tokenizers, and the target's was not given (specops.hf.generate: pass "
+                             "target_tokenizer=)")
+        chosen.tokenizers(tokenizer, drafter_tokenizer)
+    return chosen
+
+
 def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> None:
     """Methods that score draft trees need a model that takes them exactly (attention.tree_support)."""
     reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
@@ -280,34 +304,23 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
     if members is None:
         target_lm = CausalLM(target_model, "target")
+    drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
+    # "auto" without a drafter drafts n-grams where the target scores draft trees exactly, else plainly:
+    # decided once the prompts are encoded. Every other method is known now, and checked before any prompt is.
+    plain_auto = method == "auto" and drafter_model is None and members is None
+    chosen = None if plain_auto else _chosen(method, same, temperature, members, options, ngram_tables,
+                                             slrs_max_nodes, target_lm, drafter_lm, tokenizer,
+                                             drafter_tokenizer)
     batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream,
                   _eos_ids(target_model, tokenizer) if eos_ids is None else set(eos_ids),
                   stop_when=stop_when, on_tokens=on_tokens)
     target_lm.check_prompts(batch.prompt_rows, max_new_tokens, "target")
-    # "auto" without a drafter drafts n-grams where the target scores draft trees exactly, else plainly.
-    trees = (method == "auto" and drafter_model is None and members is None
-             and tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None)
-    chosen = registry.resolve(method, drafter=drafter_model is not None, same_vocabulary=same,
-                              greedy=temperature == 0, ensemble=members is not None, trees=trees)
-    if chosen.drafter == "same" and not same:
-        raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
-                         "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
-                         "'union' for a drafter with another vocabulary (or 'auto')")
+    if plain_auto:
+        trees = tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None
+        chosen = _chosen("ngram" if trees else "ar", same, temperature, members, options, ngram_tables,
+                         slrs_max_nodes, target_lm, drafter_lm, tokenizer, drafter_tokenizer)
     settings = registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
                                                         "slrs_max_nodes": slrs_max_nodes})
-
-    drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
-    if drafter_lm is not None and drafter_lm.device != target_lm.device:
-        raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
-    if chosen.drafter == "same" and drafter_lm.vocab_size != target_lm.vocab_size:
-        raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
-                         f"has {target_lm.vocab_size}; method {chosen.name!r} needs the same vocabulary")
-    if chosen.tokenizers is not None:
-        if tokenizer is None or drafter_tokenizer is None:
-            raise ValueError(f"decode: method {chosen.name!r} maps between the target's and the drafter's "
-                             "tokenizers, and the target's was not given (specops.hf.generate: pass "
-                             "target_tokenizer=)")
-        chosen.tokenizers(tokenizer, drafter_tokenizer)
     _refuse_trees(chosen, "target", target_lm, batch.prompt_rows)
     if "drafter" in chosen.trees:
         _refuse_trees(chosen, "drafter", drafter_lm, batch.encode(drafter_tokenizer))

@@ -30,15 +30,14 @@ METHODS: dict[str, Method] = _load()
 NAMES = ("auto", *METHODS)
 
 
-def resolve(name: str, *, drafter: bool, same_vocabulary: bool, greedy: bool, ensemble: bool = False,
-            trees: bool = False) -> Method:
+def resolve(name: str, *, drafter: bool, same_vocabulary: bool, greedy: bool, ensemble: bool = False) -> Method:
     """The method `name` stands for: "auto" picks sd for a drafter with the target's vocabulary, tli
     (sampling) or slem (greedy) for one with another vocabulary (with an ensemble of targets: sd, or tli
-    for either mode), and without a drafter ngram where the target takes draft trees (`trees`), else ar,
-    or se for an ensemble."""
+    for either mode), and without a drafter se for an ensemble. (For one target without a drafter, decode
+    picks ngram where the target scores draft trees exactly, else ar: that needs the prompts.)"""
     if name == "auto":
         if not drafter:
-            name = "se" if ensemble else "ngram" if trees else "ar"
+            name = "se" if ensemble else "ar"
         else:
             name = "sd" if same_vocabulary else "tli" if ensemble or not greedy else "slem"
     return METHODS[name]
