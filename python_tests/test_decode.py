@@ -733,3 +733,38 @@ def test_command_line_offers_every_method():
     parser = cli._generate_parser(argparse.ArgumentParser())
     method = next(a for a in parser._actions if a.dest == "method")
     assert tuple(method.choices) == registry.NAMES
+
+
+def test_max_new_tokens_zero_summary():
+    _, result = _cycle_decode(["ab"], "ar", max_new_tokens=0)
+    assert "no tokens generated" in result.stats.summary()
+    assert "outside forwards" not in result.stats.summary()
+
+
+def test_command_line_checks_settings_before_loading(monkeypatch, capsys):
+    """A typo exits with status 2 and a one-line message before any model loads; --threads sets torch's."""
+    import torch
+
+    from specops import cli, models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(models, "load", refuse)
+    monkeypatch.setattr(models, "load_drafter", refuse)
+    for argv, message in [(["--drafter", "smolm2"], "unknown model 'smolm2'"),
+                          (["--method", "sd"], "needs a drafter"),
+                          (["--max-new-tokens", "-1"], "max_new_tokens"),
+                          (["--drafter", "self:x"], "self:N"),
+                          (["--target", "gemma-3-270m,smollm2-135m", "--ensemble", "weighted:0.4,0.4"], "sum"),
+                          (["--ensemble", "weighted:0.5,0.5"], "several targets"),
+                          (["--method", "ngram", "--drafter", "self:2"], "does not use a drafter")]:
+        assert cli.main(["generate", "x", *argv]) == 2
+        assert message in capsys.readouterr().err
+    before = torch.get_num_threads()
+    try:
+        cli._set_threads(1)
+        assert torch.get_num_threads() == 1
+        assert 1 <= cli._auto_threads(window=0.05) <= before
+    finally:
+        torch.set_num_threads(before)

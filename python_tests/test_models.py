@@ -277,3 +277,29 @@ def test_real_tokenizer_bos(converted):
         assert ids[0] == tokenizer.bos_token_id == 2
     else:  # SmolLM2's tokenizer adds none
         assert tokenizer.bos_token_id not in ids
+
+
+def test_cached_tokenizer_pickle_is_used_only_when_fresh_and_ours(tmp_path, monkeypatch):
+    """The loaded tokenizer is pickled beside the cache for the next load; a stale key, a damaged file or
+    someone else's file falls back to the tokenizer files (and writes a fresh pickle where it can)."""
+    path = tmp_path / "tiny"
+    _, first = _load(path, Converter())
+    saved = path / models._PICKLE
+    assert saved.is_file() and saved.stat().st_mode & 0o044 == 0o044
+    loads = []
+    from transformers import AutoTokenizer
+
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: loads.append(1) or real(*a, **k))
+    _, again = _load(path, Converter())
+    assert not loads  # from the pickle
+    assert again(PROMPT)["input_ids"] == first(PROMPT)["input_ids"] and again.padding_side == "left"
+    (path / (models._PICKLE + ".key")).write_text("transformers 0.0\n")  # another version wrote it
+    _load(path, Converter())
+    assert len(loads) == 1
+    saved.write_bytes(b"not a pickle")
+    _, damaged = _load(path, Converter())
+    assert len(loads) == 2 and damaged(PROMPT)["input_ids"] == first(PROMPT)["input_ids"]
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(saved).st_uid + 1)  # someone else's cache
+    _load(path, Converter())
+    assert len(loads) == 3

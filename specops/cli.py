@@ -40,18 +40,29 @@ def _threads(value: str):
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {value!r}")
 
 
-def _auto_threads() -> int:
-    """The physical cores torch would use, less those the 1-minute load average says are busy (>= 1)."""
+def _auto_threads(window: float = 0.25) -> int:
+    """The cores torch would use, less those other processes keep busy now (>= 1): /proc/stat's busy time
+    minus this process's own over a quarter of a second (the load average would count commands that just
+    finished). All of them where /proc/stat is absent."""
     import os
+    import time
 
     import torch
 
     cores = torch.get_num_threads()
+
+    def busy() -> float:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
     try:
-        busy = os.getloadavg()[0]
-    except OSError:
+        start, own, wall = busy(), time.process_time(), time.perf_counter()
+        time.sleep(window)
+        others = (busy() - start - (time.process_time() - own)) / (time.perf_counter() - wall)
+    except (OSError, ValueError, IndexError):
         return cores
-    return max(1, min(cores, (os.cpu_count() or cores) - round(busy)))
+    return max(1, min(cores, (os.cpu_count() or cores) - round(max(0.0, others))))
 
 
 def _set_threads(threads) -> None:
@@ -121,8 +132,8 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="stop when this text appears (repeatable); it is not printed")
     parser.add_argument("--threads", type=_threads, default="auto", metavar="{auto,N}",
-                        help="CPU threads for the forwards: auto takes the cores the last minute's "
-                             "load leaves free (at least 1; all of them on an idle machine); "
+                        help="CPU threads for the forwards: auto takes the cores other processes leave "
+                             "free, measured at start (at least 1; all of them on an idle machine); "
                              "OMP_NUM_THREADS, when set, is the default instead. Threads that compete with "
                              "other busy processes slow decoding down many times over")
     parser.add_argument("--echo", action="store_true", help="print the prompt before the generated text")

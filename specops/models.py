@@ -146,15 +146,47 @@ def load(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.d
 def load_tokenizer(name: str, *, progress: bool = True):
     """The tokenizer of an embedded model, without loading its weights (seconds): what `load` returns as
     its second item, padding on the left. The first call converts the model's GGUF, as `load` does."""
-    from transformers import AutoTokenizer
-
     name = _canonical(split_weights(name)[0])
     path = _cache_dir(name)
     if _read_marker(path) != _fingerprint(name):
         load(name, progress=progress)  # builds the cache
     with _quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = _tokenizer_of(path)
     return _ready_tokenizer(tokenizer)
+
+
+_PICKLE = "tokenizer.pickle"  # the loaded tokenizer, for the next load (written by this user, on first load)
+
+
+def _tokenizer_of(path: Path):
+    """The cached tokenizer at `path`. transformers 5 parses Gemma's 33 MB tokenizer.json in Python several
+    times per load (about 4 s on a small CPU); a pickle of the loaded tokenizer restores in about half that.
+    It is kept beside the cache, keyed by the transformers and tokenizers versions, and read only when this
+    user wrote it (a pickle runs code on load: never one from someone else's shared cache)."""
+    import pickle
+
+    import tokenizers
+    import transformers
+    from transformers import AutoTokenizer
+
+    key = f"transformers {transformers.__version__}, tokenizers {tokenizers.__version__}\n"
+    saved, stamp = path / _PICKLE, path / (_PICKLE + ".key")
+    try:
+        if saved.stat().st_uid == os.getuid() and stamp.read_text() == key:
+            with open(saved, "rb") as f:
+                return pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        pass  # absent, someone else's, stale or damaged: load from the files and write it again
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        partial = saved.with_suffix(f".{os.getpid()}.partial")
+        with open(partial, "wb") as f:
+            pickle.dump(tokenizer, f)
+        os.replace(partial, saved)
+        stamp.write_text(key)
+    except OSError:
+        pass  # a read-only cache: load from the files every time
+    return tokenizer
 
 
 def _ready_tokenizer(tokenizer):
@@ -258,7 +290,7 @@ def _load_or_convert(path: Path, fingerprint: dict, convert: Callable, *, dtype,
     `convert` returns (model, tokenizer) and calls `bar.update()` three times (three progress steps).
     """
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     with _quiet_transformers():
         if _read_marker(path) != fingerprint:
@@ -270,7 +302,7 @@ def _load_or_convert(path: Path, fingerprint: dict, convert: Callable, *, dtype,
             del model  # the returned model is always the cached one: one code path, same result
         _make_readable(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = _tokenizer_of(path)
     model.to(device).eval().requires_grad_(False)
     tokenizer = _ready_tokenizer(tokenizer)
     if model.generation_config.pad_token_id is None:
