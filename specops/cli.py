@@ -249,7 +249,7 @@ def _generate(args) -> int:
     if args.compare:
         plain = "ensemble" if len(names) > 1 else "ar"
         baseline = specops.decode(prompt, method=plain, **settings)
-        print(f"{plain}: {baseline.stats.summary()}", file=sys.stderr)
+        print(baseline.stats.summary(), file=sys.stderr)  # it starts with the method's name
         ratio = (result.stats.tokens_per_second / baseline.stats.tokens_per_second
                  if baseline.stats.tokens_per_second else float("nan"))
         line = (f"compare: {result.stats.tokens_per_second:.1f} tok/s vs {plain} {baseline.stats.tokens_per_second:.1f} "
