@@ -768,3 +768,16 @@ def test_command_line_checks_settings_before_loading(monkeypatch, capsys):
         assert 1 <= cli._auto_threads(window=0.05) <= before
     finally:
         torch.set_num_threads(before)
+
+
+def test_stop_and_stream_with_an_embedded_name(models, tok, monkeypatch):
+    """A target named by string brings its tokenizer: stop strings and streaming need no tokenizer=."""
+    from specops import models as embedded
+
+    monkeypatch.setattr(embedded, "load", lambda name, **kwargs: (models["llama"], tok))
+    pieces = []
+    result = specops.decode(PROMPTS[:2], target="gemma-3-270m", max_new_tokens=6, stop=["zz"],
+                            stream=lambda request, text: pieces.append((request, text)))
+    ar = specops.decode(PROMPTS[:2], target=models["llama"], tokenizer=tok, method="ar", max_new_tokens=6)
+    assert result.tokens == ar.tokens
+    assert "".join(text for request, text in pieces if request == 0) == result.text[0]

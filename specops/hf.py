@@ -37,6 +37,7 @@ a prefilled cache, encoder-decoder models.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -210,8 +211,6 @@ def _target_tokenizer(model, given, streamer):
     if getattr(streamer, "tokenizer", None) is not None:
         return streamer.tokenizer
     path = getattr(model, "name_or_path", None)
-    import os
-
     if path and os.path.isdir(path):
         from transformers import AutoTokenizer
 

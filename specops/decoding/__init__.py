@@ -148,8 +148,7 @@ def _ensemble_lm(members, rule, prompts: list[str] | list[list[int]]) -> tuple[E
     return EnsembleLM(lms, vocabs, encoded, rule), first_tokenizer
 
 
-def _chosen(method, same, temperature, members, options, ngram_tables, slrs_max_nodes, target_lm, drafter_lm,
-            tokenizer, drafter_tokenizer):
+def _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer, drafter_tokenizer):
     """The method `method` stands for with these models, after every check that needs no prompt."""
     chosen = registry.resolve(method, drafter=drafter_lm is not None, same_vocabulary=same,
                               greedy=temperature == 0, ensemble=members is not None)
@@ -157,7 +156,6 @@ def _chosen(method, same, temperature, members, options, ngram_tables, slrs_max_
         raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
                          "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
                          "'union' for a drafter with another vocabulary (or 'auto')")
-    registry.check_options(chosen, options, {"ngram_tables": ngram_tables, "slrs_max_nodes": slrs_max_nodes})
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
     if chosen.drafter == "same" and drafter_lm.vocab_size != target_lm.vocab_size:
@@ -286,14 +284,13 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
         temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens, stop=stop,
         stream=stream, options=options, ensemble=ensemble, ngram_tables=ngram_tables,
         slrs_max_nodes=slrs_max_nodes)
-    if (stops or stream is not None) and tokenizer is None:
-        raise ValueError("decode: stop strings and text streaming need the target's tokenizer")
-
     if members is not None:
         target_lm, tokenizer = _ensemble_lm(members, rule, prompts)
         target_model = target_lm.members[0].model
     else:
         target_model, tokenizer = _resolve_model(target, tokenizer, "target", need_tokenizer=not as_ids)
+    if (stops or stream is not None) and tokenizer is None:
+        raise ValueError("decode: stop strings and text streaming need the target's tokenizer")
     drafter_model = None
     if drafter is not None:
         drafter_model, drafter_tokenizer = _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer,
@@ -308,17 +305,16 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     # "auto" without a drafter drafts n-grams where the target scores draft trees exactly, else plainly:
     # decided once the prompts are encoded. Every other method is known now, and checked before any prompt is.
     plain_auto = method == "auto" and drafter_model is None and members is None
-    chosen = None if plain_auto else _chosen(method, same, temperature, members, options, ngram_tables,
-                                             slrs_max_nodes, target_lm, drafter_lm, tokenizer,
-                                             drafter_tokenizer)
+    chosen = None if plain_auto else _chosen(method, same, temperature, members, target_lm, drafter_lm,
+                                             tokenizer, drafter_tokenizer)
     batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream,
                   _eos_ids(target_model, tokenizer) if eos_ids is None else set(eos_ids),
                   stop_when=stop_when, on_tokens=on_tokens)
     target_lm.check_prompts(batch.prompt_rows, max_new_tokens, "target")
     if plain_auto:
         trees = tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None
-        chosen = _chosen("ngram" if trees else "ar", same, temperature, members, options, ngram_tables,
-                         slrs_max_nodes, target_lm, drafter_lm, tokenizer, drafter_tokenizer)
+        chosen = _chosen("ngram" if trees else "ar", same, temperature, members, target_lm, drafter_lm,
+                         tokenizer, drafter_tokenizer)
     settings = registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
                                                         "slrs_max_nodes": slrs_max_nodes})
     _refuse_trees(chosen, "target", target_lm, batch.prompt_rows)
