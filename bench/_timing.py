@@ -209,10 +209,9 @@ class CpuLoad:
 
     @staticmethod
     def _busy_seconds() -> float:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        from specops._cpu import busy_seconds
+
+        return busy_seconds()
 
     def start(self) -> "CpuLoad":
         self._wall, self._own, self._busy = time.perf_counter(), time.process_time(), self._busy_seconds()

@@ -49,17 +49,13 @@ def _auto_threads(window: float = 0.25) -> int:
 
     import torch
 
+    from specops._cpu import busy_seconds
+
     cores = torch.get_num_threads()
-
-    def busy() -> float:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
     try:
-        start, own, wall = busy(), time.process_time(), time.perf_counter()
+        start, own, wall = busy_seconds(), time.process_time(), time.perf_counter()
         time.sleep(window)
-        others = (busy() - start - (time.process_time() - own)) / (time.perf_counter() - wall)
+        others = (busy_seconds() - start - (time.process_time() - own)) / (time.perf_counter() - wall)
     except (OSError, ValueError, IndexError):
         return cores
     return max(1, min(cores, (os.cpu_count() or cores) - round(max(0.0, others))))

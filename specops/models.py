@@ -312,8 +312,8 @@ def _load_or_convert(path: Path, fingerprint: dict, convert: Callable, *, dtype,
 
 
 def _make_readable(path: Path) -> None:
-    """Files of a cache readable by all, like any other file (safetensors writes the weights 0600); done
-    again on load for caches written before, where this user owns them."""
+    """Files of a cache readable by all, like any other file (safetensors writes the weights 0600): on every
+    load, so caches written before are mended too, where this user owns them."""
     for file in path.iterdir():
         try:
             mode = file.stat().st_mode
@@ -344,7 +344,6 @@ def _write_cache(path: Path, model, tokenizer, fingerprint: dict) -> None:
         model.save_pretrained(tmp)  # safetensors
         tokenizer.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
-        _make_readable(tmp)
         if path.exists():
             path.rename(stale)
         try:

@@ -192,12 +192,11 @@ def bigram_ready(model, tokenizer, top: int = 8, *, bos: int | None = None) -> b
     """Whether `bigram` with these arguments returns soon: its table is cached on disk, or building it is
     estimated to take under BUILD_BUDGET_S (V forwards' worth of tokens: seconds on a GPU, about 25 minutes
     for Gemma-3-270M on two CPU cores)."""
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    top = min(top, vocab)
-    bos = _bos_of(tokenizer) if tokenizer is not None else bos
-    if (cache_dir() / f"bigram-{_fingerprint(model, bos, top)}.pt").exists():
+    top, bos = _settings(model, tokenizer, top, bos)
+    if _table_path(model, bos, top).exists():
         return True
     device = next(model.parameters()).device.type
+    vocab = int(model.get_output_embeddings().weight.shape[0])
     flops = 2.0 * vocab * sum(p.numel() for p in model.parameters())
     return flops / _BUILD_FLOPS.get(device, _BUILD_FLOPS["cpu"]) <= BUILD_BUDGET_S
 
@@ -211,13 +210,22 @@ def bigram(model, tokenizer, top: int = 8, chunk: int = 512, progress: bool = Tr
     (None: no BOS)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"bigram: top must be an int >= 1, got {top!r}")
-    top = min(top, int(model.get_output_embeddings().weight.shape[0]))
-    bos = _bos_of(tokenizer) if tokenizer is not None else bos
+    top, bos = _settings(model, tokenizer, top, bos)
     return _remembered(model, ("bigram", top, bos, cache), lambda: _load_or_build(model, bos, top, chunk, progress, cache))
 
 
+def _settings(model, tokenizer, top: int, bos: int | None) -> tuple[int, int | None]:
+    """The table's (top, bos): top at most the vocabulary; the tokenizer's BOS, or `bos` without one."""
+    top = min(top, int(model.get_output_embeddings().weight.shape[0]))
+    return top, (_bos_of(tokenizer) if tokenizer is not None else bos)
+
+
+def _table_path(model, bos: int | None, top: int) -> Path:
+    return cache_dir() / f"bigram-{_fingerprint(model, bos, top)}.pt"
+
+
 def _load_or_build(model, bos: int | None, top: int, chunk: int, progress: bool, cache: bool) -> torch.Tensor:
-    path = cache_dir() / f"bigram-{_fingerprint(model, bos, top)}.pt"
+    path = _table_path(model, bos, top)
     if cache and path.exists():
         return torch.load(path, weights_only=True)
     checkpoint = path.with_suffix(".checkpoint") if cache else None
