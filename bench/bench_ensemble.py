@@ -11,7 +11,11 @@ Pairs (members in order; the first member's tokenizer gives the output):
 Rules: w55 / w73 `specops.WeightedEnsemble([0.5, 0.5])` / `([0.7, 0.3])`, cd `specops.ContrastiveEnsemble(0.1)`
 (Gemma the expert). Methods per pair and rule:
   ensemble     every member scores every token (the baseline)
-  se           the members propose to each other (num_draft_tokens "auto": gamma 1 each)
+  se           specops' default: at T=1 for a weighted rule, mixture draws (each token from one member chosen
+               with its weight, no verification); otherwise the members propose to each other
+               (num_draft_tokens "auto": gamma 1 each)
+  se alternate (T=1, weighted rules) the members propose to each other, as the paper's Alg. 1
+               (options={"draws": "alternate"})
   ensemble-SD  the second member drafts and the ensemble verifies: tli with drafter SmolLM2 (hetero), sd
                with drafter self:N (same); num_draft_tokens "auto"
   hf ensemble  transformers `generate(assistant_model=<Gemma's first N layers>, assistant_ensemble_weight=w)`
@@ -97,7 +101,7 @@ def plot(csv_path, png_path) -> None:
 
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    methods = [m for m in ("se", "ensemble-SD", "hf ensemble") if any(r["method"] == m for r in rows)]
+    methods = [m for m in ("se", "se alternate", "ensemble-SD", "hf ensemble") if any(r["method"] == m for r in rows)]
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     groups = list(dict.fromkeys((r["pair"], r["rule"]) for r in rows))
     labels = {"w55": "w .5/.5", "w73": "w .7/.3", "cd": "contr. μ=.1"}
@@ -147,12 +151,17 @@ def run(args) -> None:
             rule = chosen_rules[name]
             base = dict(target=members, tokenizer=tokenizers, ensemble=rule)
             configs += [(pair, name, "ensemble", {**base, "method": "ensemble"}),
-                        (pair, name, "se", {**base, "method": "se"}),
-                        (pair, name, "ensemble-SD", {**base, **sd})]
+                        (pair, name, "se", {**base, "method": "se"})]
+            if name.startswith("w"):  # at T=1 "se" draws from the mixture; the paper's proposals beside it
+                configs.append((pair, name, "se alternate", {**base, "method": "se", "options": {"draws": "alternate"}}))
+            configs.append((pair, name, "ensemble-SD", {**base, **sd}))
             if pair == "same" and name.startswith("w"):
                 configs.append((pair, name, "hf ensemble", dict(weight=rule.weights[0])))
     rows = []
+    all_configs = configs
     for mode in args.modes.split(","):
+        # Greedy se never draws from the mixture: "se alternate" is "se" there.
+        configs = [c for c in all_configs if mode != "greedy" or c[2] != "se alternate"]
         records = [Row(mode, p, r, m) for p, r, m, _ in configs]
 
         def once(kwargs, prompt, seed, tokens):

@@ -204,6 +204,20 @@ def letter_exact(rule: str, temperature: float = 1.0, top_k: int = 0, tables=TAB
 _samples: dict = {}
 
 
+def _draws(method: str) -> tuple[str, str | None]:
+    """"se-alternate" / "se-mixture": method se with that draws option; other names as they are."""
+    name, _, draws = method.partition("-")
+    return (name, draws) if name == "se" and draws else (method, None)
+
+
+def _mixture(method: str, rule: str, temperature: float, top_k: int, k) -> bool:
+    """Whether se draws members (no drafts) for these settings: draws="auto" picks it where exact."""
+    name, draws = _draws(method)
+    return name == "se" and (draws == "mixture" or (draws is None and RULES[rule][1].__class__.__name__ ==
+                                                     "WeightedEnsemble" and temperature == 1.0 and top_k == 0
+                                                     and k == "auto"))
+
+
 def letter_samples(method: str, rule: str, temperature: float = 1.0, top_k: int = 0, k="auto", seed: int = 7,
                    top_p: float = 1.0, eos: int | None = None, n: int = N):
     """N continuations of PROMPTS from the ensemble `rule` of TableLMs over letters (cached); eos: the first
@@ -213,12 +227,15 @@ def letter_samples(method: str, rule: str, temperature: float = 1.0, top_k: int 
         count, ensemble = RULES[rule]
         tok = letter_tokenizer()
         kwargs = {}
+        method, draws = _draws(method)
+        if draws:
+            kwargs["options"] = {"draws": draws}
         if method in ("sd", "tli"):
             drafter_tok = tok if method == "sd" else token_tokenizer(TLI_DRAFTER_TOKENS)
             table = DRAFTER_TABLE if method == "sd" else TLI_DRAFTER_TABLE
             kwargs = dict(drafter=TableLM(table), drafter_tokenizer=drafter_tok, num_draft_tokens=k)
         elif method == "se":
-            kwargs = dict(num_draft_tokens=k)
+            kwargs["num_draft_tokens"] = k
         members = [TableLM(t) for t in TABLES[:count]]
         members[0].generation_config.eos_token_id = eos
         result = specops.decode([PROMPTS[i % len(PROMPTS)] for i in range(n)], target=members,
@@ -240,7 +257,8 @@ STAT_CASES = [
     for rule, temperature, top_k in (("w2", 1.0, 0), ("w3", 1.0, 0), ("cd", 1.0, 0), ("w2", 1.0, 3),
                                      ("w2", 0.7, 3))
 ] + [("se", "w2", 1.0, 0, 2), ("se", "w2", 1.0, 0, (1, 3)), ("se", "w3", 0.7, 3, (2, 1, 1)),
-     ("sd", "w2", 1.0, 0, 2), ("tli", "w3", 1.0, 0, 2)]
+     ("se-alternate", "w2", 1.0, 0, "auto"), ("se-alternate", "w3", 1.0, 0, "auto"),
+     ("se-mixture", "w3", 1.0, 0, "auto"), ("sd", "w2", 1.0, 0, 2), ("tli", "w3", 1.0, 0, 2)]
 
 
 @pytest.mark.parametrize("method,rule,temperature,top_k,k", STAT_CASES,
@@ -248,7 +266,9 @@ STAT_CASES = [
 def test_sampled_sequences_follow_ensemble(method, rule, temperature, top_k, k):
     result = letter_samples(method, rule, temperature, top_k, k)
     assert_follows(result.tokens, letter_exact(rule, temperature, top_k))
-    if method != "ensemble":  # drafts were made, and rejected sometimes
+    if _mixture(method, rule, temperature, top_k, k):  # mixture draws: no drafts, one member per token
+        assert result.stats.drafted == 0
+    elif method != "ensemble":  # drafts were made, and rejected sometimes
         assert 0 < result.stats.accepted < result.stats.drafted
 
 
@@ -258,14 +278,14 @@ def test_sampled_top_p_follows_ensemble():
     assert_follows(result.tokens, letter_exact("w2", 0.8, top_p=0.8))
 
 
-@pytest.mark.parametrize("method", ["se", "ensemble"])
+@pytest.mark.parametrize("method", ["se", "se-mixture", "ensemble"])
 def test_sampled_with_eos_follows_ensemble(method):
     """The first member's EOS ends requests at different steps (rows leave the batch: every member's cache
     and se's pending bonus drafts are cut to the rows left); the continuations still follow the ensemble,
     each ending at its first EOS."""
     eos = LETTERS.index("a")
     # Short continuations are likely: more samples to see a SHIFT error among those large cells.
-    result = letter_samples(method, "w2", k=(2, 1), eos=eos, n=6000)
+    result = letter_samples(method, "w2", k="auto" if method == "se-mixture" else (2, 1), eos=eos, n=6000)
     lengths = collections.Counter(len(t) for t in result.tokens)
     assert set(lengths) == {1, 2, 3, 4}, lengths
     assert result.stats.new_tokens == sum(len(t) for t in result.tokens)
@@ -336,7 +356,10 @@ def test_hetero_prompts_share_one_distribution(hetero_toks):
 def hetero_samples(hetero_toks, method: str, k="auto", seed: int = 8, contrastive: bool = False):
     key = ("hetero", method, k, seed, contrastive)
     if key not in _samples:
+        method, draws = _draws(method)
         kwargs = dict(num_draft_tokens=k) if method == "se" else {}
+        if draws:
+            kwargs["options"] = {"draws": draws}
         ensemble = HETERO_CONTRASTIVE if contrastive else specops.WeightedEnsemble(list(HETERO_WEIGHTS))
         result = specops.decode([HETERO_PROMPTS[i % len(HETERO_PROMPTS)] for i in range(N)],
                                 target=[TableLM(FIRST_TABLE), TableLM(SECOND_TABLE)],
@@ -347,7 +370,8 @@ def hetero_samples(hetero_toks, method: str, k="auto", seed: int = 8, contrastiv
     return _samples[key]
 
 
-HETERO_CASES = [("se", "auto", False), ("se", 2, False), ("ensemble", "auto", False), ("se", "auto", True)]
+HETERO_CASES = [("se", "auto", False), ("se-alternate", "auto", False), ("se", 2, False), ("ensemble", "auto", False),
+                ("se", "auto", True)]
 
 
 @pytest.mark.parametrize("method,k,contrastive", HETERO_CASES,
@@ -359,8 +383,10 @@ def test_hetero_sampled_sequences_follow_ensemble(hetero_toks, method, k, contra
     if contrastive:  # "cd" is never emitted
         cd = FIRST_TOKENS.index("cd")
         assert all(p == 0 for seq, p in exact.items() if cd in seq)
-    if method == "se":
+    if method.startswith("se") and (k != "auto" or contrastive or method == "se-alternate"):
         assert 0 < result.stats.accepted < result.stats.drafted
+    elif method == "se":  # mixture draws
+        assert result.stats.drafted == 0
 
 
 # ---- 3. the check can fail ----
@@ -567,6 +593,30 @@ def test_se_stats_self_ensemble():
     assert abs(se.member_calls[0] - se.member_calls[1]) <= 2  # the members take turns
 
 
+def test_mixture_draws_member_calls():
+    """se's mixture draws at batch 1: every step runs exactly one member, member i on a share w_i of the
+    steps (within 5 standard errors of the binomial; the draws are reproducible from the seed), and the
+    member that catches up reads every token it missed in that one forward. A batch runs, per step, each
+    member some request chose (never more than one forward per member)."""
+    tok = letter_tokenizer()
+    weights = [0.5, 0.3, 0.2]
+    new = 400
+    result = specops.decode("cab", target=[TableLM(t) for t in TABLES], tokenizer=[tok] * 3,
+                            ensemble=specops.WeightedEnsemble(weights), method="se", max_new_tokens=new,
+                            temperature=1.0, seed=11)
+    s = result.stats
+    steps = new - 1  # the first token comes from the prefill, which every member ran
+    assert s.steps == steps and s.drafted == 0 and len(result.tokens) == new
+    assert sum(s.member_calls) == 3 + steps
+    for calls, w in zip(s.member_calls, weights):
+        share = calls - 1
+        assert abs(share - w * steps) <= 5 * math.sqrt(steps * w * (1 - w)), (s.member_calls, weights)
+    batched = specops.decode(PROMPTS * 4, target=[TableLM(t) for t in TABLES], tokenizer=[tok] * 3,
+                             ensemble=specops.WeightedEnsemble(weights), method="se", max_new_tokens=6,
+                             temperature=1.0, seed=11).stats
+    assert batched.drafted == 0 and all(c <= 1 + batched.steps for c in batched.member_calls)
+
+
 def test_member_calls_for_ensemble_sd():
     tok = letter_tokenizer()
     result = specops.decode(PROMPTS, target=[TableLM(t) for t in TABLES], tokenizer=[tok] * 3,
@@ -704,6 +754,15 @@ def _bad_cases():
         ("se-with-drafter",
          dict(target=[a, b], tokenizer=[tok, tok], method="se", drafter=c, drafter_tokenizer=tok), ValueError,
          "does not use a drafter"),
+        ("se-draws-unknown", dict(target=[a, b], tokenizer=[tok, tok], method="se", options={"draws": "both"}),
+         ValueError, "se's draws must be one of auto, alternate, mixture"),
+        ("se-mixture-contrastive",
+         dict(target=[a, b], tokenizer=[tok, tok], method="se", ensemble=specops.ContrastiveEnsemble(0.5),
+              options={"draws": "mixture"}), ValueError, "draws='mixture' samples a weighted ensemble"),
+        ("se-mixture-top-k", dict(target=[a, b], tokenizer=[tok, tok], method="se", top_k=3,
+                                  options={"draws": "mixture"}), ValueError, "without top-k or top-p"),
+        ("se-mixture-gamma", dict(target=[a, b], tokenizer=[tok, tok], method="se", num_draft_tokens=2,
+                                  options={"draws": "mixture"}), ValueError, "drafts nothing"),
     ], (a, b, c)
 
 

@@ -25,6 +25,17 @@ and to the ensemble's logits alike, so at temperature 0 every draft is its membe
 output is the ensemble's greedy decoding, token for token. num_draft_tokens: gamma for every member (an
 int), one per member (a tuple), or "auto": 1 for each, the setting the paper shows is never slower than
 the ensemble (Cor. 3.7) and the fastest on a CPU, where a forward over two tokens costs about one.
+
+Mixture draws (option draws="mixture"; what "auto" picks where it is exact): a weighted ensemble sampled
+at temperature 1 with no top-k or top-p is the mixture sum_i w_i p_i, and a token from it is a member i
+drawn with probability w_i and then a token from p_i (beyond the paper, which verifies every token). So
+at every step each request draws its member from a Philox stream of its own (stream 5 at the step's
+offset) and samples from that member's distribution alone: no verification, no rejection, one forward of
+one member per token. The member chosen reads, in that forward, every token emitted since it last read;
+the others wait. At batch 1 a token costs sum_i w_i of the members' forwards instead of all of them; a
+batch runs every member some request chose, so large batches approach the standard ensemble's cost,
+never more. At any other temperature, with top-k or top-p, or for a contrastive ensemble, the ensemble's
+distribution is not a mixture and se proposes and verifies as above.
 """
 
 from __future__ import annotations
@@ -33,12 +44,16 @@ import torch
 
 from specops import ops
 from specops.decoding.crossing import DraftVocab
-from specops.decoding.step import Method, Proposal, Proposer, Setup, draft_offset
-from specops.decoding.verify import Verified
+from specops.decoding.ensemble import WeightedEnsemble
+from specops.decoding.step import Method, Proposal, Proposer, Setup
+from specops.decoding.verify import Verified, sample
+from specops.reference import uniform
 
-__all__ = ["AlternateProposer"]
+__all__ = ["AlternateProposer", "MixtureDraws"]
 
 _BONUS = 2**31  # random-number index of a step's bonus draw (drafts use 0, 1, ...)
+_MEMBER_STREAM = 5  # Philox stream of mixture draws' member choices (chain_verify and samplers use 0-4)
+DRAWS = ("auto", "alternate", "mixture")
 
 
 def _check_setting(setting) -> None:
@@ -179,9 +194,62 @@ class AlternateProposer(Proposer):
                         accepted_drafts=torch.where(whole, num_draft, accepted))
 
 
+class MixtureDraws(Proposer):
+    """Mixture draws for a weighted ensemble at temperature 1 without top-k or top-p (module docstring):
+    each step every request picks a member with probability its weight and takes one token from that
+    member's distribution. Its verifier is its own `verify`, where the members are."""
+
+    def __init__(self, setup: Setup):
+        weights = torch.tensor(setup.target.rule.weights, dtype=torch.float64, device=setup.target.device)
+        self.bounds = torch.cumsum(weights, 0)[:-1]  # member i: uniform in [bounds[i-1], bounds[i])
+        self.verifier = self.verify
+
+    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        return Proposal.empty(budget.shape[0], budget.device)
+
+    def verify(self, state, last: torch.Tensor, proposal: Proposal, params, seeds, step: int) -> Verified:
+        members, rows, device = state.members, state.rows, last.device
+        for member in members:  # the last emitted token is unread by every member
+            member.unread = [u + [t] for u, t in zip(member.unread, last.tolist())]
+        chosen = torch.searchsorted(self.bounds, uniform(seeds, step, 0, _MEMBER_STREAM), right=True)
+        logits = None
+        for m in chosen.unique().tolist():
+            member = members[m]
+            read = member.read(member.unread, keep=1)[:, 0]  # every row catches up in the same forward
+            member.unread = [[] for _ in range(rows)]
+            logits = read if logits is None else torch.where((chosen == m)[:, None], read, logits)
+        token = sample(logits, params, seeds, step)
+        none = torch.zeros(rows, dtype=torch.long, device=device)
+        return Verified(token[:, None], none, none, 0)
+
+
+def _exact_mixture(setup: Setup) -> bool:
+    params = setup.params
+    return isinstance(setup.target.rule, WeightedEnsemble) and params.temperature == 1.0 and \
+        params.top_k == 0 and params.top_p >= 1.0
+
+
+def _check_options(options: dict) -> None:
+    if options["draws"] not in DRAWS:
+        raise ValueError(f"decode: se's draws must be one of {', '.join(DRAWS)}, got {options['draws']!r}")
+
+
 def _make(setup: Setup) -> Proposer:
+    """draws="auto": mixture draws where they are exact, unless num_draft_tokens sets the alternate
+    proposals' gammas."""
+    draws = setup.options["draws"]
+    if draws == "mixture":
+        if not _exact_mixture(setup):
+            raise ValueError("decode: se's draws='mixture' samples a weighted ensemble at temperature 1 without "
+                             "top-k or top-p (only there is the ensemble a mixture of its members); use 'auto'")
+        if setup.num_draft_tokens != "auto":
+            raise ValueError("decode: se's draws='mixture' drafts nothing: num_draft_tokens must be 'auto', got "
+                             f"{setup.num_draft_tokens!r}")
+    if draws == "mixture" or (draws == "auto" and setup.num_draft_tokens == "auto" and _exact_mixture(setup)):
+        return MixtureDraws(setup)
     return AlternateProposer(setup)
 
 
 METHODS = [Method("se", "speculative ensemble: the members propose to each other, verified against the ensemble",
-                  _make, ensemble="only", draft_setting=_check_setting)]
+                  _make, ensemble="only", options={"draws": "auto"}, check=_check_options,
+                  draft_setting=_check_setting)]
