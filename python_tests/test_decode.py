@@ -758,7 +758,10 @@ def test_command_line_checks_settings_before_loading(monkeypatch, capsys):
                           (["--drafter", "self:x"], "self:N"),
                           (["--target", "gemma-3-270m,smollm2-135m", "--ensemble", "weighted:0.4,0.4"], "sum"),
                           (["--ensemble", "weighted:0.5,0.5"], "several targets"),
-                          (["--method", "ngram", "--drafter", "self:2"], "does not use a drafter")]:
+                          (["--method", "ngram", "--drafter", "self:2"], "does not use a drafter"),
+                          (["--se-draws", "mixture"], "--se-draws is a setting of method se"),
+                          (["--target", "gemma-3-270m,smollm2-135m", "--method", "ensemble", "--se-draws",
+                            "alternate"], "--se-draws is a setting of method se")]:
         assert cli.main(["generate", "x", *argv]) == 2
         assert message in capsys.readouterr().err
     before = torch.get_num_threads()

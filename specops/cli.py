@@ -125,6 +125,10 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                              "computed once per model (about 25 minutes for gemma-3-270m on two CPU cores, "
                              "seconds on a GPU, with a progress bar) and cached; auto uses it when cached or "
                              "quick to build, else the context alone")
+    parser.add_argument("--se-draws", choices=("auto", "alternate", "mixture"), default="auto",
+                        help="se: mixture draws the member of each token by its weight, then the token from it "
+                             "(exact for a weighted ensemble at temperature 1 without top-k / top-p, where auto "
+                             "uses it); alternate: the members propose to each other and the ensemble verifies")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="stop when this text appears (repeatable); it is not printed")
     parser.add_argument("--threads", type=_threads, default="auto", metavar="{auto,N}",
@@ -196,7 +200,16 @@ def _check(args, names: list[str]) -> None:
                     max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, num_draft_tokens=args.num_draft_tokens, stop=args.stop,
                     ngram_tables=args.ngram_tables, slrs_max_nodes=args.slrs_max_nodes,
-                    ensemble=_ensemble(args))
+                    ensemble=_ensemble(args), options=_options(args))
+
+
+def _options(args) -> dict | None:
+    """Method options the flags set: se's draws, when not its default."""
+    if args.se_draws == "auto":
+        return None
+    if args.method not in ("se", "auto") or args.ensemble is None and "," not in args.target:
+        raise ValueError("--se-draws is a setting of method se (an ensemble: --target NAME1,NAME2)")
+    return {"draws": args.se_draws}
 
 
 def _ensemble(args):
@@ -232,7 +245,7 @@ def _generate(args) -> int:
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
     method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,
                   num_draft_tokens=args.num_draft_tokens, ngram_tables=args.ngram_tables,
-                  slrs_max_nodes=args.slrs_max_nodes)
+                  slrs_max_nodes=args.slrs_max_nodes, options=_options(args))
     if args.compare:  # the first forwards of a process are slow: keep them out of both timings
         specops.decode(prompt, **method, **{**settings, "max_new_tokens": min(4, args.max_new_tokens)})
     if args.echo:
