@@ -389,6 +389,25 @@ def test_hetero_sampled_sequences_follow_ensemble(hetero_toks, method, k, contra
         assert result.stats.drafted == 0
 
 
+def test_hetero_mixture_draws_catching_up_follow_ensemble(hetero_toks):
+    """Mixture draws in batches of 2: a member no request chose sits a step out and then reads the
+    tokens it missed (each as its own tokens, across vocabularies) in one forward; the continuations
+    still follow the ensemble."""
+    members = [TableLM(FIRST_TABLE), TableLM(SECOND_TABLE)]
+    tokens, calls, steps = [], [0, 0], 0
+    for start in range(0, N, 2):
+        result = specops.decode([HETERO_PROMPTS[(start + i) % len(HETERO_PROMPTS)] for i in range(2)],
+                                target=members, tokenizer=list(hetero_toks),
+                                ensemble=specops.WeightedEnsemble(list(HETERO_WEIGHTS)), method="se",
+                                max_new_tokens=HETERO_NEW, temperature=1.0, seed=start)
+        tokens += result.tokens
+        calls = [a + b - 1 for a, b in zip(calls, result.stats.member_calls)]  # less the prefill
+        steps += result.stats.steps
+    assert all(len(t) == HETERO_NEW for t in tokens)
+    assert_follows(tokens, hetero_exact(hetero_toks, HETERO_PROMPTS[0]))
+    assert all(0 < c < steps for c in calls)  # each member sat out some steps and ran in others
+
+
 # ---- 3. the check can fail ----
 
 def test_chisquare_can_fail(hetero_toks):
