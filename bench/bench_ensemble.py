@@ -2,7 +2,8 @@
 real models, HumanEval prompts, greedy and T=1, in one run (also `bench_e2e.py --configs ensembles`).
 
     python bench/bench_ensemble.py [--prompts 4] [--first 0] [--new-tokens 64] [--modes greedy,sample]
-                                   [--pairs hetero,same] [--rules w55,w73,cd] [--early-exit 6] [--threads 2]
+                                   [--pairs hetero,same] [--rules w55,w73,cd] [--methods all] [--early-exit 6]
+                                   [--threads 2]
 
 Pairs (members in order; the first member's tokenizer gives the output):
   hetero  Gemma-3-270M + SmolLM2-135M (another vocabulary: it contributes through the shared tokens)
@@ -74,6 +75,9 @@ def main() -> None:
     parser.add_argument("--modes", default="greedy,sample")
     parser.add_argument("--pairs", default="hetero,same")
     parser.add_argument("--rules", default="w55,w73,cd")
+    parser.add_argument("--methods", default="all",
+                        help="comma-separated methods to run beside the ensemble (se, se alternate, ensemble-SD, "
+                             "hf ensemble), or all")
     parser.add_argument("--early-exit", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -157,6 +161,9 @@ def run(args) -> None:
             configs.append((pair, name, "ensemble-SD", {**base, **sd}))
             if pair == "same" and name.startswith("w"):
                 configs.append((pair, name, "hf ensemble", dict(weight=rule.weights[0])))
+    if args.methods != "all":
+        wanted = {"ensemble", *args.methods.split(",")}
+        configs = [c for c in configs if c[2] in wanted]
     rows = []
     all_configs = configs
     for mode in args.modes.split(","):
