@@ -240,16 +240,19 @@ def _make(setup: Setup) -> Proposer:
     draws = setup.options["draws"]
     if draws == "mixture":
         if not _exact_mixture(setup):
-            raise ValueError("decode: se's draws='mixture' samples a weighted ensemble at temperature 1 without "
-                             "top-k or top-p (only there is the ensemble a mixture of its members); use 'auto'")
+            raise ValueError("decode: se's draws='mixture' samples a weighted ensemble at temperature 1 "
+                             "without top-k or top-p (only there is the ensemble a mixture of its members); "
+                             "use 'auto'")
         if setup.num_draft_tokens != "auto":
-            raise ValueError("decode: se's draws='mixture' drafts nothing: num_draft_tokens must be 'auto', got "
-                             f"{setup.num_draft_tokens!r}")
-    if draws == "mixture" or (draws == "auto" and setup.num_draft_tokens == "auto" and _exact_mixture(setup)):
+            raise ValueError("decode: se's draws='mixture' drafts nothing: num_draft_tokens must be 'auto', "
+                             f"got {setup.num_draft_tokens!r}")
+    if draws == "mixture" or (draws == "auto" and setup.num_draft_tokens == "auto"
+                              and _exact_mixture(setup)):
         return MixtureDraws(setup)
     return AlternateProposer(setup)
 
 
-METHODS = [Method("se", "speculative ensemble: the members propose to each other, verified against the ensemble",
+METHODS = [Method("se", "speculative ensemble: the members propose to each other, verified against the "
+                  "ensemble (a weighted ensemble at T=1: each token from one member chosen by its weight)",
                   _make, ensemble="only", options={"draws": "auto"}, check=_check_options,
                   draft_setting=_check_setting)]
