@@ -213,9 +213,8 @@ def _draws(method: str) -> tuple[str, str | None]:
 def _mixture(method: str, rule: str, temperature: float, top_k: int, k) -> bool:
     """Whether se draws members (no drafts) for these settings: draws="auto" picks it where exact."""
     name, draws = _draws(method)
-    return name == "se" and (draws == "mixture" or (draws is None and RULES[rule][1].__class__.__name__ ==
-                                                     "WeightedEnsemble" and temperature == 1.0 and top_k == 0
-                                                     and k == "auto"))
+    exact = isinstance(RULES[rule][1], specops.WeightedEnsemble) and temperature == 1.0 and top_k == 0
+    return name == "se" and (draws == "mixture" or (draws is None and exact and k == "auto"))
 
 
 def letter_samples(method: str, rule: str, temperature: float = 1.0, top_k: int = 0, k="auto", seed: int = 7,
