@@ -209,8 +209,9 @@ class MixtureDraws(Proposer):
 
     def verify(self, state, last: torch.Tensor, proposal: Proposal, params, seeds, step: int) -> Verified:
         members, rows, device = state.members, state.rows, last.device
+        emitted = last.tolist()
         for member in members:  # the last emitted token is unread by every member
-            member.unread = [u + [t] for u, t in zip(member.unread, last.tolist())]
+            member.unread = [u + [t] for u, t in zip(member.unread, emitted)]
         chosen = torch.searchsorted(self.bounds, uniform(seeds, step, 0, _MEMBER_STREAM), right=True)
         logits = None
         for m in chosen.unique().tolist():
