@@ -139,6 +139,25 @@ def test_greedy_batched_equals_alone(targets, ar_reference):
         assert alone.tokens == ar_reference["gemma-sw8"].tokens[i], prompt
 
 
+def test_one_row_steps_take_the_chain_path(targets, ar_reference, monkeypatch):
+    """A step whose trees are single rows goes to the chain verifier (no tree mask, no tree_verify); steps
+    of plain decoding, one row and several rows, interleaved, still give greedy decoding's tokens."""
+    model, tok = targets["gemma-sw8"]
+    trees = []
+    tree_verify = specops.ops.tree_verify
+    monkeypatch.setattr(specops.ops, "tree_verify", lambda *a, **k: trees.append(1) or tree_verify(*a, **k))
+    one_row = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
+                             num_draft_tokens=3)
+    assert one_row.tokens == ar_reference["gemma-sw8"].tokens
+    assert not trees and one_row.stats.accepted > 0
+    shapes = iter([(0, 0), (1, 3), (3, 2)] * MAX_NEW)
+    monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source: next(shapes))
+    mixed = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW)
+    assert mixed.tokens == ar_reference["gemma-sw8"].tokens
+    assert len(trees) >= 2 and mixed.stats.steps > len(trees)
+    assert 0 in mixed.stats.draft_lengths and 3 in mixed.stats.draft_lengths
+
+
 @pytest.mark.parametrize("tables", NGRAM_TABLES)
 def test_drafts_cut_target_calls(targets, tables):
     """Plain decoding needs one target forward per token; where the drafts hit, "ngram" needs fewer."""

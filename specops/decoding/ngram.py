@@ -97,6 +97,10 @@ class NgramDrafter:
 
 
 class NgramProposer(Proposer):
+    """Verifier "tree"; a step whose trees are all one row goes to the chain verifier: the same tokens
+    for the same seeds (chain_verify is tree_verify's chain case), through the plain forward, which
+    costs less than a tree's (no tree mask, no compaction of the KV cache)."""
+
     verifier = "tree"
 
     def __init__(self, setup: Setup, bigram: torch.Tensor | None, unigram: torch.Tensor | None, shape: DraftShape):
@@ -113,9 +117,15 @@ class NgramProposer(Proposer):
         batch = self.batch
         self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
         k, w = self.shape.choose(rows, source)
-        rows = rows[:, :max(k, 1), :max(w, 1)].clone()
+        if k == 0:
+            return Proposal.empty(batch.rows, rows.device)
+        rows = rows[:, :k, :w].clone()
         beyond = torch.arange(rows.shape[2], device=rows.device)[None, None, :] >= budget[:, None, None]
-        tree = build_tree(last, rows.masked_fill(beyond | (k == 0), -1))
+        rows = rows.masked_fill(beyond, -1)
+        if k == 1:  # every tree is one row: a chain, which tree_verify and chain_verify accept alike
+            drafts = rows[:, 0]
+            return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w)
+        tree = build_tree(last, rows)
         return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1)))
 
     def accept(self, result: StepResult) -> None:

@@ -4,7 +4,9 @@ cut back to them.
 - "chain": the last emitted token and K drafts in one forward; `chain_verify` accepts a prefix (with the
   drafts' q, or one-hot q for deterministic drafts) and emits one more token.
 - "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by recursive rejection
-  sampling (`tree_verify`: every sibling gets its chance); the cache keeps the accepted path.
+  sampling (`tree_verify`: every sibling gets its chance); the cache keeps the accepted path. A tree
+  proposer may hand over a step whose trees are all chains as a chain proposal (tree_verify's chain case
+  is chain_verify).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
 def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: SamplingParams, seeds: torch.Tensor,
          step: int) -> Verified:
     draft = proposal.tree
+    if draft is None:  # a step whose trees are all chains, handed over as one
+        return chain(state, last, proposal, params, seeds, step)
     tokens = draft.tokens.clone()
     tokens[:, 0] = last
     shape = tree_from_parents(tokens, draft.parents, draft.num_nodes)
