@@ -28,6 +28,7 @@ import torch
 import specops
 from specops.decoding import model_ngrams
 from specops.decoding.batch import Batch
+from specops.decoding.draft_length import CostLine
 from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, tree_nodes
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
@@ -632,6 +633,33 @@ def test_draft_shape_auto_wide_when_drafting_is_free():
     assert sizes[0] == 2 and max(sizes[:3]) <= 8  # 2 rows: plain, then at most doubling per step
     assert chosen[-1][0] == (3, 8), chosen
     assert all(s == (3, 8) for s, _ in chosen[-10:])
+
+
+def test_cost_line_fits_and_pools():
+    """CostLine: None before any step, flat through one size, the exact line through two or more, a slope
+    never below 0, newer steps weighing more; and a noisy step at one size moves that size's prediction
+    only by its share of all the steps."""
+    line = CostLine()
+    assert line(3) is None and line.largest() == 0
+    line.observe(2, 0.04)
+    assert line(2) == pytest.approx(0.04) and line(9) == pytest.approx(0.04)
+    for n in (1, 4, 8):
+        line.observe(n, 0.03 + 0.005 * n)
+    assert line(16) == pytest.approx(0.11) and line(1) == pytest.approx(0.035)
+    assert line.largest() == 8 and 4 in line and 5 not in line and len(line) == 4
+    falling = CostLine()
+    for n, seconds in ((1, 0.05), (4, 0.04)):
+        falling.observe(n, seconds)
+    assert falling(1) == falling(4) == pytest.approx((0.97 * 0.05 + 0.04) / 1.97)  # falling is noise: flat
+    drifting = CostLine(decay=0.5)
+    drifting.observe(1, 0.10)
+    drifting.observe(1, 0.02)
+    assert drifting(1) == pytest.approx((0.5 * 0.10 + 0.02) / 1.5)
+    pooled = CostLine()
+    for step in range(40):
+        pooled.observe(1 + step % 8, 0.05 + 0.001 * (1 + step % 8))
+    pooled.observe(3, 0.5)  # one step ten times too slow
+    assert pooled(3) < 0.08 and pooled(8) < 0.09
 
 
 def test_draft_shape_costs_shared_per_model():

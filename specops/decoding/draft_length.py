@@ -81,6 +81,42 @@ class CostCurve:
         return max(self.points[lo] + slope * (n - lo), 1e-9)
 
 
+class CostLine:
+    """Measured seconds per step as a line a + b * n in the tokens n it carries, fitted by least squares to
+    every observation (older ones weigh `decay` less per new one; b >= 0). Step times scatter by 10-20 %
+    from step to step on a CPU; a point per size, measured once, can shut a size out for good on one
+    unlucky step, where a line pools every size's steps. With one size measured the line is flat."""
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = decay
+        self.sums = [0.0] * 5  # weighted: 1, n, n^2, y, n * y
+        self.sizes: set[int] = set()
+
+    def __contains__(self, n: int) -> bool:
+        return n in self.sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def observe(self, n: int, seconds: float) -> None:
+        terms = (1.0, n, n * n, seconds, n * seconds)
+        self.sums = [self.decay * total + term for total, term in zip(self.sums, terms)]
+        self.sizes.add(n)
+
+    def largest(self) -> int:
+        return max(self.sizes, default=0)
+
+    def __call__(self, n: int) -> float | None:
+        """Predicted seconds at n (None before any measurement)."""
+        weight, sum_n, sum_nn, sum_y, sum_ny = self.sums
+        if not weight:
+            return None
+        mean_n, mean_y = sum_n / weight, sum_y / weight
+        spread = sum_nn / weight - mean_n * mean_n
+        slope = max((sum_ny / weight - mean_n * mean_y) / spread, 0.0) if spread > 1e-9 else 0.0
+        return max(mean_y + slope * (n - mean_n), 1e-9)
+
+
 class DraftLength:
     """Chooses the number of drafts per step: fixed, or "auto" from measured costs and acceptance."""
 

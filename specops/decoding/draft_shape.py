@@ -2,10 +2,12 @@
 maximize expected tokens per second from measured costs and measured acceptance.
 
 Cost: the wall time of a whole step as a function of the tokens the target forward carries (rows of the
-batch x nodes of the draft tree), measured (`CostCurve`). Sizes never measured are explored with
-optimism, at most doubling the largest measured size per step: a size beyond it is assumed to cost what
-the largest one did. On a CPU the curve climbs fast and the choice settles on one short row or on plain
-decoding; on a GPU it stays flat and the choice grows to wide trees. Costs are kept per model for the
+batch x nodes of the draft tree): a line fitted to every step measured (`CostLine`), since single step
+times scatter too much to rank sizes one by one. Sizes never measured are explored with optimism, at
+most doubling the largest measured size per step: a size beyond it is assumed to cost what the largest
+one does. Where a forward reads its weights once for any few tokens (a GPU; a CPU through
+skinny_linear) the line stays nearly flat and the choice grows to trees; where compute dominates it
+climbs, and the choice settles on one short row or on plain decoding. Costs are kept per model for the
 life of the process, so later decode calls start from what earlier ones measured.
 
 Acceptance: drafts are a deterministic function of the context, so every step's full k_max x w_max draft
@@ -24,7 +26,7 @@ import weakref
 
 import torch
 
-from specops.decoding.draft_length import CostCurve
+from specops.decoding.draft_length import CostLine
 
 __all__ = ["DraftShape"]
 
@@ -32,16 +34,16 @@ _DECAY = 0.97  # weight of the past per new observation: acceptance drifts withi
 _PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior
 _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying while drafting is cheap
 
-_COSTS: "weakref.WeakKeyDictionary[object, dict[str, CostCurve]]" = weakref.WeakKeyDictionary()
+_COSTS: "weakref.WeakKeyDictionary[object, dict[str, CostLine]]" = weakref.WeakKeyDictionary()
 
 
-def _cost_curve(model, device) -> CostCurve:
+def _cost_curve(model, device) -> CostLine:
     """The step-cost curve of a model on a device, shared by every decode call in this process."""
     try:
         per_model = _COSTS.setdefault(model, {})
     except TypeError:  # not weak-referenceable: measure per call
-        return CostCurve()
-    return per_model.setdefault(str(device), CostCurve())
+        return CostLine()
+    return per_model.setdefault(str(device), CostLine())
 
 
 def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
