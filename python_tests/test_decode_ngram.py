@@ -646,6 +646,7 @@ def test_cost_line_fits_and_pools():
     for n in (1, 4, 8):
         line.observe(n, 0.03 + 0.005 * n)
     assert line(16) == pytest.approx(0.11) and line(1) == pytest.approx(0.035)
+    assert line.at(torch.tensor([[1, 16]]))[0].tolist() == pytest.approx([0.035, 0.11])
     assert line.largest() == 8 and 4 in line and 5 not in line and len(line) == 4
     falling = CostLine()
     for n, seconds in ((1, 0.05), (4, 0.04)):
@@ -883,10 +884,12 @@ def test_bigram_small_vocabulary(monkeypatch, tmp_path):
 def test_extend():
     table = torch.tensor([[1, 0], [2, 0], [0, 1], [5, 0], [4, 0], [3, 0]], dtype=torch.int32)
     first = torch.tensor([[0, -1], [3, 2]])
-    out = model_ngrams.extend(first, table, 4)
+    follow = model_ngrams.successors(table, 3)
+    assert follow.dtype == torch.int64 and follow.tolist()[:3] == [[1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    out = model_ngrams.extend(first, follow)
     assert out.dtype == torch.int64
     assert out.tolist() == [[[0, 1, 2, 0], [-1, -1, -1, -1]], [[3, 5, 3, 5], [2, 0, 1, 2]]]
-    assert model_ngrams.extend(first, table, 1).tolist() == [[[0], [-1]], [[3], [2]]]
+    assert model_ngrams.extend(first, model_ngrams.successors(table, 0)).tolist() == [[[0], [-1]], [[3], [2]]]
 
 
 def _drafter(prompts: list[list[int]], bigram=None, unigram=None, max_new_tokens: int = 8) -> NgramDrafter:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import weakref
 
+import torch
+
 _EMA = 0.3  # weight of a new measurement
 _PROBE_EVERY = 8  # plain steps before the first one-draft probe of the acceptance rate
 _PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
@@ -106,15 +108,25 @@ class CostLine:
     def largest(self) -> int:
         return max(self.sizes, default=0)
 
-    def __call__(self, n: int) -> float | None:
-        """Predicted seconds at n (None before any measurement)."""
+    def _fit(self) -> tuple[float, float, float] | None:
+        """(mean n, mean seconds, slope) of the weighted observations; None before any."""
         weight, sum_n, sum_nn, sum_y, sum_ny = self.sums
         if not weight:
             return None
         mean_n, mean_y = sum_n / weight, sum_y / weight
         spread = sum_nn / weight - mean_n * mean_n
         slope = max((sum_ny / weight - mean_n * mean_y) / spread, 0.0) if spread > 1e-9 else 0.0
-        return max(mean_y + slope * (n - mean_n), 1e-9)
+        return mean_n, mean_y, slope
+
+    def __call__(self, n: int) -> float | None:
+        """Predicted seconds at n (None before any measurement)."""
+        fit = self._fit()
+        return None if fit is None else max(fit[1] + fit[2] * (n - fit[0]), 1e-9)
+
+    def at(self, n: torch.Tensor) -> torch.Tensor:
+        """Predicted seconds at every size in n (float64; after at least one measurement)."""
+        mean_n, mean_y, slope = self._fit()
+        return (mean_y + slope * (n.double() - mean_n)).clamp(min=1e-9)
 
 
 class DraftLength:

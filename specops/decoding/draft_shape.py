@@ -99,20 +99,19 @@ class DraftShape:
         plain = self.cost(batch)
         if plain is None:
             return 0, 0  # measure plain decoding first
-        tokens = self.expected_accepted()[source.cpu().clamp(max=self.sources - 1)].sum(0) + batch  # [k_max, w_max]
+        source = source.cpu().clamp(max=self.sources - 1)
+        tokens = self.expected_accepted()[source].sum(0) + batch  # [k_max, w_max]
         sizes = batch * (1 + tree_nodes(rows.cpu()).amax(0))  # tokens in flight of each shape
-        limit = 2 * self.cost.largest()
-        best, best_rate = (0, 0), batch / plain
-        for size in sorted(set(sizes.flatten().tolist())):
-            if size > limit:
-                break
-            cost = self.cost(size) if size <= self.cost.largest() else self.cost(self.cost.largest())
-            shapes = sizes == size
-            rate = torch.where(shapes, tokens, float("-inf")) / cost
-            index = int(rate.argmax())
-            if float(rate.flatten()[index]) > best_rate:
-                best, best_rate = (index // self.w_max + 1, index % self.w_max + 1), float(rate.flatten()[index])
-        return best
+        largest = self.cost.largest()
+        cost = self.cost.at(sizes.clamp(max=largest))  # beyond the largest measured: as the largest
+        rate = torch.where(sizes <= 2 * largest, tokens / cost, float("-inf"))
+        best_rate = rate.max()
+        if not float(best_rate) > batch / plain:
+            return 0, 0
+        # Among shapes of the best rate: the fewest tokens in flight, then the fewest rows.
+        rank = sizes * sizes.numel() + torch.arange(sizes.numel()).view_as(sizes)
+        index = int(torch.where(rate == best_rate, rank, rank.max() + 1).argmin())
+        return index // self.w_max + 1, index % self.w_max + 1
 
     def observe_cost(self, size: int, seconds: float) -> None:
         self.cost.observe(size, seconds)

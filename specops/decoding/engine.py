@@ -368,6 +368,9 @@ class KVState:
         base = length - appended
         slots = slots[:, :appended].clamp(0, appended - 1)  # a path never holds more slots than were appended
         width = slots.shape[1]
+        order = torch.arange(width, device=slots.device).unsqueeze(0)
+        kept = order < count.unsqueeze(1)
+        moves = bool(((slots != order) & kept).any())  # often not: the first row's path, or the root alone
 
         def gather(t):
             block = _gather_slots(t[:, base:] if t.dim() == 2 else t[:, :, base:], slots)
@@ -377,10 +380,10 @@ class KVState:
                 t[:, :, base:base + width] = block
             return t
 
-        _map_cache(self.cache, gather)
-        gather(self.tokens)
-        kept = torch.arange(appended, device=slots.device).unsqueeze(0) < count.unsqueeze(1)
-        self.mask[:, base:] = kept
+        if moves:
+            _map_cache(self.cache, gather)
+            gather(self.tokens)
+        self.mask[:, base:] = torch.arange(appended, device=slots.device).unsqueeze(0) < count.unsqueeze(1)
         self.next_pos = self.next_pos + count
         self.trim = appended - count
 

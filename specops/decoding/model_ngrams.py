@@ -247,13 +247,20 @@ def _save(obj, path: Path) -> None:
     os.replace(partial, path)  # atomic: a concurrent reader sees the whole file or none
 
 
-def extend(first: torch.Tensor, table: torch.Tensor, width: int) -> torch.Tensor:
-    """Extended bigram: drafts [..., width] that start with `first` [...] (int64) and continue with the
-    bigram's top-1 after each token (-1 stays -1)."""
-    out = torch.full((*first.shape, width), -1, dtype=torch.int64, device=first.device)
-    out[..., 0] = first
+def successors(table: torch.Tensor, depth: int) -> torch.Tensor:
+    """[V, depth] int64: column d holds each token's top-1 successor under the bigram `table` [V, top],
+    d + 1 times over (the extended bigram's continuation, looked up in one gather per draft)."""
     top1 = table[:, 0].long()
-    for j in range(1, width):
-        prev = out[..., j - 1]
-        out[..., j] = torch.where(prev >= 0, top1[prev.clamp(min=0)], -1)
+    out = torch.empty(top1.shape[0], depth, dtype=torch.int64, device=top1.device)
+    current = top1
+    for d in range(depth):
+        out[:, d] = current
+        current = top1[current]
     return out
+
+
+def extend(first: torch.Tensor, follow: torch.Tensor) -> torch.Tensor:
+    """Extended bigram: drafts [..., width] that start with `first` [...] (int64) and continue with the
+    bigram's top-1 after each token, from follow = successors(table, width - 1) (-1 stays -1)."""
+    rest = follow[first.clamp(min=0)].masked_fill((first < 0)[..., None], -1)
+    return torch.cat([first[..., None].long(), rest], dim=-1)

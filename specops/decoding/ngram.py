@@ -22,7 +22,7 @@ from specops.decoding import model_ngrams
 from specops.decoding.attention import is_transformers_model
 from specops.decoding.batch import Batch
 from specops.decoding.draft_shape import DraftShape
-from specops.decoding.model_ngrams import extend
+from specops.decoding.model_ngrams import extend, successors
 from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
 
@@ -48,6 +48,12 @@ class NgramDrafter:
         self.bigram = None if bigram is None else bigram.to(device=device, dtype=torch.int64)
         self.unigram = None if unigram is None else unigram.to(device=device, dtype=torch.int64)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.follow: torch.Tensor | None = None  # successors(bigram, w - 1), built on first use
+
+    def _follow(self, w: int) -> torch.Tensor:
+        if self.follow is None or self.follow.shape[1] != w - 1:
+            self.follow = successors(self.bigram, w - 1)
+        return self.follow
 
     def extend_contexts(self, new_tokens: list[list[int]]) -> None:
         width = max(len(t) for t in new_tokens)
@@ -72,11 +78,14 @@ class NgramDrafter:
         batch = candidates.shape[0]
         last = self.contexts[torch.arange(batch, device=self.contexts.device), self.lengths - 1]
         if self.bigram is not None:
-            top1 = self.bigram[:, 0]
-            for j in range(1, w):  # a match near the end of the context: continue it with the bigram
-                prev, here = candidates[:, :, j - 1], candidates[:, :, j]
-                candidates[:, :, j] = torch.where((here < 0) & (prev >= 0), top1[prev.clamp(min=0)], here)
-            fill = extend(self.bigram[last, :k], self.bigram, w)  # [B, min(k, top), w]
+            follow = self._follow(w)
+            if w > 1:  # a match cut short by the end of the context: continue it with the bigram
+                size = (candidates >= 0).sum(-1, keepdim=True)  # a row is its first `size` tokens
+                tail = candidates.gather(-1, (size - 1).clamp(min=0))  # its last token
+                after = torch.arange(w, device=last.device) - size  # [B, k, w]: successor index
+                more = follow[tail.clamp(min=0)].squeeze(-2).gather(-1, after.clamp(0, w - 2))
+                candidates = torch.where((after >= 0) & (size > 0), more, candidates)
+            fill = extend(self.bigram[last, :k], follow)  # [B, min(k, top), w]
         elif self.unigram is not None:
             fill = torch.full((batch, min(k, self.unigram.numel()), w), -1, dtype=torch.int64,
                               device=last.device)
