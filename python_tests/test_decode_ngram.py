@@ -801,6 +801,13 @@ def test_auto_tables_build_a_bigram_only_when_cached_or_quick(monkeypatch, tmp_p
     assert model_ngrams.bigram_ready(model, tok, 8)
     assert specops.decode(PROMPTS[:2], **kwargs).tokens == ar.tokens
     assert built
+    # Held in memory: known without hashing the weights again; after an in-place update, asked anew.
+    monkeypatch.setattr(model_ngrams, "_fingerprint", lambda *a: pytest.fail("hashed the weights"))
+    assert model_ngrams.bigram_ready(model, tok, 8)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)
+    with pytest.raises(pytest.fail.Exception, match="hashed"):
+        model_ngrams.bigram_ready(model, tok, 8)
 
 
 def test_bigram_cached(monkeypatch, tmp_path):

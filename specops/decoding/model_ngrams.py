@@ -35,11 +35,23 @@ __all__ = ["unigram", "bigram", "bigram_ready", "extend", "cache_dir"]
 _IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
 
+def _versioned(model, key) -> tuple:
+    """key, extended with the version counters of the model's weights (they move with every in-place
+    update; inference tensors keep none, and can only change inside inference mode)."""
+    return (*key, *(-1 if w.is_inference() else w._version for w in model.parameters()))
+
+
+def _in_memory(model, key) -> bool:
+    """Whether _remembered(model, key, ...) holds a table for the weights as they are now."""
+    try:
+        return _versioned(model, key) in _IN_MEMORY.get(model, {})
+    except TypeError:
+        return False
+
+
 def _remembered(model, key, compute):
-    """compute(), once per model and key while its weights are unchanged (their version counters move
-    with every in-place update)."""
-    # Inference tensors keep no version counter; they can only change inside inference mode.
-    key = (*key, *(-1 if w.is_inference() else w._version for w in model.parameters()))
+    """compute(), once per model and key while its weights are unchanged."""
+    key = _versioned(model, key)
     try:
         tables = _IN_MEMORY.setdefault(model, {})
     except TypeError:  # not weak-referenceable
@@ -193,8 +205,8 @@ def bigram_ready(model, tokenizer, top: int = 8, *, bos: int | None = None) -> b
     estimated to take under BUILD_BUDGET_S (V forwards' worth of tokens: seconds on a GPU, about 25 minutes
     for Gemma-3-270M on two CPU cores)."""
     top, bos = _settings(model, tokenizer, top, bos)
-    if _table_path(model, bos, top).exists():
-        return True
+    if _in_memory(model, ("bigram", top, bos, True)) or _table_path(model, bos, top).exists():
+        return True  # (hashing the weights for the file name takes ~15 ms on Gemma-3-270M: asked second)
     device = next(model.parameters()).device.type
     vocab = int(model.get_output_embeddings().weight.shape[0])
     flops = 2.0 * vocab * sum(p.numel() for p in model.parameters())
