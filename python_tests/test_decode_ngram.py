@@ -673,6 +673,27 @@ def test_draft_shape_costs_shared_per_model():
     assert DraftShape("auto", _ModelKey(), "cpu").cost(1) is None
 
 
+def test_draft_shape_acceptance_carried_to_the_next_call():
+    """"auto" starts from what the last call with the same model and memory key learned, worth at most
+    _CARRIED steps per source; another key, a fixed shape or no key starts from the prior."""
+    from specops.decoding.draft_shape import _CARRIED
+
+    key = _ModelKey()
+    first = DraftShape("auto", key, "cpu", memory="T=1")
+    first.accepted[0] += 3.0 * _CARRIED  # 4 * _CARRIED steps of source 0 that accepted 0.75 each
+    first.weight[0] += 4.0 * _CARRIED
+    first.accepted[1] += 1.0  # 2 steps of source 1 that accepted 0.5 each
+    first.weight[1] += 2.0
+    second = DraftShape("auto", key, "cpu", memory="T=1")
+    assert second.weight[:2].tolist() == [_CARRIED, 2.0]
+    assert torch.allclose(second.accepted[0] / second.weight[0], torch.tensor(0.75, dtype=torch.float64))
+    assert torch.equal(second.accepted[1], first.accepted[1])
+    assert not DraftShape("auto", key, "cpu", memory="T=0").weight.any()
+    assert not DraftShape("auto", key, "cpu").weight.any()
+    assert not DraftShape((2, 2), key, "cpu", memory="T=1").weight.any()
+    assert DraftShape("auto", key, "cpu", memory="T=1").weight[0] == _CARRIED  # (2, 2) kept nothing
+
+
 def test_draft_shape_resolve_scores_counterfactually():
     shape = DraftShape("auto", _ModelKey(), "cpu", k_max=3, w_max=3, sources=3)
     prior = torch.full((3, 3), _PRIOR_ACCEPTED, dtype=torch.float64)

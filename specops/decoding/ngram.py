@@ -153,9 +153,10 @@ def _check(options: dict) -> None:
 
 def _make(setup: Setup) -> Proposer:
     model = setup.target.model
-    shape = DraftShape(setup.num_draft_tokens, model, setup.target.device)
+    fixed = DraftShape.check(setup.num_draft_tokens)
+    k_max = fixed[0] if fixed else DraftShape.K_MAX
     bigram = unigram = None  # built (once per model) before the clock starts
-    tables, top = setup.options["tables"], max(8, shape.k_max)
+    tables, top = setup.options["tables"], max(8, k_max)
     # Prompts given as token ids (specops.hf) may come without a tokenizer: their own BOS says it.
     bos = None if setup.tokenizer is not None else model_ngrams.prompts_bos(model, setup.batch.prompt_rows)
     if tables == "auto":  # the bigram when it is cached or quick to build, else the context alone
@@ -165,7 +166,11 @@ def _make(setup: Setup) -> Proposer:
     if tables == "bigram":
         bigram = model_ngrams.bigram(model, setup.tokenizer, top=top, bos=bos)
     elif tables == "unigram":
-        unigram = model_ngrams.unigram(model, top=shape.k_max)
+        unigram = model_ngrams.unigram(model, top=k_max)
+    # Acceptance depends on the sampling settings and the tables: what a call learns is kept under them.
+    params = setup.params
+    memory = f"T={params.temperature}|top_k={params.top_k}|top_p={params.top_p}|tables={tables}"
+    shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, memory=memory)
     return NgramProposer(setup, bigram, unigram, shape)
 
 
