@@ -8,8 +8,9 @@
 // tiles: 16 accumulators, 8 loads per 16 FMAs), re-read from cache after the first group, while every
 // group prefetches its share of the next panel into L2. With the prefetches spread that way, arithmetic
 // and memory overlap: the 671 MB head takes 1.0-1.2x the time of summing it for 1-8 rows (1.3-1.7x when
-// the whole next panel was prefetched into L1 by the first group; AMD EPYC, 2 threads). Each output is a 16-lane dot product over k, summed by one fixed lane tree, then the
-// k % 16 tail: a row's result is the same bits whatever M is and wherever the row sits.
+// the whole next panel was prefetched into L1 by the first group; AMD EPYC, 2 threads). Each output is a
+// 16-lane dot product over k, summed by one fixed lane tree, then the k % 16 tail: a row's result is the
+// same bits whatever M is and wherever the row sits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

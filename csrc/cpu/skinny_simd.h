@@ -44,6 +44,15 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
   }
 }
 
+// One group of RB input rows against the 16 rows of a panel, JB weight rows per tile.
+template <int JB, int RB>
+SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const float* ahead, int phase, int phases,
+                          float* out, int64_t ldo) {
+  for (int j = 0; j < 16; j += JB) {
+    tile<JB, RB>(x, w + j * k_dim, k_dim, ahead ? ahead + j * k_dim : nullptr, phase, phases, out + j, ldo);
+  }
+}
+
 // A panel of 16 weight rows w against all m input rows x: out[r * ldo + j] for r < m, j < 16. The rows
 // go in G = ceil(m / 4) groups of near-equal size (4 rows: 4 x 4 tiles; 1-3: tiles as wide as 16
 // accumulators allow), the panel re-read from L1/L2 by every group after the first. The weight is read
@@ -62,18 +71,10 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
     const float* pf = g < phases ? ahead : nullptr;
     const int phase = static_cast<int>(g);
     switch (rows) {
-      case 4:
-        for (int j = 0; j < 16; j += 4) tile<4, 4>(xr, w + j * k_dim, k_dim, pf ? pf + j * k_dim : nullptr, phase, phases, o + j, ldo);
-        break;
-      case 3:
-        for (int j = 0; j < 16; j += 4) tile<4, 3>(xr, w + j * k_dim, k_dim, pf ? pf + j * k_dim : nullptr, phase, phases, o + j, ldo);
-        break;
-      case 2:
-        for (int j = 0; j < 16; j += 8) tile<8, 2>(xr, w + j * k_dim, k_dim, pf ? pf + j * k_dim : nullptr, phase, phases, o + j, ldo);
-        break;
-      default:
-        tile<16, 1>(xr, w, k_dim, pf, phase, phases, o, ldo);
-        break;
+      case 4: tiles<4, 4>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
+      case 3: tiles<4, 3>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
+      case 2: tiles<8, 2>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
+      default: tiles<16, 1>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
     }
     r += rows;
   }
@@ -82,7 +83,9 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
 // Weight rows past the last full panel (fewer than 16), one at a time against every input row.
 void tail_rows(const float* x, int64_t m, int64_t k_dim, const float* w, int64_t rows, float* out, int64_t ldo) {
   for (int64_t j = 0; j < rows; ++j) {
-    for (int64_t r = 0; r < m; ++r) tile<1, 1>(x + r * k_dim, w + j * k_dim, k_dim, nullptr, 0, 1, out + r * ldo + j, ldo);
+    for (int64_t r = 0; r < m; ++r) {
+      tile<1, 1>(x + r * k_dim, w + j * k_dim, k_dim, nullptr, 0, 1, out + r * ldo + j, ldo);
+    }
   }
 }
 
