@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["unigram", "bigram", "bigram_ready", "extend", "cache_dir"]
+__all__ = ["unigram", "bigram", "bigram_ready", "successors", "extend", "cache_dir"]
 
 
 # Tables already computed or loaded in this process, per model object.
