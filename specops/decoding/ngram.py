@@ -108,7 +108,7 @@ class NgramDrafter:
 class NgramProposer(Proposer):
     """Verifier "tree"; a step whose trees are all one row goes to the chain verifier: the same tokens
     for the same seeds (chain_verify is tree_verify's chain case), through the plain forward, which
-    costs less than a tree's (no tree mask, no compaction of the KV cache)."""
+    costs less than a tree's (no tree mask, no gather of the accepted path in every layer's cache)."""
 
     verifier = "tree"
 
