@@ -127,7 +127,7 @@ struct Int4Weights {
 // out[b * ldo + a] = dot(x row b, weight row row0 + a) for a < JB, b < RB, as skinny_linear's tile: 16
 // lanes over k (group by group, each lane in k order), the lane tree, then the k % 16 tail in order. A
 // row's result is the same bits whatever the number of rows is. `ahead` >= 0: the first weight row of
-// the next panel, prefetched alongside.
+// the next panel, prefetched into L2 alongside.
 template <class W, int JB, int RB>
 SPECOPS_INLINE void tile(const float* x, const W& w, int64_t row0, int64_t ahead, float* out, int64_t ldo) {
   static_assert(JB * RB <= 16, "a tile holds at most 16 accumulators");
@@ -153,7 +153,7 @@ SPECOPS_INLINE void tile(const float* x, const W& w, int64_t row0, int64_t ahead
         }
       }
       if (ahead >= 0 && k % W::kPrefetchEvery == 0) {  // one prefetch per 64-byte line
-        for (int a = 0; a < JB; ++a) __builtin_prefetch(w.at(ahead + a, k), 0, 3);
+        for (int a = 0; a < JB; ++a) __builtin_prefetch(w.at(ahead + a, k), 0, 1);
       }
     }
   }
