@@ -24,6 +24,7 @@ import torch
 
 from specops.decoding.attention import TreeMask, is_transformers_model, tree_forward
 from specops.decoding.cpu_forward import CpuForward
+from specops.decoding.llama_forward import LlamaForward
 
 __all__ = ["PREFILL_CHUNK", "CausalLM", "KVState"]
 
@@ -107,6 +108,7 @@ class CausalLM:
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}
         self.transformers = is_transformers_model(model)
         self._cpu_forward: CpuForward | None | bool = False  # probed on first use
+        self._llama_forward: LlamaForward | None | bool = False
         self.tree_kernel = False  # tree forwards through specops.ops.tree_attention (attention.tree_support)
         self.calls = 0
         self.seconds = 0.0
@@ -118,6 +120,14 @@ class CausalLM:
         if self._cpu_forward is False:
             self._cpu_forward = CpuForward(self.model) if CpuForward.usable(self.model) else None
         return self._cpu_forward
+
+    @property
+    def llama_forward(self) -> LlamaForward | None:
+        """The few-call Llama-family CPU path (llama_forward.py) for chain forwards, if it reproduces this
+        model's logits."""
+        if self._llama_forward is False:
+            self._llama_forward = LlamaForward.of(self.model, self.cpu_forward)
+        return self._llama_forward
 
     def new_cache(self):
         # A cache of full layers: windows are applied by the model's masks, and every layer can be cut
@@ -165,7 +175,11 @@ class CausalLM:
             kwargs["cache_position"] = torch.arange(past, past + n, device=tokens.device)
         with tree_forward(self.model, tree) if tree is not None else nullcontext():
             if self.cpu_forward is not None and self.cpu_forward.usable(self.model):
-                logits = self.cpu_forward(keep, **kwargs)
+                lean = self.llama_forward if tree is None else None
+                if lean is not None and lean.fits(tokens.numel()) and "position_ids" in kwargs:
+                    logits = lean(keep, **kwargs)
+                else:
+                    logits = self.cpu_forward(keep, **kwargs)
             elif "logits_to_keep" in self.takes:
                 logits = self.model(logits_to_keep=keep, **kwargs).logits[:, -keep:].float()
             else:

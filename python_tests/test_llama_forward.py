@@ -1,0 +1,188 @@
+"""Tests of the Llama-family CPU forward path (specops/decoding/llama_forward.py); tiny random models only.
+
+1. Which models take it: Llama (dense and grouped-query), Qwen2 without a window (q/k/v biases), Mistral
+   without a window, in float32 and after `specops.quantize` (int8, int4, bf16); refused with a reason:
+   windows, q/k norms (Qwen3), Gemma's layers, other families (Granite, Phi-3, GPT-2).
+2. Its logits equal the model's own on a ragged batch of three rows over several chain steps of 1 to 5
+   tokens with the cache it fills, and the model's own forward can go on from that cache (the two paths
+   share it).
+3. The probe can fail: a norm that computes something else under Llama's name is caught, and the path is
+   refused.
+4. Fused products: q|k|v and gate|up of a quantized layer packed into one weight give the modules' outputs.
+5. Re-quantizing a model after its probe gives a new path (the module signature changed); rows beyond
+   `fits` and draft trees go the general way.
+6. Decoding: greedy `ar`, and `sd` with a quantized Llama drafter, equal `generate()` on a ragged batch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+
+import arch_zoo
+import specops
+from specops.decoding.cpu_forward import CpuForward
+from specops.decoding.engine import CausalLM
+from specops.decoding.llama_forward import LlamaForward, _Product, _structure
+
+
+def _qwen2(seed: int = 0):
+    config = transformers.Qwen2Config(vocab_size=arch_zoo.BYTE_VOCAB, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512, use_sliding_window=False, **arch_zoo.COMMON)
+    return arch_zoo._build(transformers.Qwen2ForCausalLM, config, seed)
+
+
+def _mistral_full(seed: int = 0):
+    config = transformers.MistralConfig(vocab_size=arch_zoo.BYTE_VOCAB, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=512, sliding_window=None, **arch_zoo.COMMON)
+    return arch_zoo._build(transformers.MistralForCausalLM, config, seed)
+
+
+TAKEN = {"llama": arch_zoo.llama, "llama_gqa": arch_zoo.llama_gqa, "qwen2": _qwen2, "mistral": _mistral_full}
+REFUSED = {"mistral_window": arch_zoo.mistral, "qwen2_sliding": arch_zoo.qwen2_sliding, "qwen3": arch_zoo.qwen3,
+           "gemma3": arch_zoo.gemma3, "granite": arch_zoo.granite, "phi3": arch_zoo.phi3, "gpt2": arch_zoo.gpt2}
+
+
+def _path(model):
+    return LlamaForward.of(model, CpuForward(model) if CpuForward.usable(model) else None)
+
+
+@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "bf16"])
+@pytest.mark.parametrize("arch", sorted(TAKEN))
+def test_taken_and_exact_on_ragged_chains(arch, weights):
+    model = TAKEN[arch]()
+    if weights != "float32":
+        specops.quantize(model, weights)
+    path = _path(model)
+    assert path is not None, _structure(model)
+    lm = CausalLM(model)
+    assert lm.llama_forward is path
+    rows = [[5, 9, 14, 3, 8, 2, 7], [11, 4, 6], [20, 21, 22, 23, 24]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    valid = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.bool)
+    torch.manual_seed(0)
+    steps = [torch.randint(2, 200, (3, n)) for n in (1, 3, 5, 2, 1)]
+    with torch.inference_mode():
+        cache = lm.new_cache()
+        positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+        lm.forward(ids, valid, positions, cache, keep=1)  # a prefill: the general path
+        mask, got = valid, []
+        for tokens in steps:
+            n = tokens.shape[1]
+            start = mask.sum(1, keepdim=True)
+            mask = torch.cat([mask, torch.ones(3, n, dtype=torch.bool)], dim=1)
+            got.append(path(n, input_ids=tokens, attention_mask=mask.long(), past_key_values=cache,
+                            position_ids=start + torch.arange(n)))
+        # the model's own forward goes on from the cache this path filled
+        last = torch.tensor([[30], [31], [32]])
+        start = mask.sum(1, keepdim=True)
+        mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], dim=1)
+        own_next = model(input_ids=last, attention_mask=mask.long(), position_ids=start, past_key_values=cache,
+                         use_cache=True).logits.float()
+        full = torch.cat([ids, *steps, last], dim=1)
+        want = model(input_ids=full, attention_mask=mask.long(), position_ids=(mask.long().cumsum(1) - 1).clamp(min=0),
+                     use_cache=False).logits.float()
+    got = torch.cat(got, dim=1)
+    scale = want.abs().max()
+    assert (got - want[:, width:-1]).abs().max() <= 1e-4 * scale
+    assert (own_next - want[:, -1:]).abs().max() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_refused_with_a_reason(arch):
+    model = REFUSED[arch]()
+    assert _structure(model) is not None
+    assert _path(model) is None
+
+
+def test_probe_catches_a_norm_that_differs():
+    model = arch_zoo.llama()
+
+    class ShiftedRMSNorm(type(model.model.norm)):  # Llama's name and fields, Gemma's (1 + w) scale
+        def forward(self, x):
+            return super().forward(x) * (1.0 + self.weight) / self.weight
+
+    for layer in model.model.layers:
+        layer.post_attention_layernorm.__class__ = ShiftedRMSNorm
+    assert _structure(model) is None
+    assert _path(model) is None
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4", "bf16"])
+def test_fused_products_equal_the_modules(weights):
+    model = specops.quantize(_qwen2(), weights)
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        for modules in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+            product = _Product(modules)
+            assert product.fused is not None
+            want = torch.cat([m(x) for m in modules], dim=1)
+            assert torch.allclose(product(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_requantizing_gives_a_new_path_and_big_forwards_go_the_general_way():
+    model = arch_zoo.llama()
+    first = _path(model)
+    assert first is not None and _path(model) is first  # probed once
+    specops.quantize(model, "int8")
+    second = _path(model)
+    assert second is not None and second is not first
+    assert all(layer.qkv.fused is not None for layer in second.layers)
+    assert second.fits(32) and not second.fits(33)
+
+
+def test_trees_and_prefills_do_not_take_it(monkeypatch):
+    from specops.decoding.attention import TreeMask
+
+    model = arch_zoo.llama()
+    lm = CausalLM(model)
+    assert lm.llama_forward is not None
+    calls = []
+    original = LlamaForward.__call__
+
+    def counting(self, keep, **kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return original(self, keep, **kwargs)
+
+    monkeypatch.setattr(LlamaForward, "__call__", counting)
+    with torch.inference_mode():
+        cache = lm.new_cache()
+        prompt = torch.arange(3, 43).unsqueeze(0)  # 40 rows: a prefill, beyond `fits`
+        lm.forward(prompt, torch.ones(1, 40, dtype=torch.bool), torch.arange(40).unsqueeze(0), cache, keep=1)
+        assert calls == []
+        lm.forward(torch.tensor([[7]]), torch.ones(1, 41, dtype=torch.bool), torch.tensor([[40]]), cache, keep=1)
+        assert calls == [(1, 1)]
+        # a tree of three nodes: the root's two children see the root and themselves
+        visible = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
+        tree = TreeMask(valid=torch.ones(1, 44, dtype=torch.bool), depth=torch.tensor([[0, 1, 1]]), visible=visible)
+        logits = lm.forward(torch.tensor([[8, 9, 10]]), tree.valid, torch.tensor([[41, 42, 42]]), cache, keep=3,
+                            tree=tree)
+    assert calls == [(1, 1)] and logits.shape[:2] == (1, 3)
+
+
+def _tokenizer():
+    from toy_models import byte_tokenizer
+
+    return byte_tokenizer()
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_greedy_decoding_equals_generate(method):
+    target = arch_zoo.llama_gqa(seed=1)
+    drafter = specops.quantize(arch_zoo.llama(seed=2, layers=2), "int8")
+    tok = _tokenizer()
+    prompts = ["def fib(n):", "hello", "a longer prompt than the others"]
+    kwargs = {"drafter": drafter, "drafter_tokenizer": tok} if method == "sd" else {}
+    out = specops.decode(prompts, target=target, tokenizer=tok, method=method, max_new_tokens=12, **kwargs)
+    assert CausalLM(target).llama_forward is not None and CausalLM(drafter).llama_forward is not None
+    for prompt, tokens in zip(prompts, out.tokens):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        want = target.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
+        assert tokens == want[:len(tokens)] and len(tokens) == len(want)

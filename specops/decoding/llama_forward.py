@@ -1,0 +1,230 @@
+"""Decoding forwards of Llama-family models (Llama, Mistral without a sliding window, Qwen2) on the CPU in a
+few ATen calls per layer.
+
+A small model's decoding forward on a CPU is as much the framework's work as the arithmetic: SmolLM2-135M
+runs about 35 ATen calls per layer through transformers' modules (norms as five ops, rotary embedding as
+eight, a mask built per forward, module calls), about 10 ms of a 20 ms forward over 30 layers. That decides
+whether the model pays as a drafter. Here a layer is: one `rms_norm`, one product for q|k|v, rotary
+embedding on q and k at once (three ops), the cache update, one attention call, the output product and its
+residual, one `rms_norm`, one product for gate|up, `silu` times up, the down product and its residual.
+Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v and
+gate|up fused into one weight each, packed once per model) and through skinny_linear for float32 layers
+(kept separate: a fused copy would double a float model's memory).
+
+The path takes chain forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a
+chain); prefills and draft trees go through `CpuForward`. The cache is the transformers cache the model's
+own forward fills (post-rotary keys, [B, Hkv, L, D]), so both paths share it. Used only where a probe
+shows this path reproduces the model's logits, a ragged batch with a cache included.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from specops.decoding.cpu_forward import _SKINNY_ROWS, CpuForward, _product
+from specops.quantization import QuantizedLinear
+
+__all__ = ["LlamaForward"]
+
+_FAMILIES = ("llama", "mistral", "qwen2")
+_USABLE: weakref.WeakKeyDictionary[object, LlamaForward | None] = weakref.WeakKeyDictionary()
+
+
+class _Product:
+    """x [n, d] @ W^T (+ b) for one or several linear layers whose outputs are concatenated: one
+    quantized_linear on a weight packed once for layers `specops.quantize` made (same format and groups),
+    else each float32 layer through skinny_linear."""
+
+    def __init__(self, modules: list):
+        self.modules = modules
+        self.fused = None
+        if all(isinstance(m, QuantizedLinear) for m in modules) and len({m.format for m in modules}) == 1 and \
+                len({None if m.scales is None else m.scales.shape[1] for m in modules}) == 1:
+            def cat(name):
+                parts = [getattr(m, name) for m in modules]
+                return None if parts[0] is None else torch.cat(parts).contiguous()
+
+            biases = [m.bias for m in modules]
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=torch.float32)
+                                  for b, m in zip(biases, modules)])
+            self.fused = (cat("weight"), cat("scales"), cat("mins"), bias)
+        elif not all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 for m in modules):
+            raise TypeError("layers neither float32 nn.Linear nor specops.quantize'd alike")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return torch.ops.specops.quantized_linear(x, *self.fused)
+        outs = [_product(m.weight, m.bias, x) for m in self.modules]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+class _Layer:
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.modules = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                        mlp.down_proj, layer.input_layernorm, layer.post_attention_layernorm)
+        self.qkv = _Product([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = _Product([attn.o_proj])
+        self.gate_up = _Product([mlp.gate_proj, mlp.up_proj])
+        self.down = _Product([mlp.down_proj])
+        self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
+        self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
+        self.head_dim = attn.head_dim
+        self.q_heads = attn.q_proj.out_features // self.head_dim
+        self.qk_heads = self.q_heads + attn.k_proj.out_features // self.head_dim
+        self.qk_width = self.qk_heads * self.head_dim
+        self.inter = mlp.gate_proj.out_features
+        self.scaling = float(attn.scaling)
+        self.index = attn.layer_idx
+
+
+def _structure(model) -> str | None:
+    """None if `model` has the layers this path computes, else why not."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    if getattr(config, "model_type", None) not in _FAMILIES:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {_FAMILIES}"
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return "layers other than full attention"
+    base = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(base, "layers", None)
+    if base is None or not layers or not hasattr(base, "rotary_emb") or not hasattr(base, "embed_tokens"):
+        return "no decoder with layers, rotary embedding and token embedding"
+    if len(layers) != getattr(config, "num_hidden_layers", len(layers)):
+        return "a decoder whose layer count is not the config's"
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+            return "a layer other than Llama's attention and gated MLP"
+        act = getattr(mlp, "act_fn", None)
+        if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
+            return "an MLP activation other than SiLU"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm, base.norm):
+            if not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon"):
+                return "a norm other than Llama's RMSNorm"
+    return None
+
+
+class LlamaForward:
+    """Chain forwards of a Llama-family CPU model in few ATen calls per layer (see the module docstring);
+    `fits` says which forwards it takes, `CpuForward` (`fallback`) does the rest."""
+
+    def __init__(self, model, fallback: CpuForward):
+        self.model = model
+        self.fallback = fallback
+        self.base = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.layers = [_Layer(layer) for layer in self.base.layers]
+        self.head_product = _Product([self.head])
+        self.final_norm, self.final_eps = self.base.norm.weight, self.base.norm.variance_epsilon
+        self.signature = self._signature()
+
+    def _signature(self) -> tuple:
+        mods = [self.head, self.base.norm, *(m for layer in self.base.layers for m in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, layer.input_layernorm,
+            layer.post_attention_layernorm))]
+        return tuple(id(m) for m in mods) + tuple(id(getattr(m, "weight", None)) for m in mods)
+
+    def fits(self, rows: int) -> bool:
+        """Whether a chain forward of `rows` = B * n rows goes this way (products for few rows only)."""
+        return rows <= _SKINNY_ROWS
+
+    @torch.inference_mode()
+    def __call__(self, keep: int, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values,
+                 position_ids: torch.Tensor, **_) -> torch.Tensor:
+        """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to past_key_values;
+        attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n]."""
+        cache = past_key_values
+        batch, n = input_ids.shape
+        past = attention_mask.shape[1] - n
+        x = self.base.embed_tokens(input_ids).reshape(batch * n, -1).float()
+        cos, sin = self.base.rotary_emb(x, position_ids)  # [B, n, D]
+        half = cos.shape[-1] // 2
+        cos = cos[:, :, None, :]
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, :, None, :]
+        valid = attention_mask.bool()
+        if n == 1 and bool(valid.all()):
+            mask = None
+        else:  # a slot is seen if it holds a token and is not after the query; a query always sees itself
+            slots = torch.arange(past + n, device=valid.device)
+            query = past + torch.arange(n, device=valid.device)
+            mask = (valid[:, None, :] & (slots[None, None, :] <= query[None, :, None])) | \
+                (slots[None, None, :] == query[None, :, None])
+            mask = mask[:, None]
+        for layer in self.layers:
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm1, layer.eps1)
+            qkv = layer.qkv(h)
+            qk = qkv[:, :layer.qk_width].view(batch, n, layer.qk_heads, layer.head_dim)
+            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotate_half(x) * sin, sign in sin
+            q = qk[:, :, :layer.q_heads].transpose(1, 2)
+            k = qk[:, :, layer.q_heads:].transpose(1, 2)
+            v = qkv[:, layer.qk_width:].view(batch, n, -1, layer.head_dim).transpose(1, 2)
+            keys, values = cache.update(k, v, layer.index)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.scaling,
+                                                  enable_gqa=q.shape[1] != keys.shape[1])
+            x = x + layer.o(attn.transpose(1, 2).reshape(batch * n, -1))
+            h = F.rms_norm(x, (x.shape[-1],), layer.norm2, layer.eps2)
+            gu = layer.gate_up(h)
+            x = x + layer.down(F.silu(gu[:, :layer.inter]) * gu[:, layer.inter:])
+        x = x.view(batch, n, -1)[:, -keep:].reshape(batch * keep, -1)
+        h = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.final_eps)
+        return self.head_product(h).view(batch, keep, -1).float()
+
+    @staticmethod
+    def of(model, fallback: CpuForward | None) -> LlamaForward | None:
+        """The path for `model` if it is a Llama-family model whose logits this path reproduces (probed
+        once per model and set of modules), else None."""
+        if fallback is None:
+            return None
+        known = _USABLE.get(model, False)
+        if known is not False and (known is None or known.signature == known._signature()):
+            return known
+        path = None
+        try:
+            if _structure(model) is None:
+                path = LlamaForward(model, fallback)
+                if not _probe(model, path):
+                    path = None
+        except Exception:  # any model that does not fit the pattern keeps the general path
+            path = None
+        try:
+            _USABLE[model] = path
+        except TypeError:
+            pass
+        return path
+
+
+def _probe(model, path: LlamaForward) -> bool:
+    """A ragged batch of two rows (the first left-padded) read by the model's own forward into a cache,
+    then two chain steps through this path (2 tokens, then 1); every logit compared with the model's own
+    forward over the whole rows without a cache."""
+    from transformers import DynamicCache
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = (torch.arange(8).view(2, 4) * 7 + 3) % vocab
+    valid = torch.ones(2, 4, dtype=torch.long)
+    valid[0, 0] = 0
+    steps = [(torch.tensor([[5, 9], [11, 2]]) % vocab), (torch.tensor([[4], [6]]) % vocab)]
+    with torch.inference_mode():
+        cache = DynamicCache()
+        positions = (valid.cumsum(1) - 1).clamp(min=0)
+        model(input_ids=ids, attention_mask=valid, position_ids=positions, past_key_values=cache, use_cache=True)
+        mask, got = valid, []
+        for tokens in steps:
+            n = tokens.shape[1]
+            start = mask.sum(1, keepdim=True)
+            mask = torch.cat([mask, torch.ones(2, n, dtype=torch.long)], dim=1)
+            got.append(path(n, input_ids=tokens, attention_mask=mask, past_key_values=cache,
+                            position_ids=start + torch.arange(n)))
+        full = torch.cat([ids, *steps], dim=1)
+        want = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                     use_cache=False).logits[:, 4:].float()
+    got = torch.cat(got, dim=1)
+    return want.shape == got.shape and bool((want - got).abs().max() <= 1e-3 * want.abs().max())
