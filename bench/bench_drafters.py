@@ -55,28 +55,27 @@ class Run:
 
 def forward_ms(models: dict, rounds: int = 7, context: int = 100) -> dict:
     """{(name, new tokens): best ms} of a forward over 1 and 4 new tokens after `context` cached tokens,
-    through the CPU path decoding uses (CpuForward where it applies), names interleaved per round."""
-    from transformers import DynamicCache
-
-    from specops.decoding.cpu_forward import CpuForward
+    through the path decoding takes (`CausalLM.forward`: the Llama-family path or CpuForward where they
+    apply), names interleaved per round."""
+    from specops.decoding.engine import CausalLM
 
     best = {}
+    adapters = {name: CausalLM(model, name) for name, model in models.items()}
     with torch.inference_mode():
         for _ in range(rounds):
-            for name, model in models.items():
-                route = CpuForward(model) if CpuForward.usable(model) else None
-                device = model.get_input_embeddings().weight.device
+            for name, lm in adapters.items():
+                device = lm.device
                 for n in (1, 4):
-                    cache = DynamicCache()
-                    model(input_ids=torch.arange(context, device=device).unsqueeze(0) % 1000, past_key_values=cache,
-                          use_cache=True)
+                    cache = lm.new_cache()
+                    prompt = (torch.arange(context, device=device).unsqueeze(0) * 7 + 3) % 1000
+                    lm.forward(prompt, torch.ones_like(prompt, dtype=torch.bool), torch.arange(context).unsqueeze(0),
+                               cache, keep=1)
                     ids = torch.arange(n, device=device).unsqueeze(0) + 7
+                    mask = torch.ones(1, context + n, dtype=torch.bool, device=device)
+                    positions = torch.arange(context, context + n, device=device).unsqueeze(0)
                     _sync(device)
                     start = time.perf_counter()
-                    if route is not None:
-                        route(n, input_ids=ids, past_key_values=cache, use_cache=True)
-                    else:
-                        model(input_ids=ids, past_key_values=cache, use_cache=True)
+                    lm.forward(ids, mask, positions, cache, keep=n)
                     _sync(device)
                     ms = (time.perf_counter() - start) * 1e3
                     best[name, n] = min(best.get((name, n), ms), ms)
@@ -143,7 +142,8 @@ def plot(csv_path, png_path) -> None:
     right.set_title("Gemma-3-270M with drafter SmolLM2-135M")
     right.legend(fontsize=8)
     right.grid(axis="y", alpha=0.3)
-    fig.suptitle("SmolLM2-135M drafter weights on a 2-core Xeon (HumanEval, 64 tokens)", fontsize=10)
+    where = f"{rows[0].get('machine', '?')}, {rows[0].get('threads', '?')} threads" if rows else "?"
+    fig.suptitle(f"SmolLM2-135M drafter weights on {where} (HumanEval, 64 tokens)", fontsize=10)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     print(f"wrote {png_path}")

@@ -16,13 +16,11 @@
 
 from __future__ import annotations
 
-import copy
-
+import arch_zoo
 import pytest
 import torch
 import transformers
 
-import arch_zoo
 import specops
 from specops.decoding.cpu_forward import CpuForward
 from specops.decoding.engine import CausalLM

@@ -743,13 +743,13 @@ def test_a_drafter_with_only_buffers_decodes():
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
 def test_prefill_rows_take_blas_on_the_float32_weight(fmt):
-    """Beyond 32 rows a CPU layer multiplies a float32 copy of its weight by BLAS: the same products as
+    """Beyond 256 rows a CPU layer multiplies a float32 copy of its weight by BLAS: the same products as
     the op's (the float32 de-quantization equals the reference's rounding to a float32 ulp), summed in
     another order."""
     torch.manual_seed(0)
     layer = QuantizedLinear(torch.randn(96, 128) / 11, torch.randn(96), fmt)
     assert (layer.dequantize_float32() - layer.dequantize()).abs().max() <= 1e-6 * layer.dequantize().abs().max()
-    x = torch.randn(40, 128)
+    x = torch.randn(300, 128)
     with torch.inference_mode():
         got = layer(x)
         want = torch.ops.specops.quantized_linear(x, layer.weight, layer.scales, layer.mins, layer.bias)
