@@ -98,18 +98,28 @@ class CpuForward:
                 with torch.inference_mode():
                     want = model(input_ids=ids, use_cache=False).logits
                     got = CpuForward(model)(3, input_ids=ids, use_cache=False)
-                # Summation order differs (about 1e-5 of the logit scale after 18 layers); a missing
-                # scale or soft-cap would differ by percents.
-                ok = want.shape == got.shape and bool((want - got).abs().max() <= 1e-3 * want.abs().max())
+                ok = reproduces(want, got)
                 if ok and float_head and head.weight.numel() >= _TIMED_HEAD:
                     ok = _faster(model)
         except Exception:  # any model that does not fit the pattern keeps its own forward
             ok = False
-        try:
-            _CPU_FORWARD_OK[model] = ok
-        except TypeError:
-            pass
-        return ok
+        return remember(_CPU_FORWARD_OK, model, ok)
+
+
+def reproduces(want: torch.Tensor, got: torch.Tensor) -> bool:
+    """Whether a probe's logits `got` are the model's own `want`: the same shape and within 1e-3 of the
+    logit scale (summation order differs by about 1e-5 after 18 layers; a missing scale or soft-cap would
+    differ by percents)."""
+    return want.shape == got.shape and bool((want - got).abs().max() <= 1e-3 * want.abs().max())
+
+
+def remember(table: weakref.WeakKeyDictionary, model, value):
+    """table[model] = value where the model can be weakly referenced (else nothing is kept); returns value."""
+    try:
+        table[model] = value
+    except TypeError:
+        pass
+    return value
 
 
 def _faster(model, rounds: int = 3) -> bool:

@@ -24,7 +24,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from specops.decoding.cpu_forward import _SKINNY_ROWS, CpuForward, _product
+from specops.decoding.cpu_forward import _SKINNY_ROWS, CpuForward, _product, remember, reproduces
 from specops.quantization import QuantizedLinear
 
 __all__ = ["LlamaForward"]
@@ -194,11 +194,7 @@ class LlamaForward:
                     path = None
         except Exception:  # any model that does not fit the pattern keeps the general path
             path = None
-        try:
-            _USABLE[model] = path
-        except TypeError:
-            pass
-        return path
+        return remember(_USABLE, model, path)
 
 
 def _probe(model, path: LlamaForward) -> bool:
@@ -226,5 +222,4 @@ def _probe(model, path: LlamaForward) -> bool:
         full = torch.cat([ids, *steps], dim=1)
         want = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
                      use_cache=False).logits[:, 4:].float()
-    got = torch.cat(got, dim=1)
-    return want.shape == got.shape and bool((want - got).abs().max() <= 1e-3 * want.abs().max())
+    return reproduces(want, torch.cat(got, dim=1))
