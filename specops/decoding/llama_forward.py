@@ -43,13 +43,15 @@ class _Product:
         self.fused = None
         if all(isinstance(m, QuantizedLinear) for m in modules) and len({m.format for m in modules}) == 1 and \
                 len({None if m.scales is None else m.scales.shape[1] for m in modules}) == 1:
-            def cat(name):
+            def cat(name):  # a single layer's own tensors, not a copy
                 parts = [getattr(m, name) for m in modules]
-                return None if parts[0] is None else torch.cat(parts).contiguous()
+                if parts[0] is None or len(parts) == 1:
+                    return parts[0]
+                return torch.cat(parts).contiguous()
 
             biases = [m.bias for m in modules]
-            bias = None
-            if any(b is not None for b in biases):
+            bias = biases[0] if len(modules) == 1 else None
+            if len(modules) > 1 and any(b is not None for b in biases):
                 bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=torch.float32)
                                   for b, m in zip(biases, modules)])
             self.fused = (cat("weight"), cat("scales"), cat("mins"), bias)
@@ -63,11 +65,16 @@ class _Product:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
+def _layer_modules(layer) -> tuple:
+    """The modules of a decoder layer this path computes from."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+            layer.input_layernorm, layer.post_attention_layernorm)
+
+
 class _Layer:
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.modules = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                        mlp.down_proj, layer.input_layernorm, layer.post_attention_layernorm)
         self.qkv = _Product([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o = _Product([attn.o_proj])
         self.gate_up = _Product([mlp.gate_proj, mlp.up_proj])
@@ -126,10 +133,7 @@ class LlamaForward:
         self.signature = self._signature()
 
     def _signature(self) -> tuple:
-        mods = [self.head, self.base.norm, *(m for layer in self.base.layers for m in (
-            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, layer.input_layernorm,
-            layer.post_attention_layernorm))]
+        mods = [self.head, self.base.norm, *(m for layer in self.base.layers for m in _layer_modules(layer))]
         return tuple(id(m) for m in mods) + tuple(id(getattr(m, "weight", None)) for m in mods)
 
     def fits(self, rows: int) -> bool:
