@@ -61,6 +61,15 @@ TORCH_LIBRARY(specops, m) {
   // skinny_linear with the weight stored in low precision (bfloat16; int8 with per-group scales; int4 packed two
   // per uint8 byte with per-group scales and minimums), de-quantized as it is read; float32 activations.
   m.def("quantized_linear(Tensor input, Tensor weight, Tensor? scales, Tensor? mins, Tensor? bias) -> Tensor");
+  // The decoder layers of a Llama-family model (RMSNorm pre-norm, rotary attention over a KV cache, SiLU-gated
+  // MLP) for the few rows of a CPU decoding forward in one call. linears: per layer the q, k, v, o, gate, up
+  // and down projections as (weight, scales, mins, bias), float32 or quantized_linear's formats; a slot
+  // without a weight is fused into the one before. keys / values: each layer's cache [B, Hkv, past, D].
+  // Returns (hidden, the keys with the new rows appended, the values likewise).
+  m.def(
+      "llama_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor? attn_mask, Tensor[] norms, Tensor?[] linears, "
+      "Tensor[] keys, Tensor[] values, int heads, int kv_heads, float eps, float scale) "
+      "-> (Tensor, Tensor[], Tensor[])");
   // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
   // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.
   m.def(

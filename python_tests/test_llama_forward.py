@@ -11,7 +11,8 @@
 4. Fused products: q|k|v and gate|up of a quantized layer packed into one weight give the modules' outputs.
 5. Re-quantizing a model after its probe gives a new path (the module signature changed); rows beyond
    `fits` and draft trees go the general way.
-6. Decoding: greedy `ar`, and `sd` with a quantized Llama drafter, equal `generate()` on a ragged batch.
+6. A compaction the engine left pending in its cache layers is applied before the path appends.
+7. Decoding: greedy `ar`, and `sd` with a quantized Llama drafter, equal `generate()` on a ragged batch.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def test_requantizing_gives_a_new_path_and_big_forwards_go_the_general_way():
     specops.quantize(model, "int8")
     second = _path(model)
     assert second is not None and second is not first
-    assert all(layer.qkv.fused is not None for layer in second.layers)
+    for layer in range(len(model.model.layers)):  # q|k|v and gate|up fused: the k, v and up slots empty
+        slots = second.linears[28 * layer:28 * (layer + 1):4]
+        assert slots[0].dtype == torch.int8 and slots[1] is None and slots[2] is None and slots[5] is None
     assert second.fits(32) and not second.fits(33)
 
 
@@ -163,6 +166,39 @@ def test_trees_and_prefills_do_not_take_it(monkeypatch):
         logits = lm.forward(torch.tensor([[8, 9, 10]]), tree.valid, torch.tensor([[41, 42, 42]]), cache, keep=3,
                             tree=tree)
     assert calls == [(1, 1)] and logits.shape[:2] == (1, 3)
+
+
+def test_a_pending_compaction_is_applied_before_the_append():
+    from specops.decoding.engine import _layers, _moved
+
+    model = arch_zoo.llama_gqa()
+    lm = CausalLM(model)
+    assert lm.llama_forward is not None
+    ids = torch.tensor([[5, 9, 14, 3], [11, 4, 6, 8]])
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    offsets = [0, -1]  # row 1 drops its last token: its slots move right by one, its first becomes padding
+    caches = []
+    with torch.inference_mode():
+        for _ in range(2):
+            cache = lm.new_cache()
+            lm.forward(ids, valid, torch.arange(4).expand(2, 4), cache, keep=1)
+            caches.append(cache)
+        for layer in _layers(caches[0]):
+            assert hasattr(layer, "settle")
+            layer.pending = (offsets, 4)
+        for layer in _layers(caches[1]):
+            layer.keys, layer.values = _moved(layer.keys, offsets, 4), _moved(layer.values, offsets, 4)
+        mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+        step = torch.tensor([[7], [2]])
+        positions = torch.tensor([[4], [3]])
+        got = lm.llama_forward(1, input_ids=step, attention_mask=mask, past_key_values=caches[0],
+                               position_ids=positions)
+        want = model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=caches[1],
+                     use_cache=True).logits.float()
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert all(layer.pending is None for layer in _layers(caches[0]))
+    for a, b in zip(_layers(caches[0]), _layers(caches[1])):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
 
 
 def _tokenizer():

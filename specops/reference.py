@@ -14,7 +14,7 @@ import torch
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match",
            "vocab_project", "tree_attention", "tree_visibility", "tree_children", "tree_verify",
            "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
-           "dequantize", "quantized_linear", "NGRAM_KEY_BITS"]
+           "dequantize", "quantized_linear", "llama_layers", "NGRAM_KEY_BITS"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -590,6 +590,77 @@ def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Te
     low precision (weight-only quantization: the input is not quantized), computed in float64 and
     returned in input's dtype. The kernels de-quantize in float32 and sum in their own order."""
     return skinny_linear(input, dequantize(weight, scales, mins), bias)
+
+
+LLAMA_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # llama_layers' linear layers per decoder layer
+
+
+def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
+                 norms: list[torch.Tensor], linears: list[torch.Tensor | None], keys: list[torch.Tensor],
+                 values: list[torch.Tensor], heads: int, kv_heads: int, eps: float,
+                 scale: float) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The decoder layers of a Llama-family model over the B * n new rows of a decoding forward.
+
+    Layer l: h = norm(x, norms[2l]); q | k | v = h @ W^T for its q, k and v projections; q and k get
+    rotary embedding x * cos + rotate_half(x) * sin (rotate_half(x) = [-x[D/2:], x[:D/2]]); k and v are
+    appended to the layer's cache; x += attention(q, keys, values) @ W_o^T, grouped-query (query head i
+    reads key/value head i // (heads / kv_heads)), scores q.k * scale, masked where attn_mask is False;
+    h = norm(x, norms[2l + 1]); x += (silu(h @ W_gate^T) * (h @ W_up^T)) @ W_down^T. norm(x, w) =
+    x / sqrt(mean(x^2) + eps) * w.
+
+    linears holds per layer LLAMA_SLOTS' (weight, scales, mins, bias), 28 entries: a float32 weight with no
+    scales or mins is a float layer, any other a quantized_linear weight (`dequantize`). A slot without a
+    weight is fused into the slot before: that slot's weight gives both layers' outputs, concatenated
+    (q | k | v in the q slot, gate | up in the gate slot).
+
+    Shapes: hidden [B * n, d] float32 (row b * n + t: request b's t-th new token); cos, sin [B, n, D];
+    attn_mask [B, 1, n, past + n] bool or None (every slot seen); norms 2 L tensors [d]; keys, values L
+    tensors [B, kv_heads, past, D] (or empty: no cache yet). Returns (x [B * n, d] float32, the L keys with
+    the new rows appended, the L values likewise). Computed in float64, returned in float32."""
+    batch, n, dim = cos.shape
+    half = dim // 2
+    x = hidden.double()
+    c, s = cos.double()[:, :, None], sin.double()[:, :, None]
+    group = heads // kv_heads
+
+    def norm(t, w):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+    def product(layer, first, count, t):
+        outs = []
+        for slot in range(first, first + count):
+            w, scales, mins, bias = linears[(layer * len(LLAMA_SLOTS) + slot) * 4:][:4]
+            if w is None:
+                continue
+            full = w.double() if w.dtype == torch.float32 and scales is None and mins is None else \
+                dequantize(w, scales, mins)
+            outs.append(skinny_linear(t, full, bias))
+        return torch.cat(outs, dim=1)
+
+    def rope(t):  # [B, n, H, D]
+        return t * c + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * s
+
+    new_keys, new_values = [], []
+    for layer in range(len(keys)):
+        qkv = product(layer, 0, 3, norm(x, norms[2 * layer]))
+        q = rope(qkv[:, :heads * dim].reshape(batch, n, heads, dim)).transpose(1, 2)
+        k = rope(qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(batch, n, kv_heads, dim)).transpose(1, 2)
+        v = qkv[:, (heads + kv_heads) * dim:].reshape(batch, n, kv_heads, dim).transpose(1, 2)
+        past_k, past_v = keys[layer], values[layer]
+        if past_k.dim() != 4:  # no cache yet
+            past_k = past_v = k.new_zeros(batch, kv_heads, 0, dim)
+        all_k, all_v = torch.cat([past_k.double(), k], dim=2), torch.cat([past_v.double(), v], dim=2)
+        scores = q @ all_k.repeat_interleave(group, dim=1).transpose(-1, -2) * scale
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        attn = torch.softmax(scores, dim=-1) @ all_v.repeat_interleave(group, dim=1)
+        x = x + product(layer, 3, 1, attn.transpose(1, 2).reshape(batch * n, heads * dim))
+        gu = product(layer, 4, 2, norm(x, norms[2 * layer + 1]))
+        inter = gu.shape[1] // 2
+        x = x + product(layer, 6, 1, torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        new_keys.append(all_k.float())
+        new_values.append(all_v.float())
+    return x.float(), new_keys, new_values
 
 
 WEIGHTED, CONTRASTIVE = 0, 1  # ensemble_logits modes

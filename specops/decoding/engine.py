@@ -263,6 +263,14 @@ def _compacting_layer():
             self.values = _moved(self.values, offsets, length, value_states)
             return self.keys, self.values
 
+        def settle(self) -> None:
+            """Apply a pending compaction now (for a caller that appends to keys and values itself)."""
+            if self.pending is not None:
+                offsets, length = self.pending
+                self.pending = None
+                self.keys = _moved(self.keys, offsets, length)
+                self.values = _moved(self.values, offsets, length)
+
     _LAYER.append(CompactingLayer)
     return CompactingLayer
 

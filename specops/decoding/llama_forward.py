@@ -30,6 +30,9 @@ from specops.quantization import QuantizedLinear
 __all__ = ["LlamaForward"]
 
 _FAMILIES = ("llama", "mistral", "qwen2")
+# Cache layers whose update only appends (the engine's CompactingLayer may first apply a pending move:
+# `settle`): the op appends to their keys and values itself.
+_LAYERS = ("DynamicLayer", "CompactingLayer")
 _USABLE: weakref.WeakKeyDictionary[object, LlamaForward | None] = weakref.WeakKeyDictionary()
 
 
@@ -73,21 +76,26 @@ def _layer_modules(layer) -> tuple:
 
 
 class _Layer:
+    """A decoder layer as `specops.ops.llama_layers` takes it: its two norm weights and 28 linear entries
+    (q, k, v, o, gate, up, down as weight, scales, mins, bias; q|k|v and gate|up fused in the first slot
+    for quantized layers, the other slots empty)."""
+
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = _Product([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o = _Product([attn.o_proj])
-        self.gate_up = _Product([mlp.gate_proj, mlp.up_proj])
-        self.down = _Product([mlp.down_proj])
-        self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
-        self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
+        self.norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        self.eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
+        self.linears = []
+        for modules in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj],
+                        [mlp.down_proj]):
+            product = _Product(modules)
+            if product.fused is not None:
+                self.linears += [*product.fused] + [None] * 4 * (len(modules) - 1)
+            else:
+                self.linears += [t for m in modules for t in (m.weight, None, None, m.bias)]
         self.head_dim = attn.head_dim
-        self.q_heads = attn.q_proj.out_features // self.head_dim
-        self.qk_heads = self.q_heads + attn.k_proj.out_features // self.head_dim
-        self.qk_width = self.qk_heads * self.head_dim
-        self.inter = mlp.gate_proj.out_features
+        self.heads = attn.q_proj.out_features // self.head_dim
+        self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.scaling = float(attn.scaling)
-        self.index = attn.layer_idx
 
 
 def _structure(model) -> str | None:
@@ -127,7 +135,13 @@ class LlamaForward:
         self.fallback = fallback
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()
-        self.layers = [_Layer(layer) for layer in self.base.layers]
+        layers = [_Layer(layer) for layer in self.base.layers]
+        shapes = {(layer.heads, layer.kv_heads, layer.head_dim, layer.scaling, *layer.eps) for layer in layers}
+        if len(shapes) != 1 or len(layers[0].eps) != 1:
+            raise ValueError("layers of different head counts, scaling or norm epsilon")
+        self.heads, self.kv_heads, _, self.scaling, self.eps = shapes.pop()
+        self.norms = [w for layer in layers for w in layer.norms]
+        self.linears = [t for layer in layers for t in layer.linears]
         self.head_product = _Product([self.head])
         self.final_norm, self.final_eps = self.base.norm.weight, self.base.norm.variance_epsilon
         self.signature = self._signature()
@@ -142,17 +156,22 @@ class LlamaForward:
 
     @torch.inference_mode()
     def __call__(self, keep: int, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values,
-                 position_ids: torch.Tensor, **_) -> torch.Tensor:
+                 position_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to past_key_values;
         attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n]."""
         cache = past_key_values
+        layers = getattr(cache, "layers", None)
+        if layers is None or getattr(cache, "offloading", False) or len(layers) > len(self.base.layers) or \
+                any(type(layer).__name__ not in _LAYERS for layer in layers):
+            return self.fallback(keep, input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                                 position_ids=position_ids, **kwargs)
+        for layer in layers:
+            if getattr(layer, "pending", None) is not None:
+                layer.settle()
         batch, n = input_ids.shape
         past = attention_mask.shape[1] - n
         x = self.base.embed_tokens(input_ids).reshape(batch * n, -1).float()
         cos, sin = self.base.rotary_emb(x, position_ids)  # [B, n, D]
-        half = cos.shape[-1] // 2
-        cos = cos[:, :, None, :]
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, :, None, :]
         valid = attention_mask.bool()
         if n == 1 and bool(valid.all()):
             mask = None
@@ -162,21 +181,18 @@ class LlamaForward:
             mask = (valid[:, None, :] & (slots[None, None, :] <= query[None, :, None])) | \
                 (slots[None, None, :] == query[None, :, None])
             mask = mask[:, None]
-        for layer in self.layers:
-            h = F.rms_norm(x, (x.shape[-1],), layer.norm1, layer.eps1)
-            qkv = layer.qkv(h)
-            qk = qkv[:, :layer.qk_width].view(batch, n, layer.qk_heads, layer.head_dim)
-            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotate_half(x) * sin, sign in sin
-            q = qk[:, :, :layer.q_heads].transpose(1, 2)
-            k = qk[:, :, layer.q_heads:].transpose(1, 2)
-            v = qkv[:, layer.qk_width:].view(batch, n, -1, layer.head_dim).transpose(1, 2)
-            keys, values = cache.update(k, v, layer.index)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.scaling,
-                                                  enable_gqa=q.shape[1] != keys.shape[1])
-            x = x + layer.o(attn.transpose(1, 2).reshape(batch * n, -1))
-            h = F.rms_norm(x, (x.shape[-1],), layer.norm2, layer.eps2)
-            gu = layer.gate_up(h)
-            x = x + layer.down(F.silu(gu[:, :layer.inter]) * gu[:, layer.inter:])
+        ready = [i < len(layers) and layers[i].is_initialized for i in range(len(self.base.layers))]
+        empty = x.new_empty(0)
+        keys = [layers[i].keys if ok else empty for i, ok in enumerate(ready)]
+        values = [layers[i].values if ok else empty for i, ok in enumerate(ready)]
+        x, keys, values = torch.ops.specops.llama_layers(x, cos.float(), sin.float(), mask, self.norms, self.linears,
+                                                         keys, values, self.heads, self.kv_heads, self.eps,
+                                                         self.scaling)
+        for i, ok in enumerate(ready):
+            if ok:
+                layers[i].keys, layers[i].values = keys[i], values[i]
+            else:  # the cache's own update initializes the layer (appending to nothing)
+                cache.update(keys[i], values[i], i)
         x = x.view(batch, n, -1)[:, -keep:].reshape(batch * keep, -1)
         h = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.final_eps)
         return self.head_product(h).view(batch, keep, -1).float()

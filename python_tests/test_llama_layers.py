@@ -1,0 +1,147 @@
+"""Tests of the llama_layers op (csrc/cpu/llama_layers.cpp) against its reference (specops/reference.py).
+
+1. Equal to the float64 reference over weight formats (float32 layers one per slot, float32 fused,
+   int8, int4, bfloat16 fused), multi-head and grouped-query attention, one or several new rows, a
+   ragged mask or none, an existing cache or none, q|k|v biases; the keys and values it returns are
+   the cache with the new rows appended.
+2. The comparison can fail: one changed weight, or the rotary sine with the other sign, is caught.
+3. Bad arguments get clear Python errors, never a crash.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specops import ops, reference
+from specops.quantization import pack
+
+D_MODEL, HEAD_DIM, INTER, LAYERS = 64, 16, 96, 3
+
+
+def _weights(fmt: str, out: int, inp: int, gen: torch.Generator) -> list:
+    w = torch.randn(out, inp, generator=gen) / inp ** 0.5
+    if fmt.startswith("float32"):
+        return [w, None, None]
+    return list(pack(w, fmt))
+
+
+def _layers(fmt: str, heads: int, kv_heads: int, bias: bool, seed: int = 0):
+    """norms and the 28-per-layer linear entries of LAYERS random layers."""
+    gen = torch.Generator().manual_seed(seed)
+    norms, linears = [], []
+    q_out, kv_out = heads * HEAD_DIM, kv_heads * HEAD_DIM
+    for _ in range(LAYERS):
+        norms += [torch.rand(D_MODEL, generator=gen) + 0.5, torch.rand(D_MODEL, generator=gen) + 0.5]
+        if fmt == "float32":  # one weight per slot, as a float model's layers are
+            for out, inp in ((q_out, D_MODEL), (kv_out, D_MODEL), (kv_out, D_MODEL)):
+                b = torch.randn(out, generator=gen) * 0.1 if bias else None
+                linears += [*_weights(fmt, out, inp, gen), b]
+            linears += [*_weights(fmt, D_MODEL, q_out, gen), None]
+            linears += [*_weights(fmt, INTER, D_MODEL, gen), None, *_weights(fmt, INTER, D_MODEL, gen), None]
+        else:  # q|k|v and gate|up fused into the q and gate slots
+            b = torch.randn(q_out + 2 * kv_out, generator=gen) * 0.1 if bias else None
+            linears += [*_weights(fmt, q_out + 2 * kv_out, D_MODEL, gen), b] + [None] * 8
+            linears += [*_weights(fmt, D_MODEL, q_out, gen), None]
+            linears += [*_weights(fmt, 2 * INTER, D_MODEL, gen), None] + [None] * 4
+        linears += [*_weights(fmt, D_MODEL, INTER, gen), None]
+    return norms, linears
+
+
+def _inputs(batch: int, n: int, past: int, kv_heads: int, masked: bool, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch * n, D_MODEL, generator=gen)
+    angle = (torch.rand(batch, n, HEAD_DIM // 2, generator=gen) * 6).repeat(1, 1, 2)
+    if past:
+        keys = [torch.randn(batch, kv_heads, past, HEAD_DIM, generator=gen) for _ in range(LAYERS)]
+        values = [torch.randn(batch, kv_heads, past, HEAD_DIM, generator=gen) for _ in range(LAYERS)]
+    else:
+        keys, values = [torch.empty(0)] * LAYERS, [torch.empty(0)] * LAYERS
+    mask = None
+    if masked:  # the earlier rows padded at random (a ragged batch), causal over the new rows
+        mask = torch.rand(batch, 1, n, past + n, generator=gen) > 0.3
+        mask[..., past:] = torch.ones(n, n, dtype=torch.bool).tril()
+    return hidden, angle.cos(), angle.sin(), mask, keys, values
+
+
+def _both(args, norms, linears, heads, kv_heads):
+    hidden, cos, sin, mask, keys, values = args
+    call = (hidden, cos, sin, mask, norms, linears, keys, values, heads, kv_heads, 1e-5, HEAD_DIM ** -0.5)
+    with torch.inference_mode():
+        return ops.llama_layers(*call), reference.llama_layers(*call)
+
+
+def _close(got, want, tol=2e-5):
+    return (got - want).abs().max() <= tol * max(want.abs().max(), 1.0)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float32_fused", "int8", "int4", "bf16"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
+@pytest.mark.parametrize("batch,n,past,masked", [(1, 1, 7, False), (2, 3, 5, True), (3, 4, 0, True),
+                                                 (2, 1, 6, True)])
+def test_equals_the_reference(fmt, heads, kv_heads, batch, n, past, masked):
+    norms, linears = _layers(fmt.removesuffix("_fused"), heads, kv_heads, bias=heads == kv_heads)
+    if fmt == "float32_fused":  # a float32 weight in the fused layout goes through skinny_linear
+        norms, linears = _layers("float32", heads, kv_heads, bias=False)
+        fused = []
+        for layer in range(LAYERS):
+            slots = linears[28 * layer:28 * (layer + 1)]
+            qkv = torch.cat([slots[0], slots[4], slots[8]])
+            gate_up = torch.cat([slots[16], slots[20]])
+            fused += [qkv, None, None, None] + [None] * 8 + slots[12:16] + [gate_up, None, None, None] + [None] * 4 + \
+                slots[24:28]
+        linears = fused
+    args = _inputs(batch, n, past, kv_heads, masked)
+    (x, keys, values), (want_x, want_keys, want_values) = _both(args, norms, linears, heads, kv_heads)
+    assert x.shape == (batch * n, D_MODEL) and x.dtype == torch.float32
+    assert _close(x, want_x)
+    for layer in range(LAYERS):
+        assert keys[layer].shape == (batch, kv_heads, past + n, HEAD_DIM)
+        assert _close(keys[layer], want_keys[layer]) and _close(values[layer], want_values[layer])
+        if past:  # the cache's own slots come back unchanged
+            assert torch.equal(keys[layer][:, :, :past], args[4][layer])
+            assert torch.equal(values[layer][:, :, :past], args[5][layer])
+
+
+def test_the_comparison_can_fail():
+    norms, linears = _layers("int8", 4, 2, bias=False)
+    args = _inputs(2, 3, 5, 2, masked=True)
+    (x, _, _), (want, _, _) = _both(args, norms, linears, 4, 2)
+    assert _close(x, want)
+    changed = list(linears)
+    changed[28 + 24] = changed[28 + 24].clone()
+    changed[28 + 24][3, 7] += 5  # one int8 weight of the second layer's down projection
+    (other, _, _), _ = _both(args, norms, changed, 4, 2)
+    assert not _close(other, want)
+    hidden, cos, sin, mask, keys, values = args
+    (flipped, _, _), _ = _both((hidden, cos, -sin, mask, keys, values), norms, linears, 4, 2)
+    assert not _close(flipped, want)
+
+
+def test_bad_arguments_raise_clear_errors():
+    norms, linears = _layers("int8", 4, 2, bias=False)
+    hidden, cos, sin, mask, keys, values = _inputs(2, 3, 5, 2, masked=True)
+    good = dict(hidden=hidden, cos=cos, sin=sin, attn_mask=mask, norms=norms, linears=linears, keys=keys,
+                values=values, heads=4, kv_heads=2, eps=1e-5, scale=0.25)
+
+    def call(**change):
+        with torch.inference_mode():
+            return ops.llama_layers(**{**good, **change})
+
+    cases = [
+        (dict(linears=linears[:-1]), ValueError, "28 L linears"),
+        (dict(norms=norms[:-1]), ValueError, "2 L norms"),
+        (dict(hidden=hidden[:-1]), ValueError, "hidden must be"),
+        (dict(hidden=hidden.double()), TypeError, "float32"),
+        (dict(sin=sin[:, :2]), ValueError, "cos and sin"),
+        (dict(heads=3), ValueError, "multiple of kv_heads"),
+        (dict(attn_mask=mask.long()), ValueError, "attn_mask"),
+        (dict(attn_mask=mask[..., 1:]), ValueError, "attn_mask"),
+        (dict(keys=[k[:, :1] for k in keys]), ValueError, "keys"),
+        (dict(values=[v[:, :, 1:] for v in values]), ValueError, "different numbers of slots"),
+        (dict(linears=[None] + linears[1:]), ValueError, "needs q, o, gate and down"),
+        (dict(heads=2, kv_heads=2), RuntimeError, "features"),  # q|k|v wider than 2 heads + 2 kv heads
+    ]
+    for change, error, words in cases:
+        with pytest.raises(error, match=words):
+            call(**change)
