@@ -113,7 +113,7 @@ at::Tensor quantized_linear_cpu(const at::Tensor& input, const at::Tensor& weigh
       TORCH_CHECK(!(mins.has_value() && mins->defined()), "quantized_linear: int8 weights are symmetric: no mins");
     }
     rows_fn = int4 ? f.int4 : f.int8;
-    row_bytes = int4 ? k_dim / 2 : k_dim;
+    row_bytes = k_dim;  // int4 too: de-quantizing it is compute-bound, so its tasks are sized in weights
   } else {
     TORCH_CHECK(false, "quantized_linear: weight must be bfloat16, int8 or uint8 (packed int4), got ", dtype);
   }
