@@ -1,15 +1,16 @@
-"""Decoding forwards of Llama-family models (Llama, Mistral without a sliding window, Qwen2) on the CPU in a
-few ATen calls per layer.
+"""Decoding forwards of Llama-family models (Llama, Mistral without a sliding window, Qwen2) on the CPU, every
+decoder layer in one call of the `llama_layers` op.
 
 A small model's decoding forward on a CPU is as much the framework's work as the arithmetic: SmolLM2-135M
 runs about 35 ATen calls per layer through transformers' modules (norms as five ops, rotary embedding as
-eight, a mask built per forward, module calls), about 10 ms of a 20 ms forward over 30 layers. That decides
-whether the model pays as a drafter. Here a layer is: one `rms_norm`, one product for q|k|v, rotary
-embedding on q and k at once (three ops), the cache update, one attention call, the output product and its
-residual, one `rms_norm`, one product for gate|up, `silu` times up, the down product and its residual.
-Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v and
-gate|up fused into one weight each, packed once per model) and through skinny_linear for float32 layers
-(kept separate: a fused copy would double a float model's memory).
+eight, a mask built per forward, module calls), about 10 ms of a 20 ms forward over 30 layers; a layer loop
+in Python still spent about 25 calls a layer. That decides whether the model pays as a drafter. Here the
+embedding, the rotary tables and the mask are computed once per forward, then `specops.ops.llama_layers`
+runs every layer in C++ (norms, rotary embedding and residual adds as loops, one SDPA, direct calls of the
+product kernels) and returns each layer's keys and values with the new rows appended, which become the
+cache's. Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v
+and gate|up fused into one weight each, packed once per model) and through skinny_linear for float32
+layers (kept separate: a fused copy would double a float model's memory).
 
 The path takes chain forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a
 chain); prefills and draft trees go through `CpuForward`. The cache is the transformers cache the model's
