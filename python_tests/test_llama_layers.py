@@ -5,7 +5,7 @@
    ragged mask or none, an existing cache or none, q|k|v biases; the keys and values it returns are
    the cache with the new rows appended.
 2. The comparison can fail: one changed weight, or the rotary sine with the other sign, is caught.
-3. Bad arguments get clear Python errors, never a crash.
+3. Bad arguments get clear Python errors, never a crash; the fake agrees with the kernel (opcheck).
 """
 
 from __future__ import annotations
@@ -145,3 +145,11 @@ def test_bad_arguments_raise_clear_errors():
     for change, error, words in cases:
         with pytest.raises(error, match=words):
             call(**change)
+
+
+@pytest.mark.parametrize("past", [0, 5])
+def test_opcheck(past):
+    norms, linears = _layers("int8", 4, 2, bias=False)
+    hidden, cos, sin, mask, keys, values = _inputs(2, 3, past, 2, masked=True)
+    torch.library.opcheck(torch.ops.specops.llama_layers.default,
+                          (hidden, cos, sin, mask, norms, linears, keys, values, 4, 2, 1e-5, 0.25))
