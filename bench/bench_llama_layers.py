@@ -42,7 +42,7 @@ def forward(provider, cache, tokens: torch.Tensor, past: int) -> torch.Tensor:
     out = provider(n, input_ids=tokens, attention_mask=torch.ones(1, past + n, dtype=torch.long),
                    position_ids=torch.arange(past, past + n)[None], past_key_values=cache, use_cache=True,
                    cache_position=torch.arange(past, past + n))
-    cache.crop(past)
+    cache.crop(-n)
     return out
 
 
