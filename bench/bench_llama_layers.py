@@ -12,8 +12,8 @@ ones, batch 1, logits of every new token. Providers:
 - `modules`: the peer, the model's own modules through the engine's `CpuForward` (transformers' layers
   with every linear layer computed by the same skinny_linear / quantized_linear kernels): what the op
   saves is framework time, not arithmetic.
-Timing: each round runs both providers once in alternating order; the cache is cut back after each
-forward. Reported: min and median over rounds, in ms, and speedup = modules median / op median.
+Timing: each round runs both providers once in alternating order, each on its own cache, cut back after
+each forward. Reported: min and median over rounds, in ms, and speedup = modules median / op median.
 rel_diff: max |op - modules| / max |modules| over the logits of one forward. CPU only (the op has no GPU
 implementation: there CUDA graphs remove the same overhead).
 """
@@ -58,15 +58,17 @@ def run_case(model, weights: str, n: int, context: int, rounds: int) -> dict:
     providers = {"op": lean, "modules": general}
     times = {name: [] for name in providers}
     with torch.inference_mode():
-        cache = DynamicCache()
-        general(1, input_ids=prompt, attention_mask=torch.ones(1, context, dtype=torch.long),
-                position_ids=torch.arange(context)[None], past_key_values=cache, use_cache=True,
-                cache_position=torch.arange(context))
-        outs = {name: forward(p, cache, tokens, context) for name, p in providers.items()}  # warm-up and check
+        caches = {}
+        for name in providers:  # each its own cache, as in decoding (the op's keeps room for new rows)
+            caches[name] = DynamicCache()
+            general(1, input_ids=prompt, attention_mask=torch.ones(1, context, dtype=torch.long),
+                    position_ids=torch.arange(context)[None], past_key_values=caches[name], use_cache=True,
+                    cache_position=torch.arange(context))
+        outs = {name: forward(p, caches[name], tokens, context) for name, p in providers.items()}  # warm-up, check
         for r in range(rounds):
             for name in (list(providers) if r % 2 == 0 else list(providers)[::-1]):
                 start = time.perf_counter()
-                forward(providers[name], cache, tokens, context)
+                forward(providers[name], caches[name], tokens, context)
                 times[name].append((time.perf_counter() - start) * 1e3)
     rel = float((outs["op"] - outs["modules"]).abs().max() / outs["modules"].abs().max())
     row = {"weights": weights, "tokens": n, "context": context}

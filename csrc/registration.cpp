@@ -64,12 +64,11 @@ TORCH_LIBRARY(specops, m) {
   // The decoder layers of a Llama-family model (RMSNorm pre-norm, rotary attention over a KV cache, SiLU-gated
   // MLP) for the few rows of a CPU decoding forward in one call. linears: per layer the q, k, v, o, gate, up
   // and down projections as (weight, scales, mins, bias), float32 or quantized_linear's formats; a slot
-  // without a weight is fused into the one before. keys / values: each layer's cache [B, Hkv, past, D].
-  // Returns (hidden, the keys with the new rows appended, the values likewise).
+  // without a weight is fused into the one before. keys / values: each layer's cache [B, Hkv, past + n, D],
+  // its last n slots room that the op fills with the new rows' keys and values. Returns the hidden rows.
   m.def(
       "llama_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor? attn_mask, Tensor[] norms, Tensor?[] linears, "
-      "Tensor[] keys, Tensor[] values, int heads, int kv_heads, float eps, float scale) "
-      "-> (Tensor, Tensor[], Tensor[])");
+      "Tensor(a!)[] keys, Tensor(b!)[] values, int heads, int kv_heads, float eps, float scale) -> Tensor");
   // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
   // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.
   m.def(

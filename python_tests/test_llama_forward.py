@@ -220,3 +220,40 @@ def test_greedy_decoding_equals_generate(method):
         ids = tok(prompt, return_tensors="pt").input_ids
         want = target.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
         assert tokens == want[:len(tokens)] and len(tokens) == len(want)
+
+
+def test_cache_room_is_reused_across_crops_and_regrown():
+    """The path writes new rows into buffers with room behind the cache (no copy per forward): drafts
+    rejected by a crop are overwritten by the next forward, a full buffer is regrown with the cache
+    copied, and the logits stay the model's own throughout."""
+    from specops.decoding.llama_forward import _ROOM
+
+    model = arch_zoo.llama_gqa()
+    lm = CausalLM(model)
+    path = lm.llama_forward
+    torch.manual_seed(0)
+    ids = torch.randint(2, 200, (2, 6))
+    kept = [ids]
+    with torch.inference_mode():
+        cache = lm.new_cache()
+        lm.forward(ids, torch.ones(2, 6, dtype=torch.bool), torch.arange(6).expand(2, 6), cache, keep=1)
+        buffers = set()
+        for step in range(40):
+            n = 1 + step % 4
+            tokens = torch.randint(2, 200, (2, n))
+            length = cache.get_seq_length()
+            got = path(n, input_ids=tokens, attention_mask=torch.ones(2, length + n, dtype=torch.long),
+                       past_key_values=cache, position_ids=length + torch.arange(n).expand(2, n))
+            full = torch.cat([*kept, tokens], dim=1)
+            want = model(input_ids=full, use_cache=False).logits[:, -n:].float()
+            assert (got - want).abs().max() <= 1e-4 * want.abs().max(), step
+            drop = step % 3 if n > step % 3 else 0  # reject some of the new tokens, as verification does
+            if drop:
+                cache.crop(-drop)
+            kept.append(tokens[:, :n - drop])
+            layer = cache.layers[0]
+            kbuf, _ = getattr(layer, _ROOM)
+            assert layer.keys.data_ptr() == kbuf.data_ptr() and layer.keys.shape[2] == cache.get_seq_length()
+            buffers.add(kbuf.data_ptr())
+    # grown from 6 cached slots by about 1.5 per step: first room 6 + 1 + 64, then regrown
+    assert 2 <= len(buffers) <= 3

@@ -2,8 +2,8 @@
 
 1. Equal to the float64 reference over weight formats (float32 layers one per slot, float32 fused,
    int8, int4, bfloat16 fused), multi-head and grouped-query attention, one or several new rows, a
-   ragged mask or none, an existing cache or none, q|k|v biases; the keys and values it returns are
-   the cache with the new rows appended.
+   ragged mask or none, an existing cache or none, q|k|v biases; the new rows' keys and values are
+   written into the caches' room (views of larger buffers included), the cache's own slots untouched.
 2. The comparison can fail: one changed weight, or the rotary sine with the other sign, is caught.
 3. Bad arguments get clear Python errors, never a crash; the fake agrees with the kernel (opcheck).
 """
@@ -48,15 +48,21 @@ def _layers(fmt: str, heads: int, kv_heads: int, bias: bool, seed: int = 0):
     return norms, linears
 
 
-def _inputs(batch: int, n: int, past: int, kv_heads: int, masked: bool, seed: int = 1):
+def _inputs(batch: int, n: int, past: int, kv_heads: int, masked: bool, seed: int = 1, spare: int = 0):
+    """hidden, cos, sin, mask, keys, values: each layer's keys and values [B, kv_heads, past + n, D] hold
+    `past` random cached slots and n slots of room (NaN, so a slot the op should write and did not
+    shows); with spare > 0 they are views of buffers `spare` slots longer, as a decoding cache is."""
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(batch * n, D_MODEL, generator=gen)
     angle = (torch.rand(batch, n, HEAD_DIM // 2, generator=gen) * 6).repeat(1, 1, 2)
-    if past:
-        keys = [torch.randn(batch, kv_heads, past, HEAD_DIM, generator=gen) for _ in range(LAYERS)]
-        values = [torch.randn(batch, kv_heads, past, HEAD_DIM, generator=gen) for _ in range(LAYERS)]
-    else:
-        keys, values = [torch.empty(0)] * LAYERS, [torch.empty(0)] * LAYERS
+
+    def cache():
+        buf = torch.full((batch, kv_heads, past + n + spare, HEAD_DIM), float("nan"))
+        buf[:, :, :past] = torch.randn(batch, kv_heads, past, HEAD_DIM, generator=gen)
+        return buf[:, :, :past + n]
+
+    keys = [cache() for _ in range(LAYERS)]
+    values = [cache() for _ in range(LAYERS)]
     mask = None
     if masked:  # the earlier rows padded at random (a ragged batch), causal over the new rows
         mask = torch.rand(batch, 1, n, past + n, generator=gen) > 0.3
@@ -64,11 +70,23 @@ def _inputs(batch: int, n: int, past: int, kv_heads: int, masked: bool, seed: in
     return hidden, angle.cos(), angle.sin(), mask, keys, values
 
 
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t laid out alike: a view of a copy of its buffer if it is a view."""
+    if t._base is None:
+        return t.clone()
+    return t._base.clone().as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def _both(args, norms, linears, heads, kv_heads):
+    """(the op's hidden, keys, values), (the reference's), each on its own copy of the caches."""
     hidden, cos, sin, mask, keys, values = args
-    call = (hidden, cos, sin, mask, norms, linears, keys, values, heads, kv_heads, 1e-5, HEAD_DIM ** -0.5)
-    with torch.inference_mode():
-        return ops.llama_layers(*call), reference.llama_layers(*call)
+    results = []
+    for fn in (ops.llama_layers, reference.llama_layers):
+        k, v = [_copy(t) for t in keys], [_copy(t) for t in values]
+        with torch.inference_mode():
+            x = fn(hidden, cos, sin, mask, norms, linears, k, v, heads, kv_heads, 1e-5, HEAD_DIM ** -0.5)
+        results.append((x, k, v))
+    return results
 
 
 def _close(got, want, tol=2e-5):
@@ -77,9 +95,9 @@ def _close(got, want, tol=2e-5):
 
 @pytest.mark.parametrize("fmt", ["float32", "float32_fused", "int8", "int4", "bf16"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
-@pytest.mark.parametrize("batch,n,past,masked", [(1, 1, 7, False), (2, 3, 5, True), (3, 4, 0, True),
-                                                 (2, 1, 6, True)])
-def test_equals_the_reference(fmt, heads, kv_heads, batch, n, past, masked):
+@pytest.mark.parametrize("batch,n,past,masked,spare", [(1, 1, 7, False, 0), (2, 3, 5, True, 4), (3, 4, 0, True, 0),
+                                                       (2, 1, 6, True, 9), (1, 2, 40, False, 3)])
+def test_equals_the_reference(fmt, heads, kv_heads, batch, n, past, masked, spare):
     norms, linears = _layers(fmt.removesuffix("_fused"), heads, kv_heads, bias=heads == kv_heads)
     if fmt == "float32_fused":  # a float32 weight in the fused layout goes through skinny_linear
         norms, linears = _layers("float32", heads, kv_heads, bias=False)
@@ -91,16 +109,20 @@ def test_equals_the_reference(fmt, heads, kv_heads, batch, n, past, masked):
             fused += [qkv, None, None, None] + [None] * 8 + slots[12:16] + [gate_up, None, None, None] + [None] * 4 + \
                 slots[24:28]
         linears = fused
-    args = _inputs(batch, n, past, kv_heads, masked)
+    args = _inputs(batch, n, past, kv_heads, masked, spare=spare)
     (x, keys, values), (want_x, want_keys, want_values) = _both(args, norms, linears, heads, kv_heads)
     assert x.shape == (batch * n, D_MODEL) and x.dtype == torch.float32
     assert _close(x, want_x)
     for layer in range(LAYERS):
         assert keys[layer].shape == (batch, kv_heads, past + n, HEAD_DIM)
         assert _close(keys[layer], want_keys[layer]) and _close(values[layer], want_values[layer])
+        assert keys[layer].isfinite().all() and values[layer].isfinite().all()  # every new slot written
         if past:  # the cache's own slots come back unchanged
-            assert torch.equal(keys[layer][:, :, :past], args[4][layer])
-            assert torch.equal(values[layer][:, :, :past], args[5][layer])
+            assert torch.equal(keys[layer][:, :, :past], args[4][layer][:, :, :past])
+            assert torch.equal(values[layer][:, :, :past], args[5][layer][:, :, :past])
+        if spare:  # nothing written past the room
+            assert keys[layer]._base[:, :, past + n:].isnan().all()
+            assert values[layer]._base[:, :, past + n:].isnan().all()
 
 
 def test_the_comparison_can_fail():
@@ -138,13 +160,23 @@ def test_bad_arguments_raise_clear_errors():
         (dict(attn_mask=mask.long()), ValueError, "attn_mask"),
         (dict(attn_mask=mask[..., 1:]), ValueError, "attn_mask"),
         (dict(keys=[k[:, :1] for k in keys]), ValueError, "keys"),
-        (dict(values=[v[:, :, 1:] for v in values]), ValueError, "different numbers of slots"),
+        (dict(values=[v[:, :, 1:] for v in values]), ValueError, "like keys"),
+        (dict(keys=[k[:, :, :2] for k in keys]), ValueError, "room for the n = 3 new rows"),
+        (dict(keys=[k.transpose(2, 3).contiguous().transpose(2, 3) for k in keys]), ValueError, "contiguous along D"),
+        (dict(values=[v.double() for v in values]), TypeError, "float32"),
         (dict(linears=[None] + linears[1:]), ValueError, "needs q, o, gate and down"),
         (dict(heads=2, kv_heads=2), RuntimeError, "features"),  # q|k|v wider than 2 heads + 2 kv heads
     ]
     for change, error, words in cases:
         with pytest.raises(error, match=words):
             call(**change)
+    # The kernel's own checks, without the wrapper's: errors, not reads or writes out of bounds.
+    direct = (hidden, cos, sin, mask, norms, linears, keys, [v[:, :, 1:] for v in values], 4, 2, 1e-5, 0.25)
+    with pytest.raises(RuntimeError, match=r"values\[0\] must be"):
+        torch.ops.specops.llama_layers(*direct)
+    with pytest.raises(RuntimeError, match="room for the new rows"):
+        torch.ops.specops.llama_layers(hidden, cos, sin, None, norms, linears, [k[:, :, :2] for k in keys],
+                                       [v[:, :, :2] for v in values], 4, 2, 1e-5, 0.25)
 
 
 @pytest.mark.parametrize("past", [0, 5])

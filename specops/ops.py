@@ -932,24 +932,29 @@ def _quantized_linear_fake(input, weight, scales, mins, bias):
 
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
                  norms: list[torch.Tensor], linears: list[torch.Tensor | None], keys: list[torch.Tensor],
-                 values: list[torch.Tensor], heads: int, kv_heads: int, eps: float,
-                 scale: float) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+                 values: list[torch.Tensor], heads: int, kv_heads: int, eps: float, scale: float) -> torch.Tensor:
     """The decoder layers of a Llama-family model (RMSNorm pre-norm, rotary attention over a KV cache,
     SiLU-gated MLP) over the few new rows of a CPU decoding forward, in one call: what a Python loop over
     the layers spends in framework calls (about a third of SmolLM2-135M's int8 forward) becomes plain
     loops. Semantics and argument layout: `specops.reference.llama_layers`. Products go through
-    skinny_linear (float32 weights) or quantized_linear (its formats), attention through
-    scaled_dot_product_attention. The CPU only: on accelerators, a model's own forward under CUDA graphs
-    has no such overhead. Forward only.
+    skinny_linear (float32 weights) or quantized_linear (its formats); attention is a loop over the
+    cache. The CPU only: on accelerators, a model's own forward under CUDA graphs has no such overhead.
+    Forward only.
+
+    The caches are written in place: each layer's keys and values hold the cache followed by room for
+    the n new rows, which the op fills with their keys (after rotary embedding) and values. A caller
+    keeps a cache in a buffer with spare slots and passes views of it, so nothing is copied per forward.
 
     Shape:
         hidden: [B * n, d] float32. cos, sin: [B, n, D] float32 (the model's rotary embedding).
-        attn_mask: [B, 1, n, past + n] bool (True: seen) or None (every slot seen).
+        attn_mask: [B, 1, n, past + n] bool (True: seen) or None (every slot seen). A row that sees no
+            slot attends to nothing (zeros).
         norms: 2 L weights [d] (each layer's input and post-attention norm).
         linears: 28 L entries, per layer (weight, scales, mins, bias) for q, k, v, o, gate, up, down.
-        keys, values: L tensors [B, kv_heads, past, D] float32, or empty for a layer with no cache yet.
+        keys, values: L float32 tensors [B, kv_heads, past + n, D], contiguous along D (other strides
+            free: views of a larger buffer): slots past .. past + n - 1 are written.
 
-    Returns (hidden [B * n, d], keys with the n new rows appended, values likewise).
+    Returns hidden [B * n, d].
     """
     op = "llama_layers"
     if not isinstance(cos, torch.Tensor) or cos.dim() != 3 or not isinstance(sin, torch.Tensor) or \
@@ -963,19 +968,21 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
     if heads < 1 or kv_heads < 1 or heads % kv_heads:
         raise ValueError(f"{op}: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
     layers = len(keys)
-    if len(values) != layers or len(norms) != 2 * layers or len(linears) != 28 * layers:
-        raise ValueError(f"{op}: for L = {layers} layers give L values, 2 L norms and 28 L linears; got "
-                         f"{len(values)}, {len(norms)} and {len(linears)}")
+    if layers < 1 or len(values) != layers or len(norms) != 2 * layers or len(linears) != 28 * layers:
+        raise ValueError(f"{op}: for L >= 1 layers give L keys, L values, 2 L norms and 28 L linears; got "
+                         f"{layers}, {len(values)}, {len(norms)} and {len(linears)}")
     tensors = [("hidden", hidden), ("cos", cos), ("sin", sin)] + [("a norm", w) for w in norms]
+    slots = keys[0].shape[2] if isinstance(keys[0], torch.Tensor) and keys[0].dim() == 4 else -1
+    if slots < n:
+        raise ValueError(f"{op}: keys[0] must be [B, kv_heads, past + n, D] with room for the n = {n} new rows")
     for layer, (k, v) in enumerate(zip(keys, values)):
         for name, t in ((f"keys[{layer}]", k), (f"values[{layer}]", v)):
-            if not isinstance(t, torch.Tensor) or (t.numel() and (t.dim() != 4 or t.shape[0] != batch or
-                                                                  t.shape[1] != kv_heads or t.shape[3] != dim)):
-                raise ValueError(f"{op}: {name} must be [B, kv_heads, past, D] = [{batch}, {kv_heads}, past, "
-                                 f"{dim}] or empty")
+            if not isinstance(t, torch.Tensor) or t.shape != (batch, kv_heads, slots, dim):
+                raise ValueError(f"{op}: {name} must be [B, kv_heads, past + n, D] = [{batch}, {kv_heads}, "
+                                 f"{slots}, {dim}] like keys[0], got {tuple(getattr(t, 'shape', ()))}")
+            if t.stride(-1) != 1:
+                raise ValueError(f"{op}: {name} must be contiguous along D")
             tensors.append((name, t))
-        if k.shape[-2:-1] != v.shape[-2:-1]:
-            raise ValueError(f"{op}: keys[{layer}] and values[{layer}] hold different numbers of slots")
     for name, t in tensors:
         if t.device.type != "cpu":
             raise ValueError(f"{op} runs on the CPU; {name} is on {t.device}")
@@ -983,9 +990,8 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
             raise TypeError(f"{op}: {name} must be float32, got {t.dtype}")
     if any(w.shape != (hidden.shape[1],) for w in norms):
         raise ValueError(f"{op}: norm weights must be [d] = [{hidden.shape[1]}]")
-    past = max((k.shape[2] for k in keys if k.dim() == 4), default=0)
-    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.shape != (batch, 1, n, past + n)):
-        raise ValueError(f"{op}: attn_mask must be bool [B, 1, n, past + n] = [{batch}, 1, {n}, {past + n}] or None")
+    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.shape != (batch, 1, n, slots)):
+        raise ValueError(f"{op}: attn_mask must be bool [B, 1, n, past + n] = [{batch}, 1, {n}, {slots}] or None")
     for layer in range(layers):
         if linears[28 * layer] is None or linears[28 * layer + 12] is None or linears[28 * layer + 16] is None or \
                 linears[28 * layer + 24] is None:
@@ -996,9 +1002,4 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
 
 @torch.library.register_fake("specops::llama_layers")
 def _llama_layers_fake(hidden, cos, sin, attn_mask, norms, linears, keys, values, heads, kv_heads, eps, scale):
-    batch, n, dim = cos.shape
-
-    def grown(t):
-        return t.new_empty(batch, kv_heads, (t.shape[2] if t.dim() == 4 else 0) + n, dim)
-
-    return hidden.new_empty(hidden.shape), [grown(k) for k in keys], [grown(v) for v in values]
+    return hidden.new_empty(hidden.shape)

@@ -598,13 +598,14 @@ LLAMA_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # llama_layers' linear
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
                  norms: list[torch.Tensor], linears: list[torch.Tensor | None], keys: list[torch.Tensor],
                  values: list[torch.Tensor], heads: int, kv_heads: int, eps: float,
-                 scale: float) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+                 scale: float) -> torch.Tensor:
     """The decoder layers of a Llama-family model over the B * n new rows of a decoding forward.
 
     Layer l: h = norm(x, norms[2l]); q | k | v = h @ W^T for its q, k and v projections; q and k get
     rotary embedding x * cos + rotate_half(x) * sin (rotate_half(x) = [-x[D/2:], x[:D/2]]); k and v are
-    appended to the layer's cache; x += attention(q, keys, values) @ W_o^T, grouped-query (query head i
-    reads key/value head i // (heads / kv_heads)), scores q.k * scale, masked where attn_mask is False;
+    written into the last n slots of the layer's keys and values; x += attention(q, keys, values) @ W_o^T,
+    grouped-query (query head i reads key/value head i // (heads / kv_heads)), scores q.k * scale, masked
+    where attn_mask is False (a row that sees no slot attends to nothing: zeros);
     h = norm(x, norms[2l + 1]); x += (silu(h @ W_gate^T) * (h @ W_up^T)) @ W_down^T. norm(x, w) =
     x / sqrt(mean(x^2) + eps) * w.
 
@@ -615,8 +616,8 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
 
     Shapes: hidden [B * n, d] float32 (row b * n + t: request b's t-th new token); cos, sin [B, n, D];
     attn_mask [B, 1, n, past + n] bool or None (every slot seen); norms 2 L tensors [d]; keys, values L
-    tensors [B, kv_heads, past, D] (or empty: no cache yet). Returns (x [B * n, d] float32, the L keys with
-    the new rows appended, the L values likewise). Computed in float64, returned in float32."""
+    float32 tensors [B, kv_heads, past + n, D]: the first past slots the cache, the last n room for the new
+    rows, written in place (rounded to float32). Returns x [B * n, d] float32. Computed in float64."""
     batch, n, dim = cos.shape
     half = dim // 2
     x = hidden.double()
@@ -640,27 +641,27 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
     def rope(t):  # [B, n, H, D]
         return t * c + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * s
 
-    new_keys, new_values = [], []
+    past = keys[0].shape[2] - n
     for layer in range(len(keys)):
         qkv = product(layer, 0, 3, norm(x, norms[2 * layer]))
         q = rope(qkv[:, :heads * dim].reshape(batch, n, heads, dim)).transpose(1, 2)
         k = rope(qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(batch, n, kv_heads, dim)).transpose(1, 2)
         v = qkv[:, (heads + kv_heads) * dim:].reshape(batch, n, kv_heads, dim).transpose(1, 2)
-        past_k, past_v = keys[layer], values[layer]
-        if past_k.dim() != 4:  # no cache yet
-            past_k = past_v = k.new_zeros(batch, kv_heads, 0, dim)
-        all_k, all_v = torch.cat([past_k.double(), k], dim=2), torch.cat([past_v.double(), v], dim=2)
+        all_k = torch.cat([keys[layer][:, :, :past].double(), k], dim=2)
+        all_v = torch.cat([values[layer][:, :, :past].double(), v], dim=2)
         scores = q @ all_k.repeat_interleave(group, dim=1).transpose(-1, -2) * scale
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
-        attn = torch.softmax(scores, dim=-1) @ all_v.repeat_interleave(group, dim=1)
+        seen = scores.amax(-1, keepdim=True) > float("-inf")
+        weights = torch.where(seen, torch.softmax(torch.where(seen, scores, 0.0), dim=-1), 0.0)
+        attn = weights @ all_v.repeat_interleave(group, dim=1)
         x = x + product(layer, 3, 1, attn.transpose(1, 2).reshape(batch * n, heads * dim))
         gu = product(layer, 4, 2, norm(x, norms[2 * layer + 1]))
         inter = gu.shape[1] // 2
         x = x + product(layer, 6, 1, torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
-        new_keys.append(all_k.float())
-        new_values.append(all_v.float())
-    return x.float(), new_keys, new_values
+        keys[layer][:, :, past:] = k.float()
+        values[layer][:, :, past:] = v.float()
+    return x.float()
 
 
 WEIGHTED, CONTRASTIVE = 0, 1  # ensemble_logits modes

@@ -1,13 +1,15 @@
 // SIMD row passes of tree_attention's online softmax (csrc/cpu/tree_attention.cpp): scale, soft-cap and
-// mask a row of scores, exponentiate it against the running maximum, rescale an accumulator row.
-// Compiled once per instruction set through per_isa.h, with SPECOPS_ISA naming the namespace. No
-// include guard; internal linkage.
+// mask a row of scores, exponentiate it against the running maximum, rescale an accumulator row; and
+// llama_layers' attention of one query row over a short cache (csrc/cpu/llama_layers.cpp), built on the
+// same passes. Compiled once per instruction set through per_isa.h, with SPECOPS_ISA naming the
+// namespace. No include guard; internal linkage.
 
 namespace specops {
 namespace {
 namespace SPECOPS_ISA {
 
 #include "simd_math.h"
+#include "lane_tree.h"
 
 // softcap * tanh(x / softcap) from exp of a non-positive argument: tanh|y| = (1 - e) / (1 + e) with
 // e = exp(-2|y|).
@@ -68,6 +70,54 @@ void scale_row(float* acc, int64_t n, float factor) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) store16(acc + j, load16(acc + j) * factor);
   for (; j < n; ++j) acc[j] *= factor;
+}
+
+// Attention of one query row q [dim] over `slots` cached rows (key j at k + j * k_stride, value j at
+// v + j * v_stride): out [dim] = softmax_j(q . key_j * scale + bias[j]) value_j, bias[j] 0 or -inf
+// (nullptr: every slot seen). scores: `slots` floats of scratch. A row that sees no slot gives zeros.
+// Sixteen keys at a time, their dot products summed by the lane tree; then the row passes above, and
+// the values accumulated slot by slot. For the few query rows of a decoding step, where a library
+// attention's setup costs more than the arithmetic (SDPA: about 30 us over 150 slots, this: a few).
+void attend_row(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t slots,
+                int64_t dim, float scale, const float* bias, float* scores, float* out) {
+  const int64_t full = dim / kLanes * kLanes;
+  for (int64_t j0 = 0; j0 < slots; j0 += kLanes) {
+    const int64_t count = slots - j0 < kLanes ? slots - j0 : kLanes;
+    const float* kj = k + j0 * k_stride;
+    f32x16 acc[kLanes];
+    for (int l = 0; l < kLanes; ++l) acc[l] = f32x16{};
+    if (count == kLanes) {
+      for (int64_t c = 0; c < full; c += kLanes) {
+        const f32x16 qv = load16(q + c);
+        for (int l = 0; l < kLanes; ++l) acc[l] += qv * load16(kj + l * k_stride + c);
+      }
+    } else {
+      for (int64_t c = 0; c < full; c += kLanes) {
+        const f32x16 qv = load16(q + c);
+        for (int64_t l = 0; l < count; ++l) acc[l] += qv * load16(kj + l * k_stride + c);
+      }
+    }
+    float dots[kLanes];
+    store16(dots, reduce16(acc));
+    for (int64_t l = 0; l < count; ++l) {
+      float s = dots[l];
+      for (int64_t d = full; d < dim; ++d) s += q[d] * kj[l * k_stride + d];
+      scores[j0 + l] = s;
+    }
+  }
+  for (int64_t d = 0; d < dim; ++d) out[d] = 0.0f;
+  const float m = prepare_row(scores, slots, scale, 0.0f, bias, 0);
+  if (!(m > -kInf)) return;
+  const float sum = exp_row(scores, slots, m);
+  for (int64_t j = 0; j < slots; ++j) {
+    const float p = scores[j];
+    if (p == 0.0f) continue;
+    const float* vj = v + j * v_stride;
+    int64_t d = 0;
+    for (; d < full; d += kLanes) store16(out + d, load16(out + d) + p * load16(vj + d));
+    for (; d < dim; ++d) out[d] += p * vj[d];
+  }
+  scale_row(out, dim, 1.0f / sum);
 }
 
 }  // namespace SPECOPS_ISA

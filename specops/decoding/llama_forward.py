@@ -37,6 +37,36 @@ _LAYERS = ("DynamicLayer", "CompactingLayer")
 _USABLE: weakref.WeakKeyDictionary[object, LlamaForward | None] = weakref.WeakKeyDictionary()
 
 
+_ROOM = "_specops_room"  # on a cache layer: the (keys, values) buffers its tensors are the first slots of
+
+
+def _room(layer, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views [B, Hkv, slots, D] of buffers whose first slots are `layer`'s keys and values, the rest room
+    for the forward's new rows, and the layer's tensors views of those buffers from then on: the op writes
+    the new rows in place instead of a cat copying the cache per forward.
+
+    The buffers are reused while the layer's tensors are still their leading slots (same storage, offset
+    and strides: what this function set, or a crop of it, as rejected drafts are dropped) and hold enough
+    slots; slots past the layer's length belong to nobody but these views. Otherwise (a cache class's own
+    update or reorder made new tensors, or the buffer is full) new buffers get the cache copied once, with
+    room to grow by half its length (at least 64 slots)."""
+    keys, values = layer.keys, layer.values
+    batch, heads, length, dim = keys.shape
+    held = getattr(layer, _ROOM, None)
+    if held is not None:
+        kbuf, vbuf = held
+        if slots <= kbuf.shape[2] and all(
+                t.data_ptr() == buf.data_ptr() and t.stride() == buf.stride() and t.shape[:2] == buf.shape[:2]
+                and t.shape[3] == buf.shape[3] for t, buf in ((keys, kbuf), (values, vbuf))):
+            return kbuf[:, :, :slots], vbuf[:, :, :slots]
+    capacity = slots + max(64, slots // 2)
+    kbuf, vbuf = (t.new_empty(batch, heads, capacity, dim) for t in (keys, values))
+    kbuf[:, :, :length].copy_(keys)
+    vbuf[:, :, :length].copy_(values)
+    setattr(layer, _ROOM, (kbuf, vbuf))
+    return kbuf[:, :, :slots], vbuf[:, :, :slots]
+
+
 class _Product:
     """x [n, d] @ W^T (+ b) for one or several linear layers whose outputs are concatenated: one
     quantized_linear on a weight packed once for layers `specops.quantize` made (same format and groups),
@@ -183,17 +213,25 @@ class LlamaForward:
                 (slots[None, None, :] == query[None, :, None])
             mask = mask[:, None]
         ready = [i < len(layers) and layers[i].is_initialized for i in range(len(self.base.layers))]
-        empty = x.new_empty(0)
-        keys = [layers[i].keys if ok else empty for i, ok in enumerate(ready)]
-        values = [layers[i].values if ok else empty for i, ok in enumerate(ready)]
-        x, keys, values = torch.ops.specops.llama_layers(x, cos.float(), sin.float(), mask, self.norms, self.linears,
-                                                         keys, values, self.heads, self.kv_heads, self.eps,
-                                                         self.scaling)
-        for i, ok in enumerate(ready):
-            if ok:
-                layers[i].keys, layers[i].values = keys[i], values[i]
-            else:  # the cache's own update initializes the layer (appending to nothing)
-                cache.update(keys[i], values[i], i)
+        if any(ready) != all(ready) or any(ok and layers[i].keys.shape[2] != past for i, ok in enumerate(ready)) or \
+                (not ready[0] and past):
+            # not a state decoding creates (layers of other lengths than the mask's): the general path
+            return self.fallback(keep, input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                                 position_ids=position_ids, **kwargs)
+        dim = cos.shape[-1]
+        if ready[0]:
+            room = [_room(layers[i], past + n) for i in range(len(layers))]
+        else:  # the cache's first rows: its own update takes them after the op (initializing the layer)
+            room = [(x.new_empty(batch, self.kv_heads, n, dim), x.new_empty(batch, self.kv_heads, n, dim))
+                    for _ in self.base.layers]
+        keys, values = [k for k, _ in room], [v for _, v in room]
+        x = torch.ops.specops.llama_layers(x, cos.float(), sin.float(), mask, self.norms, self.linears, keys, values,
+                                           self.heads, self.kv_heads, self.eps, self.scaling)
+        for i, (k, v) in enumerate(room):
+            if ready[i]:
+                layers[i].keys, layers[i].values = k, v
+            else:
+                cache.update(k, v, i)
         x = x.view(batch, n, -1)[:, -keep:].reshape(batch * keep, -1)
         h = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.final_eps)
         return self.head_product(h).view(batch, keep, -1).float()
