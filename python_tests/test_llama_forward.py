@@ -252,7 +252,7 @@ def test_cache_room_is_reused_across_crops_and_regrown():
                 cache.crop(-drop)
             kept.append(tokens[:, :n - drop])
             layer = cache.layers[0]
-            kbuf, _ = getattr(layer, _ROOM)
+            kbuf = getattr(layer, _ROOM)[0]
             assert layer.keys.data_ptr() == kbuf.data_ptr() and layer.keys.shape[2] == cache.get_seq_length()
             buffers.add(kbuf.data_ptr())
     # grown from 6 cached slots by about 1.5 per step: first room 6 + 1 + 64, then regrown

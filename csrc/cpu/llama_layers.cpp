@@ -130,6 +130,16 @@ void rotate(float* qkv, int64_t rows, int64_t width, int64_t heads, int64_t dim,
   }
 }
 
+// out[r, i] = silu(gate) * up for rows [gate | up] of width 2 * inter; silu(g) = g / (1 + exp(-g)).
+void silu_gate(const float* gu, int64_t rows, int64_t inter, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = out + r * inter;
+    for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
 void add_into(float* x, const at::Tensor& y) {
   const at::Tensor yc = y.contiguous();
   const float* yp = yc.data_ptr<float>();
@@ -258,9 +268,11 @@ at::Tensor llama_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, con
     rms_norm(x.data_ptr<float>(), norms[2 * l + 1].data_ptr<float>(), static_cast<float>(eps), rows, d,
              h.data_ptr<float>());
     const at::Tensor gu = product(linears, base, 4, 2, h);
-    TORCH_CHECK(gu.size(1) % 2 == 0, "llama_layers: layer ", l, "'s gate|up gives an odd number of features");
+    TORCH_CHECK(gu.size(1) % 2 == 0 && gu.is_contiguous(), "llama_layers: layer ", l,
+                "'s gate|up gives an odd number of features");
     const int64_t inter = gu.size(1) / 2;
-    const at::Tensor act = at::silu(gu.narrow(1, 0, inter)).mul_(gu.narrow(1, inter, inter));
+    const at::Tensor act = at::empty({rows, inter}, x.options());
+    silu_gate(gu.data_ptr<float>(), rows, inter, act.data_ptr<float>());
     const at::Tensor down = product(linears, base, 6, 1, act);
     TORCH_CHECK(down.size(1) == d, "llama_layers: layer ", l, "'s down projection gives ", down.size(1),
                 " features, not ", d);

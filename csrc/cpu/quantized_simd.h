@@ -124,6 +124,48 @@ struct Int4Weights {
   SPECOPS_INLINE float scalar(int64_t, int64_t) const { return 0.0f; }  // never called: K % 32 == 0
 };
 
+// A panel of 16 weight rows already de-quantized into a float32 buffer (row a at buf + a * k_dim): for
+// many input rows (a prefill), where de-quantizing in registers per 4 input rows made the tiles half
+// conversion work. The buffer holds exactly the values the format's `load` gives, so the tiles sum the
+// same products in the same order: the bits do not depend on which path computed a row.
+constexpr int64_t kPanelRows = 16;  // input rows from which a panel is de-quantized once into a buffer
+
+struct PanelWeights {
+  static constexpr int kVectors = 1;
+  static constexpr int64_t kPrefetchEvery = 16;
+  const QuantArgs& q;
+  const float* buf;
+  int64_t row0;
+  struct Group {};
+  SPECOPS_INLINE Group group(int64_t, int64_t) const { return {}; }
+  SPECOPS_INLINE const float* at(int64_t row, int64_t k) const { return buf + (row - row0) * q.k_dim + k; }
+  SPECOPS_INLINE void load(int64_t row, int64_t k, Group, f32x16* out) const { out[0] = load16(at(row, k)); }
+  SPECOPS_INLINE float scalar(int64_t row, int64_t k) const { return *at(row, k); }
+};
+
+// Weight rows row0 .. row0 + 15 of format W into buf [16, k_dim] as float32, the next panel (`ahead`)
+// prefetched alongside.
+template <class W>
+void dequantize_panel(const W& w, int64_t row0, int64_t ahead, float* buf) {
+  const int64_t k_dim = w.q.k_dim;
+  const int64_t full = k_dim / (kLanes * W::kVectors) * (kLanes * W::kVectors);
+  for (int64_t a = 0; a < 16; ++a) {
+    float* row = buf + a * k_dim;
+    int64_t k = 0;
+    for (int64_t g = 0; g < w.q.groups; ++g) {
+      const typename W::Group p = w.group(row0 + a, g);
+      const int64_t end = std::min(full, (g + 1) * w.q.group_size);
+      for (; k < end; k += kLanes * W::kVectors) {
+        f32x16 wv[W::kVectors];
+        w.load(row0 + a, k, p, wv);
+        for (int v = 0; v < W::kVectors; ++v) store16(row + k + v * kLanes, wv[v]);
+        if (ahead >= 0 && k % W::kPrefetchEvery == 0) __builtin_prefetch(w.at(ahead + a, k), 0, 1);
+      }
+    }
+    for (; k < k_dim; ++k) row[k] = w.scalar(row0 + a, k);
+  }
+}
+
 // out[b * ldo + a] = dot(x row b, weight row row0 + a) for a < JB, b < RB, as skinny_linear's tile: 16
 // lanes over k (group by group, each lane in k order), the lane tree, then the k % 16 tail in order. A
 // row's result is the same bits whatever the number of rows is. `ahead` >= 0: the first weight row of
@@ -174,6 +216,15 @@ template <class W>
 void rows_of(const float* x, int64_t m, const W& w, int64_t row0, int64_t rows, int64_t ahead, float* out,
              int64_t ldo) {
   const int64_t k_dim = w.q.k_dim;
+  if constexpr (!std::is_same_v<W, PanelWeights>) {
+    if (rows == 16 && m >= kPanelRows) {  // de-quantize once, then float32 tiles from the buffer
+      thread_local std::vector<float> panel;
+      if (static_cast<int64_t>(panel.size()) < 16 * k_dim) panel.resize(static_cast<size_t>(16 * k_dim));
+      dequantize_panel(w, row0, ahead, panel.data());
+      rows_of(x, m, PanelWeights{w.q, panel.data(), row0}, row0, rows, -1, out, ldo);
+      return;
+    }
+  }
   if (rows < 16) {
     for (int64_t j = 0; j < rows; ++j) {
       for (int64_t r = 0; r < m; ++r) tile<W, 1, 1>(x + r * k_dim, w, row0 + j, -1, out + r * ldo + j, ldo);

@@ -42,29 +42,34 @@ _ROOM = "_specops_room"  # on a cache layer: the (keys, values) buffers its tens
 
 def _room(layer, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Views [B, Hkv, slots, D] of buffers whose first slots are `layer`'s keys and values, the rest room
-    for the forward's new rows, and the layer's tensors views of those buffers from then on: the op writes
-    the new rows in place instead of a cat copying the cache per forward.
+    for the forward's new rows; the caller makes them the layer's tensors after the op wrote the rows in
+    place, instead of a cat copying the cache per forward.
 
-    The buffers are reused while the layer's tensors are still their leading slots (same storage, offset
-    and strides: what this function set, or a crop of it, as rejected drafts are dropped) and hold enough
-    slots; slots past the layer's length belong to nobody but these views. Otherwise (a cache class's own
-    update or reorder made new tensors, or the buffer is full) new buffers get the cache copied once, with
-    room to grow by half its length (at least 64 slots)."""
+    The buffers are reused while the layer's tensors are still their leading slots: the views this
+    function gave, or a crop of them (rejected drafts dropped): same storage, offset and strides. Slots past
+    the layer's length belong to nobody but these views. Otherwise (a cache class's own update or reorder
+    made new tensors, or the buffer is full) new buffers get the cache copied once, with room to grow by
+    half its length (at least 64 slots)."""
     keys, values = layer.keys, layer.values
-    batch, heads, length, dim = keys.shape
     held = getattr(layer, _ROOM, None)
     if held is not None:
-        kbuf, vbuf = held
-        if slots <= kbuf.shape[2] and all(
+        kbuf, vbuf, given_keys, given_values = held
+        if slots <= kbuf.shape[2] and ((keys is given_keys and values is given_values) or all(
                 t.data_ptr() == buf.data_ptr() and t.stride() == buf.stride() and t.shape[:2] == buf.shape[:2]
-                and t.shape[3] == buf.shape[3] for t, buf in ((keys, kbuf), (values, vbuf))):
-            return kbuf[:, :, :slots], vbuf[:, :, :slots]
+                and t.shape[3] == buf.shape[3] for t, buf in ((keys, kbuf), (values, vbuf)))):
+            return _give(layer, kbuf, vbuf, slots)
+    batch, heads, length, dim = keys.shape
     capacity = slots + max(64, slots // 2)
     kbuf, vbuf = (t.new_empty(batch, heads, capacity, dim) for t in (keys, values))
     kbuf[:, :, :length].copy_(keys)
     vbuf[:, :, :length].copy_(values)
-    setattr(layer, _ROOM, (kbuf, vbuf))
-    return kbuf[:, :, :slots], vbuf[:, :, :slots]
+    return _give(layer, kbuf, vbuf, slots)
+
+
+def _give(layer, kbuf: torch.Tensor, vbuf: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    keys, values = kbuf.narrow(2, 0, slots), vbuf.narrow(2, 0, slots)
+    setattr(layer, _ROOM, (kbuf, vbuf, keys, values))
+    return keys, values
 
 
 class _Product:
