@@ -6,9 +6,9 @@ runs about 35 ATen calls per layer through transformers' modules (norms as five 
 eight, a mask built per forward, module calls), about 10 ms of a 20 ms forward over 30 layers; a layer loop
 in Python still spent about 25 calls a layer. That decides whether the model pays as a drafter. Here the
 embedding, the rotary tables and the mask are computed once per forward, then `specops.ops.llama_layers`
-runs every layer in C++ (norms, rotary embedding and residual adds as loops, one SDPA, direct calls of the
-product kernels) and returns each layer's keys and values with the new rows appended, which become the
-cache's. Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v
+runs every layer in C++ (norms, rotary embedding, attention and residual adds as loops, direct calls of the
+product kernels), writing the new rows' keys and values into room behind each layer's cache (`_room`: the
+cache's tensors are the leading slots of buffers with spare slots, so no forward copies the cache). Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v
 and gate|up fused into one weight each, packed once per model) and through skinny_linear for float32
 layers (kept separate: a fused copy would double a float model's memory).
 
