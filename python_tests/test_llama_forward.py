@@ -257,3 +257,17 @@ def test_cache_room_is_reused_across_crops_and_regrown():
             buffers.add(kbuf.data_ptr())
     # grown from 6 cached slots by about 1.5 per step: first room 6 + 1 + 64, then regrown
     assert 2 <= len(buffers) <= 3
+
+
+def test_dropping_trailing_slots_keeps_the_room():
+    """A compaction that only drops trailing slots (a batch-1 rejection) leaves the cache's tensors views
+    of their buffers: no copy, and the next forward writes into the same room. One that moves rows
+    copies."""
+    from specops.decoding.engine import _moved
+
+    t = torch.randn(2, 3, 10, 4)
+    kept = _moved(t, [0, 0], 7)
+    assert kept.data_ptr() == t.data_ptr() and torch.equal(kept, t[:, :, :7])
+    moved = _moved(t, [0, -1], 7)
+    assert moved.data_ptr() != t.data_ptr() and torch.equal(moved[1, :, 1:], t[1, :, :6])
+    assert torch.equal(moved[1, :, 0], torch.zeros(3, 4))

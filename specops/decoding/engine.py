@@ -217,8 +217,13 @@ def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def _moved(old: torch.Tensor, offsets: list[int], length: int, new: torch.Tensor | None = None) -> torch.Tensor:
     """[B, H, length (+ new's slots), D]: row b's slot j is old's slot j + offsets[b] (zeros where that
     is before old's first slot: padding, and never NaN, which masked attention would still multiply),
-    then `new` [B, H, n, D] if given. One copy per row; one for all rows when they move alike."""
+    then `new` [B, H, n, D] if given. One copy per row; one for all rows when they move alike; none when
+    nothing moves and nothing is appended (dropped trailing slots, as after a batch-1 rejection): old's
+    leading slots as a view, so a forward that keeps room behind the cache (llama_forward) goes on
+    writing into it."""
     batch, heads, _, dim = old.shape
+    if new is None and min(offsets) == max(offsets) == 0:
+        return old[:, :, :length]
     extra = 0 if new is None else new.shape[2]
     out = old.new_empty(batch, heads, length + extra, dim)
     if min(offsets) == max(offsets) >= 0:
