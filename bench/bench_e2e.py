@@ -645,7 +645,7 @@ def main() -> None:
         bench_drafters.run(argparse.Namespace(
             prompts=args.prompts, first=args.first, new_tokens=args.new_tokens, modes=",".join(modes),
             weights=",".join(bench_drafters.WEIGHTS), threads=args.threads, seed=args.seed, device=args.device,
-            csv=args.csv, plot=False))
+            csv=args.csv, plot=args.plot))
         return
     if "ensembles" in _names(args.configs):  # ensembles of targets: bench_ensemble.py's run, on these prompts
         if _names(args.configs) != ["ensembles"]:

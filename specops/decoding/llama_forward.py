@@ -8,9 +8,10 @@ in Python still spent about 25 calls a layer. That decides whether the model pay
 embedding, the rotary tables and the mask are computed once per forward, then `specops.ops.llama_layers`
 runs every layer in C++ (norms, rotary embedding, attention and residual adds as loops, direct calls of the
 product kernels), writing the new rows' keys and values into room behind each layer's cache (`_room`: the
-cache's tensors are the leading slots of buffers with spare slots, so no forward copies the cache). Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v
-and gate|up fused into one weight each, packed once per model) and through skinny_linear for float32
-layers (kept separate: a fused copy would double a float model's memory).
+cache's tensors are the leading slots of buffers with spare slots, so no forward copies the cache).
+Products go through `quantized_linear` for a model `specops.quantize` made low-precision (q|k|v and
+gate|up fused into one weight each, packed once per model) and through skinny_linear for float32 layers
+(kept separate: a fused copy would double a float model's memory).
 
 The path takes chain forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a
 chain); prefills and draft trees go through `CpuForward`. The cache is the transformers cache the model's
