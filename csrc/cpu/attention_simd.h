@@ -77,7 +77,8 @@ void scale_row(float* acc, int64_t n, float factor) {
 // (nullptr: every slot seen). scores: `slots` floats of scratch. A row that sees no slot gives zeros.
 // Sixteen keys at a time, their dot products summed by the lane tree; then the row passes above, and
 // the values accumulated slot by slot. For the few query rows of a decoding step, where a library
-// attention's setup costs more than the arithmetic (SDPA: about 30 us over 150 slots, this: a few).
+// attention's setup costs more than the arithmetic (SmolLM2's 9 heads over 150 slots: SDPA about 30 us,
+// this about 25 on one thread).
 void attend_row(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t slots,
                 int64_t dim, float scale, const float* bias, float* scores, float* out) {
   const int64_t full = dim / kLanes * kLanes;

@@ -218,8 +218,8 @@ at::Tensor llama_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, con
   at::Tensor h = at::empty_like(x);
   at::Tensor attn = at::empty({rows, q_width}, x.options());
   const int64_t group = heads / kv_heads;
-  // Threads over (request, head) pairs only where there is enough to split: one task per ~128 K
-  // multiply-adds (a SmolLM2 layer over 150 slots, about 90 K, runs on one thread).
+  // Threads over (request, head) pairs where there is enough to split: one task per ~128 K multiply-adds
+  // (a SmolLM2 layer over 150 slots, 9 heads of about 19 K, splits in two: 8 us against 25 on one thread).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, 2 * n * slots * dim));
   const AttendFn attend = attend_row();
   for (int64_t l = 0; l < layers; ++l) {

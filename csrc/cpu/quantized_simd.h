@@ -124,12 +124,12 @@ struct Int4Weights {
   SPECOPS_INLINE float scalar(int64_t, int64_t) const { return 0.0f; }  // never called: K % 32 == 0
 };
 
+constexpr int64_t kPanelRows = 16;  // input rows from which a panel is de-quantized once into a buffer
+
 // A panel of 16 weight rows already de-quantized into a float32 buffer (row a at buf + a * k_dim): for
 // many input rows (a prefill), where de-quantizing in registers per 4 input rows made the tiles half
 // conversion work. The buffer holds exactly the values the format's `load` gives, so the tiles sum the
 // same products in the same order: the bits do not depend on which path computed a row.
-constexpr int64_t kPanelRows = 16;  // input rows from which a panel is de-quantized once into a buffer
-
 struct PanelWeights {
   static constexpr int kVectors = 1;
   static constexpr int64_t kPrefetchEvery = 16;
