@@ -38,7 +38,8 @@ _LAYERS = ("DynamicLayer", "CompactingLayer")
 _USABLE: weakref.WeakKeyDictionary[object, LlamaForward | None] = weakref.WeakKeyDictionary()
 
 
-_ROOM = "_specops_room"  # on a cache layer: the (keys, values) buffers its tensors are the first slots of
+# On a cache layer: (keys buffer, values buffer, the keys view, the values view) that `_room` last gave it.
+_ROOM = "_specops_room"
 
 
 def _room(layer, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +69,7 @@ def _room(layer, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _give(layer, kbuf: torch.Tensor, vbuf: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffers' first `slots` slots as views, remembered on the layer."""
     keys, values = kbuf.narrow(2, 0, slots), vbuf.narrow(2, 0, slots)
     setattr(layer, _ROOM, (kbuf, vbuf, keys, values))
     return keys, values
