@@ -185,3 +185,16 @@ def test_opcheck(past):
     hidden, cos, sin, mask, keys, values = _inputs(2, 3, past, 2, masked=True)
     torch.library.opcheck(torch.ops.specops.llama_layers.default,
                           (hidden, cos, sin, mask, norms, linears, keys, values, 4, 2, 1e-5, 0.25))
+
+
+def test_a_row_that_sees_no_slot_attends_to_nothing():
+    """A query row whose mask is all False gets zero attention in the kernel and the reference alike
+    (SDPA would give NaN): the hidden rows stay finite and agree."""
+    norms, linears = _layers("int8", 4, 2, bias=False)
+    hidden, cos, sin, mask, keys, values = _inputs(2, 3, 5, 2, masked=True)
+    mask[1, 0, 2] = False  # request 1's last new row sees nothing, not even itself
+    (x, _, _), (want, _, _) = _both((hidden, cos, sin, mask, keys, values), norms, linears, 4, 2)
+    assert x.isfinite().all() and _close(x, want)
+    mask[1, 0, 2, -1] = True  # seeing itself again changes that row
+    (other, _, _), _ = _both((hidden, cos, sin, mask, keys, values), norms, linears, 4, 2)
+    assert not _close(other[5], x[5]) and torch.equal(other[:5], x[:5])
