@@ -39,9 +39,8 @@ from specops.decoding.llama_forward import LlamaForward  # noqa: E402
 
 def forward(provider, cache, tokens: torch.Tensor, past: int) -> torch.Tensor:
     n = tokens.shape[1]
-    out = provider(n, input_ids=tokens, attention_mask=torch.ones(1, past + n, dtype=torch.long),
-                   position_ids=torch.arange(past, past + n)[None], past_key_values=cache, use_cache=True,
-                   cache_position=torch.arange(past, past + n))
+    out = provider(n, cache, input_ids=tokens, attention_mask=torch.ones(1, past + n, dtype=torch.long),
+                   position_ids=torch.arange(past, past + n)[None], use_cache=True)
     cache.crop(-n)
     return out
 
@@ -61,9 +60,8 @@ def run_case(model, weights: str, n: int, context: int, rounds: int) -> dict:
         caches = {}
         for name in providers:  # each its own cache, as in decoding (the op's keeps room for new rows)
             caches[name] = DynamicCache()
-            general(1, input_ids=prompt, attention_mask=torch.ones(1, context, dtype=torch.long),
-                    position_ids=torch.arange(context)[None], past_key_values=caches[name], use_cache=True,
-                    cache_position=torch.arange(context))
+            general(1, caches[name], input_ids=prompt, position_ids=torch.arange(context)[None],
+                    attention_mask=torch.ones(1, context, dtype=torch.long), use_cache=True)
         outs = {name: forward(p, caches[name], tokens, context) for name, p in providers.items()}  # warm-up, check
         for r in range(rounds):
             for name in (list(providers) if r % 2 == 0 else list(providers)[::-1]):

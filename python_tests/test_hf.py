@@ -54,6 +54,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 import specops
 import specops.hf
 from specops.decoding import METHODS
+from specops.decoding.hf_compat import cache_argument
 from specops.decoding.stats import Stats
 
 pytestmark = pytest.mark.usefixtures("private_specops_cache", "one_torch_thread")
@@ -813,12 +814,13 @@ def test_inputs_embeds_refused(llama, batch):
 
 
 def test_prefilled_cache_refused(llama, batch):
+    name = cache_argument(llama)  # "cache" from transformers 5.24, "past_key_values" before
     cache = DynamicCache(config=llama.config)
     with torch.no_grad():
         llama(input_ids=batch["input_ids"][:, :3], attention_mask=batch["attention_mask"][:, :3],
-              past_key_values=cache)
-    with pytest.raises(ValueError, match="past_key_values"):
-        hf(llama, batch, max_new_tokens=4, past_key_values=cache)
+              **{name: cache})
+    with pytest.raises(ValueError, match=f"prefilled KV cache \\({name}=\\)"):
+        hf(llama, batch, max_new_tokens=4, **{name: cache})
 
 
 def test_encoder_decoder_refused(batch):

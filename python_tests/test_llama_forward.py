@@ -76,14 +76,14 @@ def test_taken_and_exact_on_ragged_chains(arch, weights):
             n = tokens.shape[1]
             start = mask.sum(1, keepdim=True)
             mask = torch.cat([mask, torch.ones(3, n, dtype=torch.bool)], dim=1)
-            got.append(path(n, input_ids=tokens, attention_mask=mask.long(), past_key_values=cache,
+            got.append(path(n, cache, input_ids=tokens, attention_mask=mask.long(),
                             position_ids=start + torch.arange(n)))
         # the model's own forward goes on from the cache this path filled
         last = torch.tensor([[30], [31], [32]])
         start = mask.sum(1, keepdim=True)
         mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], dim=1)
-        own_next = model(input_ids=last, attention_mask=mask.long(), position_ids=start, past_key_values=cache,
-                         use_cache=True).logits.float()
+        own_next = model(input_ids=last, attention_mask=mask.long(), position_ids=start, use_cache=True,
+                         **{lm.cache_argument: cache}).logits.float()
         full = torch.cat([ids, *steps, last], dim=1)
         want = model(input_ids=full, attention_mask=mask.long(), position_ids=(mask.long().cumsum(1) - 1).clamp(min=0),
                      use_cache=False).logits.float()
@@ -148,9 +148,9 @@ def test_trees_and_prefills_do_not_take_it(monkeypatch):
     calls = []
     original = LlamaForward.__call__
 
-    def counting(self, keep, **kwargs):
+    def counting(self, keep, cache, **kwargs):
         calls.append(tuple(kwargs["input_ids"].shape))
-        return original(self, keep, **kwargs)
+        return original(self, keep, cache, **kwargs)
 
     monkeypatch.setattr(LlamaForward, "__call__", counting)
     with torch.inference_mode():
@@ -191,10 +191,9 @@ def test_a_pending_compaction_is_applied_before_the_append():
         mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
         step = torch.tensor([[7], [2]])
         positions = torch.tensor([[4], [3]])
-        got = lm.llama_forward(1, input_ids=step, attention_mask=mask, past_key_values=caches[0],
-                               position_ids=positions)
-        want = model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=caches[1],
-                     use_cache=True).logits.float()
+        got = lm.llama_forward(1, caches[0], input_ids=step, attention_mask=mask, position_ids=positions)
+        want = model(input_ids=step, attention_mask=mask, position_ids=positions, use_cache=True,
+                     **{lm.cache_argument: caches[1]}).logits.float()
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
     assert all(layer.pending is None for layer in _layers(caches[0]))
     for a, b in zip(_layers(caches[0]), _layers(caches[1])):
@@ -242,8 +241,8 @@ def test_cache_room_is_reused_across_crops_and_regrown():
             n = 1 + step % 4
             tokens = torch.randint(2, 200, (2, n))
             length = cache.get_seq_length()
-            got = path(n, input_ids=tokens, attention_mask=torch.ones(2, length + n, dtype=torch.long),
-                       past_key_values=cache, position_ids=length + torch.arange(n).expand(2, n))
+            got = path(n, cache, input_ids=tokens, attention_mask=torch.ones(2, length + n, dtype=torch.long),
+                       position_ids=length + torch.arange(n).expand(2, n))
             full = torch.cat([*kept, tokens], dim=1)
             want = model(input_ids=full, use_cache=False).logits[:, -n:].float()
             assert (got - want).abs().max() <= 1e-4 * want.abs().max(), step

@@ -44,6 +44,7 @@ import torch
 
 from specops._seeds import draw_seed
 from specops.decoding import _decode
+from specops.decoding.hf_compat import CACHE_ARGUMENTS
 from specops.decoding.stats import Stats
 
 __all__ = ["generate"]
@@ -76,8 +77,8 @@ _PROCESSOR_OPTIONS = {
     "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
 }
 # Model inputs generate() prepares for every decoder-only model; specops computes its own positions and cache.
-_MODEL_INPUTS = {"attention_mask", "position_ids", "logits_to_keep", "past_key_values", "use_cache",
-                 "cache_position"}
+_MODEL_INPUTS = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache_position",
+                 *CACHE_ARGUMENTS}
 _OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
@@ -122,9 +123,10 @@ def _check_config(model, config, model_kwargs: dict, synced_gpus: bool) -> None:
     if unknown:
         _refuse(f"the model input {unknown[0]!r}", "specops decodes causal LMs from input_ids (and their "
                 "attention_mask) alone")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        _refuse("a prefilled past_key_values", "specops builds its own cache from the prompt")
+    for name in CACHE_ARGUMENTS:  # generate() holds the cache under its version's name
+        cache = model_kwargs.get(name)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            _refuse(f"a prefilled KV cache ({name}=)", "specops builds its own cache from the prompt")
 
 
 def _sampling(config, processors) -> tuple[float, int, float]:

@@ -15,6 +15,7 @@ import weakref
 
 import torch
 
+from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
 
 __all__ = ["CpuForward"]
@@ -52,14 +53,18 @@ class CpuForward:
 
     def __init__(self, model):
         self.base = model.get_decoder()
+        self.cache_argument = cache_argument(self.base)
         self.head = model.get_output_embeddings()
         config = getattr(model.config, "get_text_config", lambda: model.config)()
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.linears = [m for m in self.base.modules()
                         if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32]
 
-    def __call__(self, keep: int, **kwargs) -> torch.Tensor:
-        """Logits [B, keep, V] of the last `keep` inputs of base(**kwargs)."""
+    def __call__(self, keep: int, cache=None, **kwargs) -> torch.Tensor:
+        """Logits [B, keep, V] of the last `keep` inputs of base(**kwargs), appending them to `cache` (a
+        transformers cache, passed under the name the base model takes it by) if given."""
+        if cache is not None:
+            kwargs[self.cache_argument] = cache
         saved = [module.__dict__.get("forward") for module in self.linears]
         for module in self.linears:
             module.forward = _linear_forward(module)

@@ -24,6 +24,7 @@ import torch
 
 from specops.decoding.attention import TreeMask, is_transformers_model, tree_forward
 from specops.decoding.cpu_forward import CpuForward
+from specops.decoding.hf_compat import cache_argument
 from specops.decoding.llama_forward import LlamaForward
 
 __all__ = ["PREFILL_CHUNK", "CausalLM", "KVState"]
@@ -106,6 +107,7 @@ class CausalLM:
         self.attention_layers = layers if isinstance(layers, int) else None
         accepted = inspect.signature(model.forward).parameters
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}
+        self.cache_argument = cache_argument(model)
         self.transformers = is_transformers_model(model)
         self._cpu_forward: CpuForward | None | bool = False  # probed on first use
         self._llama_forward: LlamaForward | None | bool = False
@@ -168,7 +170,7 @@ class CausalLM:
         attention_mask = mask.long()
         if tree is not None and not self.transformers:
             attention_mask = tree.dense()  # other models take the tree as a 4-D boolean mask
-        kwargs = dict(input_ids=tokens, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        kwargs = dict(input_ids=tokens, attention_mask=attention_mask, use_cache=True)
         if "position_ids" in self.takes:
             kwargs["position_ids"] = positions
         if "cache_position" in self.takes:
@@ -177,12 +179,13 @@ class CausalLM:
             if self.cpu_forward is not None and self.cpu_forward.usable(self.model):
                 lean = self.llama_forward if tree is None else None
                 if lean is not None and lean.fits(tokens.numel()) and "position_ids" in kwargs:
-                    logits = lean(keep, **kwargs)
+                    logits = lean(keep, cache, **kwargs)
                 else:
-                    logits = self.cpu_forward(keep, **kwargs)
-            elif "logits_to_keep" in self.takes:
-                logits = self.model(logits_to_keep=keep, **kwargs).logits[:, -keep:].float()
+                    logits = self.cpu_forward(keep, cache, **kwargs)
             else:
+                kwargs[self.cache_argument] = cache
+                if "logits_to_keep" in self.takes:
+                    kwargs["logits_to_keep"] = keep
                 logits = self.model(**kwargs).logits[:, -keep:].float()
         if logits.shape[-1] != self.vocab_size:
             raise ValueError(f"decode: the {self.name} ({self.arch}) returned {logits.shape[-1]} logits per token, "

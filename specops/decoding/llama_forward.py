@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specops.decoding.cpu_forward import _SKINNY_ROWS, CpuForward, _product, remember, reproduces
+from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
 
 __all__ = ["LlamaForward"]
@@ -194,15 +195,14 @@ class LlamaForward:
         return rows <= _SKINNY_ROWS
 
     @torch.inference_mode()
-    def __call__(self, keep: int, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values,
+    def __call__(self, keep: int, cache, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  position_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to past_key_values;
-        attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n]."""
-        cache = past_key_values
+        """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to `cache` (a
+        transformers cache); attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n]."""
         layers = getattr(cache, "layers", None)
         if layers is None or getattr(cache, "offloading", False) or len(layers) > len(self.base.layers) or \
                 any(type(layer).__name__ not in _LAYERS for layer in layers):
-            return self.fallback(keep, input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+            return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=position_ids, **kwargs)
         for layer in layers:
             if getattr(layer, "pending", None) is not None:
@@ -224,7 +224,7 @@ class LlamaForward:
         if any(ready) != all(ready) or any(ok and layers[i].keys.shape[2] != past for i, ok in enumerate(ready)) or \
                 (not ready[0] and past):
             # not a state decoding creates (layers of other lengths than the mask's): the general path
-            return self.fallback(keep, input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+            return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=position_ids, **kwargs)
         dim = cos.shape[-1]
         if ready[0]:
@@ -278,13 +278,14 @@ def _probe(model, path: LlamaForward) -> bool:
     with torch.inference_mode():
         cache = DynamicCache()
         positions = (valid.cumsum(1) - 1).clamp(min=0)
-        model(input_ids=ids, attention_mask=valid, position_ids=positions, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, attention_mask=valid, position_ids=positions, use_cache=True,
+              **{cache_argument(model): cache})
         mask, got = valid, []
         for tokens in steps:
             n = tokens.shape[1]
             start = mask.sum(1, keepdim=True)
             mask = torch.cat([mask, torch.ones(2, n, dtype=torch.long)], dim=1)
-            got.append(path(n, input_ids=tokens, attention_mask=mask, past_key_values=cache,
+            got.append(path(n, cache, input_ids=tokens, attention_mask=mask,
                             position_ids=start + torch.arange(n)))
         full = torch.cat([ids, *steps], dim=1)
         want = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),

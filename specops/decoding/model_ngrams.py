@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from specops.decoding.hf_compat import cache_argument
+
 __all__ = ["unigram", "bigram", "bigram_ready", "successors", "extend", "cache_dir"]
 
 
@@ -161,8 +163,8 @@ def _compute_bigram(model, bos: int | None, top: int, chunk: int, progress: bool
         bos_kv = None
         if bos is not None:  # run BOS once and share its keys and values with every chunk
             cache = DynamicCache()
-            model(input_ids=torch.tensor([[bos]], device=device), past_key_values=cache, use_cache=True,
-                  logits_to_keep=1)
+            model(input_ids=torch.tensor([[bos]], device=device), use_cache=True, logits_to_keep=1,
+                  **{cache_argument(model): cache})
             bos_kv = [(layer.keys, layer.values) for layer in cache.layers]
         for start in range(done, vocab, chunk):
             ids = torch.arange(start, min(start + chunk, vocab), device=device).unsqueeze(1)
@@ -172,7 +174,7 @@ def _compute_bigram(model, bos: int | None, top: int, chunk: int, progress: bool
                 cache = DynamicCache()
                 for layer, (keys, values) in enumerate(bos_kv):
                     cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
-                kwargs = {"use_cache": True, "past_key_values": cache,
+                kwargs = {"use_cache": True, cache_argument(model): cache,
                           "position_ids": torch.ones_like(ids),
                           "cache_position": torch.ones(1, dtype=torch.long, device=device)}
             logits = model(input_ids=ids, logits_to_keep=1, **kwargs).logits[:, -1]
