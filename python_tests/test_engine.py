@@ -7,7 +7,8 @@ options, and the KV cache's compaction; nothing downloads.
    function transformers calls and specops' own tree mask), while a single forward over the whole
    prompt would build L x L. A prompt past the model's context raises before any forward.
 2. Robustness: an LM head that is not an nn.Linear decodes; one pruned by transformers' universal
-   assisted generation is refused; a tokenizer with ids the model cannot embed is refused.
+   assisted generation is refused; a tokenizer with ids the model cannot embed is refused; the cache goes
+   under the argument name each forward declares, and a deprecated name fails the tests.
 3. Options: per-method options travel in one dict; unknown ones are refused.
 4. Compaction: after ragged acceptance every row's tokens are contiguous and end at the last slot.
 5. Tree attention: the window read off transformers' mask functions; tree forwards attend through
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_models import BYTE_VOCAB, byte_tokenizer, tiny_gemma3, tiny_llama
+from toy_models import BYTE_VOCAB, TRANSFORMERS, TableLM, byte_tokenizer, random_table, tiny_gemma3, tiny_llama
 
 import specops
 from specops.decoding import attention, engine
@@ -150,6 +151,34 @@ def test_tokenizer_larger_than_model_refused(tok):
     with pytest.raises(ValueError, match=r"gives prompt 0 the id \d+, but the target \(LlamaForCausalLM\) embeds "
                                          r"only ids 0\.\.99"):
         specops.decode("héllo", target=small, tokenizer=tok, max_new_tokens=2)
+
+
+def test_cache_passed_under_the_name_forward_takes(tok):
+    """transformers 5.24 renamed the cache argument `past_key_values` to `cache` (the old name warns until
+    5.40); a model outside transformers may keep either. The engine passes the one forward() declares."""
+    from specops.decoding.hf_compat import cache_argument
+
+    model = tiny_llama(layers=1, seed=3)
+    assert CausalLM(model).cache_argument == ("cache" if TRANSFORMERS >= (5, 24) else "past_key_values")
+    assert cache_argument(model.get_decoder()) == CausalLM(model).cache_argument
+    assert CausalLM(TableLM(random_table(0))).cache_argument == "past_key_values"
+
+    class Wrapped(torch.nn.Module):  # forward(**kwargs): transformers' older name, which 5.24 maps
+        def forward(self, **kwargs):
+            return kwargs
+
+    assert cache_argument(Wrapped()) == "past_key_values"
+
+
+@pytest.mark.skipif(TRANSFORMERS < (5, 24), reason="transformers deprecated past_key_values= in 5.24")
+def test_deprecated_argument_names_fail_the_tests():
+    """pyproject.toml's filterwarnings makes transformers' deprecation warnings errors in the tests, so a
+    call of specops' under a deprecated name fails where it is made: the check is live."""
+    from transformers import DynamicCache
+
+    model = tiny_llama(layers=1, seed=3)
+    with torch.no_grad(), pytest.raises(FutureWarning, match="past_key_values` is deprecated"):
+        model(input_ids=torch.tensor([[3, 4]]), past_key_values=DynamicCache(), use_cache=True)
 
 
 # ---- 3. options ----

@@ -25,10 +25,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig,
                           LlamaForCausalLM, PretrainedConfig, PreTrainedTokenizerFast)
 
+# The installed transformers as (major, minor), for tests whose expectations follow its version.
+TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 PAD_ID, EOS_ID = 0, 1
 BYTE_VOCAB = 258  # <pad>, <eos>, 256 bytes
 BOS_ID = BYTE_VOCAB  # only in byte_tokenizer(bos=True)
@@ -151,7 +154,9 @@ class TableLM(torch.nn.Module):
     """A causal LM over `letter_tokenizer()` whose next-token probabilities are `table[prev2, prev1]`.
 
     Speaks the interface the engine uses: forward(input_ids, attention_mask, position_ids,
-    past_key_values, use_cache, logits_to_keep, cache_position) -> .logits [B, n, V]. The token ids
+    past_key_values, use_cache, logits_to_keep, cache_position) -> .logits [B, n, V] (the cache under
+    transformers' name before 5.24, which a model outside transformers may keep: the engine passes it by
+    the name forward() declares). The token ids
     themselves are stored as the cache's keys ([B, 1, n, 1]), so the model sees exactly what the
     engine kept in its cache, and the attention mask says which of those positions are valid."""
 
