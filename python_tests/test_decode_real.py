@@ -231,3 +231,38 @@ def test_default_smollm2_drafter_slem_equals_ar_on_gemma(gemma, monkeypatch):
     assert loads == [("smollm2-135m", specops.models.drafter_weights("smollm2-135m"))]
     assert slem.tokens == ar.tokens
     assert 0 < slem.stats.accepted < slem.stats.drafted
+
+
+# The ids of the models' reference tokenizers (Gemma-3's and SmolLM2's, as transformers 5.24 converts
+# them from the GGUF files). transformers 5.17's own conversion gave Gemma every character as a token and
+# no <bos>: specops builds the tokenizers itself so that every supported transformers gives these.
+REFERENCE_IDS = {
+    "gemma-3-270m": {
+        "def fibonacci(n):": [2, 2063, 10779, 78113, 236769, 236749, 1473],
+        "Hello world!  Two  spaces\tand tab\n\nnewlines":
+            [2, 9259, 1902, 236888, 138, 11634, 138, 35220, 255968, 624, 6937, 108, 208697],
+        "ünïcödé – 日本語 😀": [2, 5701, 238527, 236755, 55515, 236859, 1271, 33375, 238582, 163543],
+        "<start_of_turn>user\nhi<end_of_turn>": [2, 105, 2364, 107, 2202, 106],
+        "    return x**2  # squared\n": [2, 140, 2060, 1123, 1018, 236778, 138, 236865, 20218, 107],
+    },
+    "smollm2-135m": {
+        "def fibonacci(n):": [1604, 3987, 46477, 24, 94, 727],
+        "Hello world!  Two  spaces\tand tab\n\nnewlines":
+            [19556, 905, 17, 216, 5713, 216, 5600, 197, 397, 10147, 198, 198, 2241, 5110],
+        "ünïcödé – 日本語 😀":
+            [47682, 25972, 83, 7466, 84, 2756, 816, 17097, 241, 115, 40993, 179, 120, 248, 40303, 218],
+        "<|im_start|>user\nhi<|im_end|>": [1, 4093, 198, 6004, 2],
+        "    return x**2  # squared\n": [333, 1003, 1792, 828, 34, 216, 907, 27402, 198],
+    },
+}
+SPECIAL_TOKENS = {"gemma-3-270m": ("<bos>", "<eos>"), "smollm2-135m": ("<|im_start|>", "<|im_end|>")}
+
+
+@needs_smollm2
+def test_embedded_tokenizers_give_the_reference_ids(gemma, smollm2):
+    for name, (_, tokenizer) in (("gemma-3-270m", gemma), ("smollm2-135m", smollm2)):
+        assert (tokenizer.bos_token, tokenizer.eos_token) == SPECIAL_TOKENS[name], name
+        for text, ids in REFERENCE_IDS[name].items():
+            assert tokenizer(text).input_ids == ids, (name, text)
+            bos = tokenizer.bos_token if name == "gemma-3-270m" else ""  # Gemma's tokenizer adds <bos>
+            assert tokenizer.decode(ids) == bos + text, (name, text)

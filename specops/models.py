@@ -28,7 +28,7 @@ __all__ = ["check_name", "drafter_weights", "load", "load_drafter", "load_tokeni
 
 _GGUF_INSTALL = "pip install gguf accelerate"
 _MARKER = "specops_cache.json"  # written last: its presence means the cache is complete
-_CACHE_FORMAT = 1  # bump when what is cached, or how, changes
+_CACHE_FORMAT = 2  # bump when what is cached, or how, changes (2: the tokenizers built by specops)
 
 
 @dataclass(frozen=True)
@@ -255,14 +255,14 @@ def _convert(name: str, bar):
     spec = _MODELS[name]
     for module in ("gguf", "accelerate"):
         _require(module, spec.install)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     bar.set_postfix_str("locating the GGUF")
     gguf = _locate_gguf(name)
     bar.update()
     bar.set_postfix_str("reading the tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tokenizer = _tokenizer_from_gguf(name, gguf)
     bar.update()
     bar.set_postfix_str("de-quantizing")
     # The de-quantizer's per-tensor bar calls tqdm directly, out of reach of transformers' switch:
@@ -281,6 +281,77 @@ def _convert(name: str, bar):
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model, tokenizer
+
+
+@dataclass(frozen=True)
+class _GGUFVocabulary:
+    """A GGUF file's tokenizer metadata (llama.cpp's `tokenizer.ggml.*` keys)."""
+
+    tokens: list[str]
+    types: list[int]  # llama.cpp token types: 1 normal, 3 control, 4 user-defined, 6 byte
+    special: dict[str, int]  # "bos" / "eos" / "unk" / "pad" -> id, those the file names
+    add_bos: bool
+
+    CONTROL, USER_DEFINED = 3, 4
+
+    @classmethod
+    def read(cls, path: Path) -> _GGUFVocabulary:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(path).fields
+
+        def array(key: str) -> list:
+            field = fields[key]
+            return [field.parts[i] for i in field.data]
+
+        def scalar(key: str, default=None):
+            field = fields.get(key)
+            return default if field is None else field.parts[field.data[0]][0].item()
+
+        names = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
+                 "pad": "padding_token_id"}
+        special = {name: scalar(f"tokenizer.ggml.{key}") for name, key in names.items()}
+        return cls(tokens=[bytes(part).decode("utf-8") for part in array("tokenizer.ggml.tokens")],
+                   types=[int(part[0]) for part in array("tokenizer.ggml.token_type")],
+                   special={name: int(i) for name, i in special.items() if i is not None},
+                   add_bos=bool(scalar("tokenizer.ggml.add_bos_token", False)))
+
+
+def _tokenizer_from_gguf(name: str, gguf: Path):
+    """The model's tokenizer, built the same way under every transformers version specops supports.
+
+    transformers rewrote its GGUF tokenizer conversion in 5.18; 5.17's gives Gemma-3 no merges (every
+    character one token) and no BOS, and swaps SmolLM2's BOS and EOS. So Gemma's tokenizer is built here
+    from the file's vocabulary with transformers' GemmaTokenizer, and every tokenizer gets its special
+    tokens from the ids the file states. On 635 texts (HumanEval's prompts and solutions, random strings
+    of spaces, tabs, newlines, accents, CJK, emoji and markup, control tokens) both give the ids and text
+    transformers 5.24's own conversion gives, under 5.17 and 5.24; test_models checks some of them."""
+    from transformers import AddedToken, AutoTokenizer, GemmaTokenizer
+    from transformers.tokenization_utils_base import generate_merges
+
+    vocabulary = _GGUFVocabulary.read(gguf)
+    tokens = vocabulary.tokens
+    if name == "gemma-3-270m":
+        # Runs of spaces are stored with real spaces, while GemmaTokenizer normalizes a space to "▁".
+        tokens = [t.replace(" ", "\u2581") if t and not t.strip() else t for t in tokens]
+        vocab = {token: index for index, token in enumerate(tokens)}
+        # The file holds no merges. Every token splits into pairs of shorter tokens, and those merges
+        # rank by the vocabulary's order (Gemma's scores do not follow its merge order).
+        merges = generate_merges(vocab, {token: -index for index, token in enumerate(tokens)})
+        names = {f"{role}_token": tokens[i] for role, i in vocabulary.special.items()}
+        tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=vocabulary.add_bos,
+                                   add_eos_token=False, **names)
+        control = [AddedToken(t, normalized=False, special=True)
+                   for t, kind in zip(tokens, vocabulary.types) if kind == vocabulary.CONTROL]
+        tokenizer.add_special_tokens({"additional_special_tokens": control}, replace_extra_special_tokens=False)
+        tokenizer.add_tokens([AddedToken(t, normalized=False, special=False)
+                              for t, kind in zip(tokens, vocabulary.types) if kind == vocabulary.USER_DEFINED])
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        for role, index in vocabulary.special.items():
+            setattr(tokenizer, f"{role}_token", tokens[index])
+        tokenizer.clean_up_tokenization_spaces = False  # 5.17 sets it, then ignores it for BPE with a warning
+    return tokenizer
 
 
 def _load_or_convert(path: Path, fingerprint: dict, convert: Callable, *, dtype, device, progress: bool,
