@@ -43,7 +43,17 @@ def _torch_has_cuda() -> bool:
     return torch.version.cuda is not None
 
 
+class _BuildExtension(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+    """Object files in the checkout's build/ rather than the temporary directory pip's editable build
+    gives: ninja then rebuilds only what changed, after an edit and when another environment with the
+    same torch installs the same checkout (CI's second and third environments)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+
+
 setup(
     ext_modules=[_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": _BuildExtension},
 )
