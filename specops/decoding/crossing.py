@@ -147,6 +147,22 @@ class TextCrossing:
                 ids.append(self.single[b])
         return ids
 
+    def realign(self, drafted: list[int], emitted: bytes, waiting: list[int]) -> tuple[int, list[int]]:
+        """After a step in which the drafter drafted `drafted` (its ids; it has read all but the last) and the
+        target emitted `emitted` (bytes): (how many of the drafts its cache keeps, the drafter ids it reads
+        next). It keeps the longest run of drafts whose text the target emitted and reads the rest of the
+        emitted text in its own tokens; its next input must be a real token, so when the drafts cover all
+        of the text the last kept one is read again. Without drafts, `waiting` (what it had not read yet)
+        stays queued before the emitted text."""
+        k = len(drafted)
+        j, covered = matched(drafted, emitted, self.vmap.draft.token_bytes)
+        rest = emitted[covered:]
+        if k and not rest and j:
+            return j - 1, [drafted[j - 1]]
+        carried = [drafted[k - 1]] if k and j == k else []
+        pending = (carried if k else waiting) + self.to_drafter(rest)
+        return (min(j, k - 1) if k else 0), pending or [self.stand_in]  # a special token stands for no text
+
     def tokens_to_drafter(self, ids) -> list[int]:
         """Target ids -> drafter ids saying the same bytes: through the vocabulary intersection where a token
         is in it, else the drafter's encoding of its bytes; a token that stands for no text becomes the

@@ -151,18 +151,25 @@ class DraftShape:
             known = len(generated[request]) - at
             (ready if known >= self.w_max or request in finished else rest).append(entry)
         self.pending = rest
-        if not ready or self.fixed is not None:
+        if ready:
+            self.score([entry[3] for entry in ready], [entry[2] for entry in ready],
+                       [generated[request][at:at + self.w_max] for request, at, _, _ in ready])
+
+    def score(self, rows: list[torch.Tensor], sources: list[int], followed: list) -> None:
+        """Score draft lists, each [k_max, w_max] with the source of its first row, against the tokens that
+        followed them (a sequence of up to w_max ids; shorter where the request ended first). A fixed
+        shape learns nothing."""
+        if self.fixed is not None:
             return
-        truth = torch.full((len(ready), self.w_max), -2, dtype=torch.int64)
-        for i, (request, at, _, _) in enumerate(ready):
-            seen = generated[request][at:at + self.w_max]
-            truth[i, :len(seen)] = torch.tensor(seen, dtype=torch.int64)
-        rows = torch.stack([entry[3] for entry in ready])  # [E, k_max, w_max]
+        truth = torch.full((len(rows), self.w_max), -2, dtype=torch.int64)
+        for i, seen in enumerate(followed):
+            truth[i, :len(seen)] = torch.as_tensor(seen, dtype=torch.int64)[:self.w_max]
+        rows = torch.stack(rows)  # [E, k_max, w_max]
         shared = (rows == truth[:, None, :]).long().cumprod(-1).sum(-1)  # [E, k_max]
         best = shared.cummax(1).values  # longest over the first k rows
         width = torch.arange(1, self.w_max + 1)
         accepted = torch.minimum(best[:, :, None], width[None, None, :]).double()  # [E, k_max, w_max]
-        for i, (_, _, source, _) in enumerate(ready):
+        for i, source in enumerate(sources):
             source = min(source, self.sources - 1)
             self.accepted[source] = _DECAY * self.accepted[source] + accepted[i]
             self.weight[source] = _DECAY * self.weight[source] + 1.0

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from specops import vocab as vocab_maps
-from specops.decoding.crossing import DraftVocab, TextCrossing, matched
+from specops.decoding.crossing import DraftVocab, TextCrossing
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult
 
@@ -66,19 +66,11 @@ class StringDrafter(DrafterProposer):
         k, previous = self.k, self.pending
         keep, self.pending = [], []
         for row, tokens in enumerate(result.emitted):
-            emitted = self.vmap.target.text_bytes(tokens)
             self.history[row] = (self.history[row] + tokens)[-_HISTORY:]
-            drafted = self.drafted[row]
-            j, covered = matched(drafted, emitted, self.vmap.draft.token_bytes)
-            rest = emitted[covered:]
-            if k and not rest and j:  # the drafter's next input must be a real token: re-read d_j
-                keep.append(j - 1)
-                pending = [drafted[j - 1]]
-            else:
-                keep.append(min(j, k - 1) if k else 0)
-                carried = [drafted[k - 1]] if k and j == k else []
-                pending = (carried if k else previous[row]) + self.text.to_drafter(rest)
-            self.pending.append(pending or [self.text.stand_in])  # a special token stands for no text
+            kept, pending = self.text.realign(self.drafted[row][:k], self.vmap.target.text_bytes(tokens),
+                                              previous[row])
+            keep.append(kept)
+            self.pending.append(pending)
         if k > 1:
             self.state.rollback(k - 1, torch.tensor(keep, device=self.lm.device))
 
