@@ -245,6 +245,41 @@ def test_extend_rereads_for_ragged_catch_up():
         assert torch.allclose(logits[b], fresh, atol=1e-5, rtol=1e-4), b
 
 
+@pytest.mark.parametrize("joining", ["prefilled", "longer", "empty"])
+def test_join_appends_rows_to_a_running_batch(joining):
+    """Requests joining a running batch (vLLM's continuous batching): rows read in a state of their own and
+    joined after ragged steps and a rollback decode as if each row had run alone; a state that has read
+    nothing joins as rows that read their prompt with the next extend."""
+    model = tiny_llama(layers=2, seed=11)
+    lm = CausalLM(model)
+    running = KVState(lm, 2)
+    rows = [[5, 6, 7], [8, 9]]
+    new = {"prefilled": [[20, 21, 22, 23]], "longer": [list(range(30, 44)), [50, 51]], "empty": [[]]}[joining]
+    with torch.inference_mode():
+        running.extend(rows)
+        running.append(torch.tensor([[10, 11], [12, 13]]))
+        running.rollback(2, torch.tensor([1, 2]))  # row 0 keeps 10, row 1 keeps 12 13
+        rows = [rows[0] + [10], rows[1] + [12, 13]]
+        joined = KVState(lm, len(new))
+        if joining != "empty":
+            joined.extend(new)
+        running.join(joined)
+        assert running.rows == 2 + len(new)
+        step = [[14], [15, 16]] + ([[24]] if joining == "prefilled" else [[44], [52]] if joining == "longer"
+                                   else [[60, 61]])
+        logits = running.extend(step)
+        empty = KVState(lm, 0)
+        empty.join(running)  # into a state with no rows: it takes the rows over
+        after = empty.extend([[70]] * empty.rows)
+    for b, sequence in enumerate(rows + new):
+        sequence = sequence + step[b]
+        with torch.inference_mode():
+            fresh = model(input_ids=torch.tensor([sequence])).logits[0, -1]
+            fresh_after = model(input_ids=torch.tensor([sequence + [70]])).logits[0, -1]
+        assert torch.allclose(logits[b], fresh, atol=1e-5, rtol=1e-4), b
+        assert torch.allclose(after[b], fresh_after, atol=1e-5, rtol=1e-4), b
+
+
 def test_engine_module_has_no_quadratic_buffers():
     """What the engine keeps per request is O(L): a [B, L] mask and token record next to the cache."""
     state = KVState(CausalLM(tiny_llama(layers=1)), 2)

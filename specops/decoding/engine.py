@@ -429,6 +429,41 @@ class KVState:
         self.mask, self.tokens = self.mask[rows], self.tokens[rows]
         self.next_pos, self.trim = self.next_pos[rows], self.trim[rows]
 
+    def join(self, other: KVState) -> None:
+        """Append `other`'s rows after this state's (requests joining a running batch, read in a state of
+        their own, which is used up). Both hold caches of the same model; the shorter one is left-padded
+        with empty slots, so every row still ends at the last slot."""
+        if other.lm is not self.lm:
+            raise ValueError("KVState.join: the states belong to different models")
+        if not other.rows:
+            return
+        if not self.rows:
+            self.cache, self.mask, self.tokens = other.cache, other.mask, other.tokens
+            self.next_pos, self.trim = other.next_pos, other.trim
+            return
+        for state in (self, other):
+            state._compact()
+            for layer in getattr(state.cache, "layers", None) or []:
+                if getattr(layer, "pending", None) is not None:
+                    layer.settle()
+        length = max(self.mask.shape[1], other.mask.shape[1])
+        mine, theirs = _layers(self.cache), _layers(other.cache)
+        if mine or theirs:
+            base = self.cache if mine else other.cache  # a state that holds no slots has no layers yet
+            for i, layer in enumerate(_layers(base)):
+                a, b = (mine[i] if mine else None), (theirs[i] if theirs else None)
+                for name in ("keys", "values"):
+                    like = getattr(layer, name)
+                    setattr(layer, name, torch.cat([
+                        _widened(getattr(a, name) if a is not None else None, self.rows, like, length),
+                        _widened(getattr(b, name) if b is not None else None, other.rows, like, length)]))
+            self.cache = base
+        self.mask = torch.cat([_widened(self.mask, 0, self.mask, length), _widened(other.mask, 0, other.mask, length)])
+        self.tokens = torch.cat([_widened(self.tokens, 0, self.tokens, length),
+                                 _widened(other.tokens, 0, other.tokens, length)])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.trim = torch.cat([self.trim, other.trim])
+
     def _cut(self, end: int) -> None:
         self.mask, self.tokens = self.mask[:, :end], self.tokens[:, :end]
         _map_cache(self.cache, lambda t: t[:, :, :end])
@@ -455,6 +490,22 @@ class KVState:
                 layer.pending = (offsets, size)
             else:
                 layer.keys, layer.values = _moved(layer.keys, offsets, size), _moved(layer.values, offsets, size)
+
+
+def _widened(t: torch.Tensor | None, rows: int, like: torch.Tensor, length: int) -> torch.Tensor:
+    """t ([B, L] or [B, H, L, D]) left-padded with zero slots to `length` slots; for t None, `rows` rows of
+    zeros shaped like `like` (a state that holds no slots yet)."""
+    dim = 1 if like.dim() == 2 else 2
+    if t is None:
+        shape = list(like.shape)
+        shape[0], shape[dim] = rows, length
+        return like.new_zeros(shape)
+    missing = length - t.shape[dim]
+    if not missing:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 def _left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
