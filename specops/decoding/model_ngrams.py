@@ -30,7 +30,7 @@ import torch
 
 from specops.decoding.hf_compat import cache_argument
 
-__all__ = ["unigram", "bigram", "bigram_ready", "successors", "extend", "cache_dir"]
+__all__ = ["unigram", "bigram", "bigram_ready", "folder_bigram", "successors", "extend", "cache_dir"]
 
 
 # Tables already computed or loaded in this process, per model object.
@@ -226,6 +226,50 @@ def bigram(model, tokenizer, top: int = 8, chunk: int = 512, progress: bool = Tr
         raise ValueError(f"bigram: top must be an int >= 1, got {top!r}")
     top, bos = _settings(model, tokenizer, top, bos)
     return _remembered(model, ("bigram", top, bos, cache), lambda: _load_or_build(model, bos, top, chunk, progress, cache))
+
+
+# "auto" loads a model folder to look for (or quickly build) its table only up to this many bytes of weights.
+_FOLDER_LOAD_LIMIT = 2 << 30
+
+
+def folder_bigram(folder, top: int = 8, *, tables: str = "auto", progress: bool = True) -> torch.Tensor | None:
+    """`bigram` of the transformers causal LM saved in `folder` (its tokenizer beside it), for callers that
+    hold no model object (specops.vllm). A table found or built once is remembered under the folder's files
+    (names, sizes, times), so later calls load it without loading the model.
+
+    tables "bigram": the table, built now if needed (the model is loaded on the CPU for it); "auto": the
+    table when it is remembered, or when the folder's weights are at most 2 GiB and `bigram_ready` says it
+    is cached under the model's fingerprint or quick to build, else None; "none": None."""
+    if tables not in ("auto", "bigram", "none"):
+        raise ValueError(f"folder_bigram: tables must be auto, bigram or none, got {tables!r}")
+    folder = Path(folder).expanduser().resolve()
+    if tables == "none":
+        return None
+    if not (folder / "config.json").is_file():
+        if tables == "bigram":
+            raise ValueError(f"folder_bigram: {str(folder)!r} is not a transformers model folder (no config.json)")
+        return None
+    files = sorted(f for f in folder.iterdir() if f.is_file())
+    digest = hashlib.sha256(f"{folder}|top={top}|v1".encode())
+    for f in files:
+        stat = f.stat()
+        digest.update(f"|{f.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    alias = cache_dir() / f"folder-{digest.hexdigest()[:24]}.pt"
+    if alias.exists():
+        return torch.load(alias, weights_only=True)
+    weights = sum(f.stat().st_size for f in files if f.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    if tables == "auto" and weights > _FOLDER_LOAD_LIMIT:
+        return None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tables == "auto" and not bigram_ready(model, tokenizer, top):
+        return None
+    table = bigram(model, tokenizer, top=top, progress=progress)
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    _save(table, alias)
+    return table
 
 
 def _settings(model, tokenizer, top: int, bos: int | None) -> tuple[int, int | None]:

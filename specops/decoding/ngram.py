@@ -26,25 +26,17 @@ from specops.decoding.model_ngrams import extend, successors
 from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
 
-__all__ = ["NgramDrafter", "NgramProposer"]
+__all__ = ["DraftTables", "NgramDrafter", "NgramProposer"]
 
 TABLES = ("auto", "bigram", "unigram", "none")
 
 
-class NgramDrafter:
-    """Draft rows from the running contexts: context n-grams first, then the model bigram (or unigram).
+class DraftTables:
+    """Draft rows from contexts: context n-grams first, then the model bigram (or unigram); one piece for
+    every caller that holds contexts of its own (this method, specops.vllm.NgramProposer)."""
 
-    contexts [B, C] int64 hold each request's prompt and generated tokens, right-padded; lengths [B]."""
-
-    def __init__(self, batch: Batch, bigram: torch.Tensor | None, unigram: torch.Tensor | None, device,
+    def __init__(self, bigram: torch.Tensor | None, unigram: torch.Tensor | None, device,
                  min_ngram: int = 1, max_ngram: int = 4):
-        prompts = batch.prompt_rows
-        self.prompt_lengths = [len(p) for p in prompts]
-        self.contexts = torch.zeros(batch.rows, max(self.prompt_lengths) + batch.max_new_tokens + 1,
-                                    dtype=torch.int64, device=device)
-        for b, p in enumerate(prompts):
-            self.contexts[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
-        self.lengths = torch.tensor(self.prompt_lengths, dtype=torch.int64, device=device)
         self.bigram = None if bigram is None else bigram.to(device=device, dtype=torch.int64)
         self.unigram = None if unigram is None else unigram.to(device=device, dtype=torch.int64)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
@@ -55,28 +47,16 @@ class NgramDrafter:
             self.follow = successors(self.bigram, w - 1)
         return self.follow
 
-    def extend_contexts(self, new_tokens: list[list[int]]) -> None:
-        width = max(len(t) for t in new_tokens)
-        tokens = torch.tensor([t + [0] * (width - len(t)) for t in new_tokens], dtype=torch.int64)
-        count = torch.tensor([len(t) for t in new_tokens], dtype=torch.int64, device=self.lengths.device)
-        index = self.lengths[:, None] + torch.arange(width, device=self.lengths.device)
-        keep = torch.arange(width, device=self.lengths.device)[None] < count[:, None]
-        rows = torch.arange(len(new_tokens), device=self.lengths.device)[:, None].expand_as(index)
-        self.contexts[rows[keep], index[keep]] = tokens.to(self.contexts.device)[keep]
-        self.lengths = self.lengths + count
-
-    def select(self, rows: torch.Tensor) -> None:
-        rows = rows.to(self.contexts.device)
-        self.contexts, self.lengths = self.contexts[rows], self.lengths[rows]
-
-    def propose(self, k: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft rows [B, k, w] (-1 past a row's end) and the source of each request's first row [B]:
-        the length of its context match, 0 if it came from the model n-grams."""
-        candidates, counts, level = ops.ngram_match(self.contexts, self.lengths, min_ngram=self.min_ngram,
+    def propose(self, contexts: torch.Tensor, lengths: torch.Tensor, k: int, w: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft rows [B, k, w] (-1 past a row's end) for contexts [B, C] int64 of lengths [B] (each >= 1),
+        and the source of each request's first row [B]: the length of its context match, 0 if it came from
+        the model n-grams (or if there is none)."""
+        candidates, counts, level = ops.ngram_match(contexts, lengths, min_ngram=self.min_ngram,
                                                     max_ngram=self.max_ngram, num_candidates=k, width=w,
                                                     validate=False)
         batch = candidates.shape[0]
-        last = self.contexts[torch.arange(batch, device=self.contexts.device), self.lengths - 1]
+        last = contexts[torch.arange(batch, device=contexts.device), lengths - 1]
         if self.bigram is not None:
             follow = self._follow(w)
             if w > 1:  # a match cut short by the end of the context: continue it with the bigram
@@ -103,6 +83,41 @@ class NgramDrafter:
             filled = torch.where(usable[:, :, None], taken, filled)
         rows = torch.where((order < found)[:, :, None], candidates, filled)
         return rows, torch.where(found[:, 0] > 0, level[:, 0], 0)
+
+
+class NgramDrafter:
+    """The running contexts of a decode call and their draft rows (DraftTables).
+
+    contexts [B, C] int64 hold each request's prompt and generated tokens, right-padded; lengths [B]."""
+
+    def __init__(self, batch: Batch, bigram: torch.Tensor | None, unigram: torch.Tensor | None, device,
+                 min_ngram: int = 1, max_ngram: int = 4):
+        prompts = batch.prompt_rows
+        self.prompt_lengths = [len(p) for p in prompts]
+        self.contexts = torch.zeros(batch.rows, max(self.prompt_lengths) + batch.max_new_tokens + 1,
+                                    dtype=torch.int64, device=device)
+        for b, p in enumerate(prompts):
+            self.contexts[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
+        self.lengths = torch.tensor(self.prompt_lengths, dtype=torch.int64, device=device)
+        self.tables = DraftTables(bigram, unigram, device, min_ngram, max_ngram)
+
+    def extend_contexts(self, new_tokens: list[list[int]]) -> None:
+        width = max(len(t) for t in new_tokens)
+        tokens = torch.tensor([t + [0] * (width - len(t)) for t in new_tokens], dtype=torch.int64)
+        count = torch.tensor([len(t) for t in new_tokens], dtype=torch.int64, device=self.lengths.device)
+        index = self.lengths[:, None] + torch.arange(width, device=self.lengths.device)
+        keep = torch.arange(width, device=self.lengths.device)[None] < count[:, None]
+        rows = torch.arange(len(new_tokens), device=self.lengths.device)[:, None].expand_as(index)
+        self.contexts[rows[keep], index[keep]] = tokens.to(self.contexts.device)[keep]
+        self.lengths = self.lengths + count
+
+    def select(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.contexts.device)
+        self.contexts, self.lengths = self.contexts[rows], self.lengths[rows]
+
+    def propose(self, k: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft rows [B, k, w] and the source of each request's first row [B] (DraftTables.propose)."""
+        return self.tables.propose(self.contexts, self.lengths, k, w)
 
 
 class NgramProposer(Proposer):
