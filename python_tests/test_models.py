@@ -303,3 +303,32 @@ def test_cached_tokenizer_pickle_is_used_only_when_fresh_and_ours(tmp_path, monk
     monkeypatch.setattr(os, "getuid", lambda: os.stat(saved).st_uid + 1)  # someone else's cache
     _load(path, Converter())
     assert len(loads) == 3
+
+
+@real_models
+def test_real_model_path_is_the_cached_folder(converted, capsys):
+    """`specops models path NAME` prints the folder `load` reads, without converting again; transformers
+    loads it as it is (what vLLM is given)."""
+    from transformers import AutoModelForCausalLM
+
+    from specops import cli
+
+    name, _, model, tokenizer = converted
+    assert cli.main(["models", "path", name]) == 0
+    folder = capsys.readouterr().out.strip()
+    assert folder == str(models.path(name)) and os.path.isfile(os.path.join(folder, "config.json"))
+    again = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert torch.equal(_logits(again, tokenizer), _logits(model, tokenizer))
+
+
+def test_models_command_lists_names_and_refuses_bad_ones(capsys):
+    from specops import cli
+
+    assert cli.main(["models", "list"]) == 0
+    assert capsys.readouterr().out.split() == list(models.names())
+    for argv, message in [(["models", "path", "gemma-9"], "unknown model 'gemma-9'"),
+                          (["models", "path"], "needs a model name"),
+                          (["models", "path", "smollm2-135m:int8"], "holds the float32 weights"),
+                          (["models", "list", "x"], "takes no model name")]:
+        assert cli.main(argv) == 2
+        assert message in capsys.readouterr().err

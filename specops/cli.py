@@ -161,11 +161,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Speculative decoding for PyTorch: generate text with the embedded models.",
         epilog=generate.format_help())
     parser.add_argument("--version", action="version", version=f"specops {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,models}")
     _generate_parser(commands.add_parser("generate", formatter_class=formatter,
                                          help="generate a continuation of a prompt",
                                          description="Generate a continuation of a prompt; the text streams to "
                                                      "stdout, one statistics line goes to stderr."))
+    models = commands.add_parser("models", help="the embedded models: list them, or print a model's folder",
+                                 description="The embedded models. `specops models path NAME` prints the folder "
+                                             "of NAME's float32 transformers checkpoint (converted from its GGUF "
+                                             "package on first use), which vLLM and transformers load: "
+                                             "vllm serve \"$(specops models path gemma-3-270m)\"")
+    models.add_argument("action", choices=["list", "path"])
+    models.add_argument("name", nargs="?", help=f"a model: {_MODELS}")
     return parser
 
 
@@ -269,10 +276,25 @@ def _generate(args) -> int:
     return 0
 
 
+def _models(args) -> int:
+    from specops import models
+
+    if args.action == "list":
+        if args.name is not None:
+            raise ValueError("specops models list takes no model name")
+        print("\n".join(models.names()))
+        return 0
+    if args.name is None:
+        raise ValueError(f"specops models path needs a model name: {_MODELS}")
+    models.check_name(args.name)
+    print(models.path(args.name))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _generate(args)
+        return _models(args) if args.command == "models" else _generate(args)
     except (ValueError, ImportError, OSError) as error:  # bad settings, a missing package or file
         print(f"specops: error: {error}", file=sys.stderr)
         return 2

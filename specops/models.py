@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["check_name", "drafter_weights", "load", "load_drafter", "load_tokenizer", "names",
+__all__ = ["check_name", "drafter_weights", "load", "load_drafter", "load_tokenizer", "names", "path",
            "split_weights"]
 
 _GGUF_INSTALL = "pip install gguf accelerate"
@@ -141,6 +141,22 @@ def load(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.d
 
         quantize(model, weights)
     return model, tokenizer
+
+
+def path(name: str, *, progress: bool = True) -> Path:
+    """The folder holding the embedded model as a float32 transformers checkpoint with its tokenizer (what
+    `load` reads), converted from its GGUF first when it is missing or stale: a folder vLLM, transformers'
+    `from_pretrained` or any tool that reads transformers checkpoints can load.
+    `specops models path NAME` prints it."""
+    base, weights = split_weights(name)
+    if weights is not None:
+        raise ValueError(f"models.path: the folder holds the float32 weights; name the model without "
+                         f"':{weights}' (specops.quantize makes low-precision weights when it loads them)")
+    base = _canonical(base)
+    folder = _cache_dir(base)
+    if _read_marker(folder) != _fingerprint(base):
+        load(base, progress=progress)  # builds the cache
+    return folder
 
 
 def load_tokenizer(name: str, *, progress: bool = True):
