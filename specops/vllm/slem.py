@@ -1,0 +1,211 @@
+"""`SlemProposer`: a drafter with another vocabulary for vLLM (paper 000 Alg 2, string-level exact match).
+
+    SPECOPS_DRAFTER=smollm2-135m vllm serve "$(specops models path gemma-3-270m)" \\
+        --speculative-config '{"model": "specops.vllm.SlemProposer", "num_speculative_tokens": 8}'
+
+The drafter, a transformers causal LM with any tokenizer, runs inside vLLM's worker process through
+specops' engine: it drafts text greedily, the text is re-encoded in the target's tokens behind a look-behind
+of the request's last target tokens (`crossing.TextCrossing`), and vLLM verifies those as one-hot drafts,
+so the output is vLLM's own. After each step the drafter keeps the longest run of its drafts whose text the
+target emitted and reads the rest of that text in its own tokens (`TextCrossing.realign`), so its KV cache
+follows every request across steps: one batched cache for all running requests, requests joining
+(`KVState.join`) and leaving (`KVState.select`) at any step, identified by their tokens
+(`_requests.Requests`). The number of drafter tokens per step comes from measured costs and acceptance
+(`DraftLength`, kept per batch size): none where drafting cannot pay.
+
+Settings, from the environment of the vLLM process:
+- SPECOPS_DRAFTER: an embedded model ("smollm2-135m", int8 weights by default; "smollm2-135m:float32" and
+  the other suffixes of `specops.models`) or a transformers model folder (its tokenizer beside it);
+- SPECOPS_DRAFT_LENGTH: "auto" (the default) or a fixed number of drafter tokens per step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specops.decoding.crossing import TextCrossing
+from specops.decoding.draft_length import DraftLength
+from specops.decoding.engine import CausalLM, KVState
+from specops.vllm._requests import Requests
+from specops.vllm.ngram import draft_length_setting, speculative_tokens
+
+__all__ = ["SlemProposer"]
+
+_HISTORY = 16  # target tokens kept per request for the look-behind
+
+
+def load_drafter(name: str | None):
+    """(model, tokenizer) of SPECOPS_DRAFTER: an embedded name or a transformers model folder."""
+    from specops import models
+
+    if not name:
+        raise ValueError("specops.vllm.SlemProposer: set SPECOPS_DRAFTER to the drafter, an embedded model "
+                         f"({', '.join(models.names())}) or a transformers model folder")
+    base = models.split_weights(name)[0]
+    try:
+        models.check_name(base)
+        embedded = True
+    except ValueError:
+        embedded = False
+    if embedded:
+        return models.load_drafter(name, progress=False)
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"specops.vllm.SlemProposer: SPECOPS_DRAFTER={name!r} is neither an embedded model "
+                         f"({', '.join(models.names())}) nor a folder that exists")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(folder))
+
+
+class SlemProposer:
+    """vLLM `custom_class` proposer: a drafter with any vocabulary drafts text (module docstring)."""
+
+    def __init__(self, vllm_config):
+        from transformers import AutoTokenizer
+
+        from specops import vocab
+
+        self.max_drafts = speculative_tokens(vllm_config, "SlemProposer")
+        self.setting = draft_length_setting(self.max_drafts)
+        self.max_model_len = vllm_config.model_config.max_model_len
+        drafter, drafter_tokenizer = load_drafter(os.environ.get("SPECOPS_DRAFTER"))
+        model_config = vllm_config.model_config
+        target_tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer,
+                                                         trust_remote_code=model_config.trust_remote_code)
+        self.lm = CausalLM(drafter, "drafter")
+        self.vmap = vocab.vocab_map(target_tokenizer, drafter_tokenizer)
+        self.text = TextCrossing(self.vmap, target_tokenizer, drafter_tokenizer)
+        self.state = KVState(self.lm, 0)
+        self.order: list[int] = []  # the request of each row of the drafter's state
+        self.history: dict[int, list[int]] = {}  # request -> its last target tokens
+        self.pending: dict[int, list[int]] = {}  # request -> drafter ids it has not read
+        self.drafted: dict[int, list[int]] = {}  # request -> the drafter's drafts of the last step
+        self.proposed: dict[int, int] = {}  # request -> target tokens proposed at the last step
+        self.lengths: dict[int, DraftLength] = {}  # batch size -> its draft length
+        self.requests = Requests()
+        self.k = 0  # drafter tokens drafted at the last step
+        self.propose_seconds = 0.0
+        self.draft_seconds: float | None = None  # per drafter forward, at the last drafting step
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing more to load: the drafter was loaded with the proposer, so a bad SPECOPS_DRAFTER fails at
+        start-up."""
+
+    @torch.inference_mode()
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
+        """Drafts for every row of vLLM's input batch ([] where none)."""
+        start = time.perf_counter()
+        ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        self._observe(ids, sampled_token_ids, seconds)
+        self._leave(gone | {r for r in self.order if r not in set(ids)})
+        self._realign(ids, sampled_token_ids)
+        self._join(ids, num_tokens_no_spec, token_ids_cpu)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        self.proposed = {}
+        live = [r for r in ids if r is not None]
+        self.k = self._length(len(live)).choose() if live else 0
+        if self.k:
+            began = time.perf_counter()
+            drafted = self._draft(self.k)
+            self.draft_seconds = (time.perf_counter() - began) / self.k
+            position = {request: row for row, request in enumerate(self.order)}
+            for row, request in enumerate(ids):
+                if request is None:
+                    continue
+                self.drafted[request] = drafted[position[request]]
+                room = min(self.max_drafts, self.max_model_len - int(num_tokens_no_spec[row]) - 1)
+                text = self.vmap.draft.text_bytes(self.drafted[request])
+                drafts[row] = self.text.to_target(self.history[request], text)[:max(room, 0)]
+                self.proposed[request] = len(drafts[row])
+        else:
+            self.drafted = {request: [] for request in self.order}
+        self.propose_seconds = time.perf_counter() - start
+        return drafts
+
+    def _length(self, batch: int) -> DraftLength:
+        if batch not in self.lengths:
+            self.lengths[batch] = DraftLength(self.setting, max_drafts=self.max_drafts)
+        return self.lengths[batch]
+
+    def _observe(self, ids, sampled, seconds) -> None:
+        """The step that just ran, if it decoded exactly the requests proposed for: its cost and acceptance."""
+        if seconds is None:
+            return
+        accepted = [len(sampled[row]) - 1 for row, r in enumerate(ids) if r is not None]
+        offered = [self.proposed.get(r, 0) for r in ids if r is not None]
+        target = max(seconds - self.propose_seconds, 1e-6)
+        self._length(len(accepted)).observe(self.k, target, self.draft_seconds if self.k else None,
+                                           0.0, accepted, offered)
+
+    def _leave(self, gone: set) -> None:
+        """Requests that finished (or were preempted) leave the drafter's batch."""
+        if not any(r in gone for r in self.order):
+            return
+        keep = [row for row, r in enumerate(self.order) if r not in gone]
+        self.state.select(torch.tensor(keep, dtype=torch.long))
+        self.order = [self.order[row] for row in keep]
+        for r in gone:
+            for table in (self.history, self.pending, self.drafted, self.proposed):
+                table.pop(r, None)
+
+    def _realign(self, ids, sampled) -> None:
+        """Each running request's drafter keeps the drafts the target emitted and queues the rest."""
+        if not self.order:
+            return
+        emitted = {r: sampled[row] for row, r in enumerate(ids) if r is not None}
+        keep = []
+        for r in self.order:
+            tokens = emitted[r]
+            self.history[r] = (self.history[r] + tokens)[-_HISTORY:]
+            kept, self.pending[r] = self.text.realign(self.drafted.get(r, []), self.vmap.target.text_bytes(tokens),
+                                                      self.pending[r])
+            keep.append(kept)
+        if self.k > 1:
+            self.state.rollback(self.k - 1, torch.tensor(keep, dtype=torch.long))
+
+    def _join(self, ids, lengths, tokens) -> None:
+        """Requests new to the drafter read their text so far in a state of their own, joined to the batch
+        (all of it but the last token, which the next read takes with everyone's pending tokens)."""
+        known = set(self.order)
+        new = [(row, r) for row, r in enumerate(ids) if r is not None and r not in known]
+        if not new:
+            return
+        texts = {}
+        for row, r in new:
+            target = tokens[row, :int(lengths[row])].tolist()
+            self.history[r] = target[-_HISTORY:]
+            texts[r] = self.text.to_drafter(self.vmap.target.text_bytes(target)) or [self.text.stand_in]
+        read = [r for _, r in new if len(texts[r]) > 1]
+        for group in (read, [r for _, r in new if len(texts[r]) == 1]):
+            if not group:
+                continue
+            joined = KVState(self.lm, len(group))
+            if group is read:
+                joined.prefill([texts[r][:-1] for r in group])
+            self.state.join(joined)
+            self.order += group
+            for r in group:
+                self.pending[r] = texts[r][-1:] if group is read else texts[r]
+                self.drafted[r] = []
+
+    def _draft(self, k: int) -> list[list[int]]:
+        """k greedy drafter tokens per row of the drafter's state, after its pending tokens."""
+        logits = self.state.extend([self.pending[r] for r in self.order])
+        for r in self.order:
+            self.pending[r] = []
+        columns = []
+        words = len(self.vmap.draft.token_bytes)  # LM heads may have rows past the tokenizer's ids
+        for i in range(k):
+            token = logits[:, :words].argmax(-1)
+            columns.append(token)
+            if i + 1 < k:
+                logits = self.state.append(token.unsqueeze(1))[:, -1]
+        return torch.stack(columns, dim=1).tolist()
