@@ -184,6 +184,31 @@ def test_ngram_length_follows_the_measured_step_cost(monkeypatch, slope, drafts_
     assert (last > 0) == drafts_at_the_end
 
 
+def test_ngram_keeps_a_cost_line_per_batch_size(monkeypatch):
+    """One request: a draft token costs a tenth of a step, drafting pays. Eight requests: a step with drafts
+    costs a plain step more per request (vLLM's verification per request on a CPU), drafting cannot pay;
+    the cheap line learned alone must not make it draft there beyond the one step that measures it."""
+    now = [0.0]
+    monkeypatch.setattr(requests_module.time, "perf_counter", lambda: now[0])
+    target = tiny_llama(layers=1, seed=3)
+    proposer = NgramProposer(_config(4))
+    drafting_steps = {}
+    for batch in (1, 8):
+        loop = _Loop(target)
+        for i in range(batch):
+            loop.join([5 + i, 6, 7, 5 + i, 6, 7, 5 + i], max_new=60)
+        drafting_steps[batch] = 0
+        for _ in range(40):
+            if not loop.running:
+                break
+            before, requests = loop.drafted, len(loop.running)
+            loop.step(proposer)
+            drafts = loop.drafted - before
+            drafting_steps[batch] += drafts > 0
+            now[0] += 0.05 + 0.005 * (requests + drafts) + (0.05 * requests if drafts and batch > 1 else 0.0)
+    assert drafting_steps[1] >= 5 and drafting_steps[8] <= 1, drafting_steps
+
+
 @pytest.mark.parametrize("value", ["0", "9", "three"])
 def test_ngram_bad_settings_raise_at_construction(monkeypatch, value):
     monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", value)

@@ -14,7 +14,10 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
   length at once (drafts are a function of the context, and vLLM verifies them as one-hot drafts, so a
   draft is accepted exactly when the target emits it: greedy or sampled, the score is unbiased);
 - cost: the wall time of each engine step, from one proposal to the next, against the tokens it carried
-  (a line fitted to every step that decoded the same requests the last one proposed for).
+  (a line fitted to every step that decoded the same requests the last one proposed for), one line per
+  number of requests in the step: vLLM's verification costs more per request than the tokens alone say
+  (on a CPU a step of 8 requests with one draft each costs about 1.5 plain steps), so a line learned at
+  one batch size misleads at another.
 
 The length with the most expected tokens per second wins; none, when drafting cannot pay at this batch
 size (on a CPU, verifying drafts for a batch of 8 costs more than they return). num_speculative_tokens is
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 
 from specops.decoding import model_ngrams
+from specops.decoding.draft_length import CostLine
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.ngram import DraftTables
 from specops.vllm._requests import Requests
@@ -91,6 +95,8 @@ class NgramProposer:
         self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
         self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
+        self.step_requests = 0  # requests it carries
+        self.costs: dict[int, CostLine] = {}  # requests in a step -> its cost line
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: the drafts come from the context and the bigram table (read at construction)."""
@@ -100,17 +106,18 @@ class NgramProposer:
         """Drafts for every row of vLLM's input batch ([] where none)."""
         ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         if seconds is not None and self.step_tokens:
-            self.shape.observe_cost(self.step_tokens, seconds)
+            self.costs[self.step_requests].observe(self.step_tokens, seconds)
         self._score(ids, gone, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         rows = [row for row, request in enumerate(ids)
                 if request is not None and num_tokens_no_spec[row] + 1 < self.max_model_len]
-        self.step_tokens = len(rows)
+        self.step_tokens = self.step_requests = len(rows)
         if not rows:
             return drafts
         lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
         candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
+        self.shape.cost = self.costs.setdefault(len(rows), CostLine())
         _, width = self.shape.choose(candidates, source)
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
