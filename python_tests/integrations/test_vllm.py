@@ -6,9 +6,9 @@
    four prompts of different lengths together with requests finishing at different steps (max_tokens and a
    stop token); drafts were proposed and accepted, so the identity is not vacuous.
 2. Sampling (temperature 0.8, top-p 0.95, seeded) runs on Gemma; on a tiny model whose distribution is
-   computed exactly, 3-token samples drawn through each proposer, and through vLLM's own ngram proposer,
-   follow it (chi-square); the same check rejects the distribution at another temperature, and rejects
-   vLLM's own ngram without specops' plugin, whose repair of vLLM's CPU rejection sampler it needs.
+   computed exactly, 3-token samples drawn through each proposer follow it (chi-square); the same check
+   rejects the distribution at another temperature, and rejects vLLM's own ngram proposer without specops'
+   plugin, whose repair of vLLM's CPU rejection sampler every proposer needs.
 3. A real server: vLLM's OpenAI server with NgramProposer (its default, measured draft length), one completion
    through the `openai` client equal to plain vLLM's greedy text, then a clean shutdown.
 4. Bad configuration fails at start-up with a clear message: an unknown drafter (specops' message in the
@@ -190,14 +190,14 @@ def tiny(tmp_path_factory):
     runs = {
         "ngram": run_engine(target, scenario, tmp, NGRAM, fixed, **small),
         "slem": run_engine(target, scenario, tmp, SLEM, {**fixed, "SPECOPS_DRAFTER": str(drafter)}, **small),
-        # vLLM's own proposer, with specops' plugin (which repairs the CPU rejection sampler) and without it
-        "vllm-ngram": run_engine(target, scenario, tmp, VLLM_NGRAM, **small),
+        # vLLM's own proposer without specops' plugin, which repairs the CPU rejection sampler the two above
+        # pass through (vLLM's ngram with the plugin passes too: docs/vllm.md; left out to keep CI short)
         "vllm-ngram-unrepaired": run_engine(target, scenario, tmp, VLLM_NGRAM, {"VLLM_PLUGINS": "none"}, **small),
     }
     return target, runs
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "slem", "vllm-ngram"])
+@pytest.mark.parametrize("proposer", ["ngram", "slem"])
 def test_sampled_tokens_follow_the_exact_distribution(tiny, proposer):
     target, runs = tiny
     run = runs[proposer]["draws"]
