@@ -21,7 +21,9 @@ its requests submitted together).
   specops-ngram  `specops.vllm.NgramProposer` through vLLM's custom_class, num_speculative_tokens 8 (the
                  most; it picks the length each step)
   specops-slem   `specops.vllm.SlemProposer`, drafter SmolLM2-135M (int8), num_speculative_tokens 8
-  decode-*       `specops.decode` with method ar / ngram (context n-grams only) / slem (SmolLM2-135M)
+  decode-*       `specops.decode` with method ar / ngram / slem (SmolLM2-135M); ngram and NgramProposer
+                 both use the target's bigram table where it is cached (`specops models bigram NAME`
+                 builds it), context n-grams alone where it is not
 
 Reported per configuration and batch size: tokens/s (new tokens over the wall time of the generate calls,
 the median over rounds), tokens per target step (new tokens over the decoding steps of the target: vLLM's
@@ -106,8 +108,6 @@ def _decode_run(config: str, prompts: list[str], new_tokens: int, batches: list[
 
     method = config.removeprefix("decode-")
     kwargs = {"method": method}
-    if method == "ngram":
-        kwargs["options"] = {"tables": "none"}  # context n-grams, as the vLLM proposers (no bigram built)
     if method == "slem":
         kwargs["drafter"] = "smollm2-135m"
     specops.decode([WARM_UP], target="gemma-3-270m", max_new_tokens=new_tokens, **kwargs)

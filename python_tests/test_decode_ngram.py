@@ -635,6 +635,50 @@ def test_draft_shape_auto_wide_when_drafting_is_free():
     assert all(s == (3, 8) for s, _ in chosen[-10:])
 
 
+def _chains(shape: DraftShape, accepted: dict[int, float]) -> None:
+    """Teach `shape` (k_max 1) that a source-s draft is accepted for exactly accepted[s] tokens (whole)."""
+    for source, count in accepted.items():
+        for _ in range(60):
+            rows = torch.arange(1, shape.w_max + 1).view(1, shape.w_max)
+            truth = rows[0, :int(count)].tolist() + [-5] * (shape.w_max - int(count))
+            shape.score([rows], [source], [truth])
+
+
+def test_draft_shape_widths_spend_tokens_where_they_pay():
+    """Per-request chain lengths (vLLM): with a line of 0.1 s + 0.01 s per token, a request whose drafts
+    run 6 tokens deep gets 6, one whose drafts never match gets none; hand-computed best split."""
+    shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=8, sources=3)
+    _chains(shape, {0: 0, 2: 6})
+    for n in (2, 8, 16):
+        shape.observe_cost(n, 0.1 + 0.01 * n)
+    rows = torch.arange(1, 9).view(1, 1, 8).repeat(2, 1, 1)
+    widths = shape.widths(rows, torch.tensor([2, 0]))
+    assert widths[1] == 0 and widths[0] == 6, widths
+    assert shape.widths(rows, torch.tensor([0, 0])) == [0, 0]  # nothing pays: plain
+    short = rows.clone()
+    short[0, 0, 3:] = -1  # a request with only 3 draft tokens gets at most 3
+    assert shape.widths(short, torch.tensor([2, 2]))[0] == 3
+
+
+def test_draft_shape_widths_explore_and_stop():
+    """Nothing measured: plain; one size measured (a flat line): drafts, at most doubling the tokens in
+    flight; a line where a token costs half a plain step: plain again; a fixed setting: always that."""
+    shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=8, sources=2)
+    rows = torch.arange(1, 9).view(1, 1, 8).repeat(4, 1, 1)
+    source = torch.ones(4, dtype=torch.long)
+    assert shape.widths(rows, source) == [0] * 4
+    shape.observe_cost(4, 0.1)
+    first = shape.widths(rows, source)
+    assert 0 < sum(first) <= 4, first  # 4 requests + at most 4 drafts = twice the 4 measured
+    _chains(shape, {1: 1})
+    shape.observe_cost(8, 0.3)
+    shape.observe_cost(4, 0.1)
+    assert shape.widths(rows, source) == [0] * 4
+    with pytest.raises(ValueError, match="one row per request"):
+        shape.widths(rows.repeat(1, 2, 1), source)
+    assert DraftShape(3, _ModelKey(), "cpu", k_max=1, w_max=8).widths(rows, source) == [3] * 4
+
+
 def test_cost_line_fits_and_pools():
     """CostLine: None before any step, flat through one size, the exact line through two or more, a slope
     never below 0, newer steps weighing more; and a noisy step at one size moves that size's prediction

@@ -3,9 +3,11 @@ maximize expected tokens per second from measured costs and measured acceptance.
 
 Cost: the wall time of a whole step as a function of the tokens the target forward carries (rows of the
 batch x nodes of the draft tree): a line fitted to every step measured (`CostLine`), since single step
-times scatter too much to rank sizes one by one. Sizes never measured are explored with optimism, at
-most doubling the largest measured size per step: a size beyond it is assumed to cost what the largest
-one does. Where a forward reads its weights once for any few tokens (a GPU; a CPU through
+times scatter too much to rank sizes one by one. Sizes never measured are explored at most doubling the
+largest measured size per step, at the cost the line predicts for them: flat while one size has been
+measured (so the first drafts look free), then its slope. (Pricing them at the largest measured size's
+cost instead let specops.vllm's NgramProposer, with 8 requests on a CPU, try 32 and 64 tokens in flight
+after 16 had already cost 1.4 plain steps: two steps of 3 and 5 plain steps' time, for nothing.) Where a forward reads its weights once for any few tokens (a GPU; a CPU through
 skinny_linear) the line stays nearly flat and the choice grows to trees; where compute dominates it
 climbs, and the choice settles on one short row or on plain decoding. Costs are kept per model for the
 life of the process, so later decode calls start from what earlier ones measured.
@@ -122,7 +124,7 @@ class DraftShape:
         tokens = self.expected_accepted()[source].sum(0) + batch  # [k_max, w_max]
         sizes = batch * (1 + tree_nodes(rows.cpu()).amax(0))  # tokens in flight of each shape
         largest = self.cost.largest()
-        cost = self.cost.at(sizes.clamp(max=largest))  # beyond the largest measured: as the largest
+        cost = self.cost.at(sizes)  # the line, past the largest size measured too (flat through one size)
         rate = torch.where(sizes <= 2 * largest, tokens / cost, float("-inf"))
         best_rate = rate.max()
         if not float(best_rate) > batch / plain:
@@ -131,6 +133,47 @@ class DraftShape:
         rank = sizes * sizes.numel() + torch.arange(sizes.numel()).view_as(sizes)
         index = int(torch.where(rate == best_rate, rank, rank.max() + 1).argmin())
         return index // self.w_max + 1, index % self.w_max + 1
+
+    def widths(self, rows: torch.Tensor, source: torch.Tensor) -> list[int]:
+        """Draft length per request for one chain each (k_max 1; rows [B, 1, w_max], -1 past a row's end;
+        source [B]), for engines that verify ragged chains (vLLM): the lengths with the most expected
+        tokens per second under the cost line, 0 for all where no drafting beats plain decoding.
+
+        Each row's w-th token is worth its expected gain, e(w) - e(w - 1) for its source, made
+        non-increasing along the row; spending m draft tokens in all buys the m best gains, so a row
+        whose drafts come from a long context match gets many tokens while one from the bigram gets few
+        or none. The best m is found over every total the exploration rule allows (at most twice the
+        largest measured step size)."""
+        batch, k_max, w_max = rows.shape
+        if k_max != 1:
+            raise ValueError(f"DraftShape.widths: one row per request (k_max 1), got {k_max}")
+        if self.fixed is not None:
+            return [self.fixed[1]] * batch
+        plain = self.cost(batch)
+        if plain is None:
+            return [0] * batch  # measure plain decoding first
+        source = source.cpu().clamp(max=self.sources - 1)
+        expected = self.expected_accepted()[source, 0]  # [B, w_max]
+        gain = torch.diff(expected, dim=-1, prepend=torch.zeros(batch, 1, dtype=expected.dtype))
+        gain = gain.cummin(-1).values.clamp(min=0.0)
+        drafted = (rows[:, 0].cpu() >= 0).long().cumprod(-1).sum(-1)  # tokens each row holds
+        position = torch.arange(w_max)
+        gain = torch.where(position[None] < drafted[:, None], gain, float("-inf"))
+        # Best gains first; a row's own gains are non-increasing, so the stable order keeps each row's
+        # chosen tokens a prefix of it.
+        order = torch.sort(gain.flatten(), descending=True, stable=True)
+        usable = int(torch.isfinite(order.values).sum())
+        largest = self.cost.largest()
+        spend = torch.arange(0, min(usable, max(2 * largest - batch, 0)) + 1)  # draft tokens in all
+        if spend.numel() <= 1:
+            return [0] * batch
+        tokens = batch + torch.cat([torch.zeros(1, dtype=torch.float64), order.values[:usable].cumsum(0)])
+        rate = tokens[spend] / self.cost.at(batch + spend)
+        best = int(rate.argmax())  # the first best: the fewest tokens in flight
+        if not float(rate[best]) > batch / plain:
+            return [0] * batch
+        chosen = order.indices[:best] // w_max
+        return torch.bincount(chosen, minlength=batch).tolist()
 
     def observe_cost(self, size: int, seconds: float) -> None:
         self.cost.observe(size, seconds)

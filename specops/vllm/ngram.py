@@ -12,15 +12,21 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
 
 - acceptance: every step's full draft list is scored against the tokens that followed it, for every
   length at once (drafts are a function of the context, and vLLM verifies them as one-hot drafts, so a
-  draft is accepted exactly when the target emits it: greedy or sampled, the score is unbiased);
+  draft is accepted exactly when the target emits it: greedy or sampled, the score is unbiased), kept
+  apart by where the draft came from: a context match of 1, 2, 3 or 4 tokens, or the bigram. A proposer
+  lives as long as the engine, so each of the five gathers enough steps to be told apart (on HumanEval
+  with Gemma-3-270M the best lengths were 1, 3, 3, 5 and 8 tokens from the bigram to 4-token matches;
+  one length for every match gave 10 % fewer tokens/s in a replay of the same drafts);
 - cost: the wall time of each engine step, from one proposal to the next, against the tokens it carried
   (a line fitted to every step that decoded the same requests the last one proposed for), one line per
   number of requests in the step: vLLM's verification costs more per request than the tokens alone say
   (on a CPU a step of 8 requests with one draft each costs about 1.5 plain steps), so a line learned at
   one batch size misleads at another.
 
-The length with the most expected tokens per second wins; none, when drafting cannot pay at this batch
-size (on a CPU, verifying drafts for a batch of 8 costs more than they return). num_speculative_tokens is
+Each request gets its own length (vLLM verifies ragged chains): the step's draft tokens go where they are
+worth most, so a request continuing a long context match drafts many while one drafting from the bigram
+drafts few or none (`DraftShape.widths`); none at all when drafting cannot pay at this batch size.
+num_speculative_tokens is
 the most it proposes. vLLM verifies the drafts, so the output is vLLM's own: greedy tokens identical to
 decoding without speculation, sampled tokens from the same distribution.
 
@@ -90,7 +96,9 @@ class NgramProposer:
         bigram = model_ngrams.folder_bigram(vllm_config.model_config.model, BIGRAM_TOP, tables=tables_setting())
         self.tables = DraftTables(bigram, None, "cpu", MIN_NGRAM, MAX_NGRAM)
         # One row of drafts per request (vLLM verifies chains); costs are this proposer's own steps.
-        self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts)
+        # Acceptance kept per source: the match length 1..4, or 0 for the bigram (see the module docstring).
+        self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts,
+                                sources=MAX_NGRAM + 1)
         self.requests = Requests()
         self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
@@ -118,12 +126,12 @@ class NgramProposer:
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
         candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
         self.shape.cost = self.costs.setdefault(len(rows), CostLine())
-        _, width = self.shape.choose(candidates, source)
+        widths = self.shape.widths(candidates, source)
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
             self.pending.setdefault(request, []).append((at, candidates[b], int(source[b])))
             room = self.max_model_len - at - 1  # the target must still place a token after the drafts
-            draft = candidates[b, 0, :min(width, room)].tolist()
+            draft = candidates[b, 0, :min(widths[b], room)].tolist()
             draft = draft[:draft.index(-1)] if -1 in draft else draft
             drafts[row] = draft
             self.step_tokens += len(draft)
