@@ -129,6 +129,68 @@ class CostLine:
         return (mean_y + slope * (n.double() - mean_n)).clamp(min=1e-9)
 
 
+class CostPlane:
+    """Measured seconds per step as a + b * requests + c * drafts (b, c >= 0), fitted by decayed least
+    squares to steps of every batch size at once, for an engine whose batch changes every step (vLLM):
+    what a draft token costs, learned with one request, prices drafts at eight without measuring there
+    first. Before any step with drafts, c is 0 (the first drafts look free: optimism that gets them
+    measured); with one batch size measured, b is 0. `at_requests(r)` is the CostLine-like view of the
+    plane at r requests that DraftShape reads (tokens in flight n = r + drafts)."""
+
+    _RIDGE = 1e-9  # keeps the normal equations solvable while a direction has no spread
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = decay
+        self.xx = torch.zeros(3, 3, dtype=torch.float64)  # weighted sums of x x^T, x = (1, requests, drafts)
+        self.xy = torch.zeros(3, dtype=torch.float64)
+        self.largest_tokens = 0
+
+    def observe(self, requests: int, tokens: int, seconds: float) -> None:
+        x = torch.tensor([1.0, requests, tokens - requests], dtype=torch.float64)
+        self.xx = self.decay * self.xx + torch.outer(x, x)
+        self.xy = self.decay * self.xy + x * seconds
+        self.largest_tokens = max(self.largest_tokens, tokens)
+
+    def coefficients(self) -> torch.Tensor | None:
+        """(a, b, c), or None before any step. A slope that fits below 0 is noise: 0, the rest refitted."""
+        weight = float(self.xx[0, 0])
+        if not weight:
+            return None
+        mean = self.xx[0] / weight
+        spread = torch.diagonal(self.xx) / weight - mean * mean
+        free = [0] + [i for i in (1, 2) if spread[i] > 1e-6]  # no spread in a direction: its slope is 0
+        while True:
+            sub = self.xx[free][:, free] + self._RIDGE * torch.eye(len(free), dtype=torch.float64)
+            solved = torch.linalg.solve(sub, self.xy[free])
+            negative = [i for i, v in zip(free, solved.tolist()) if i > 0 and v < 0]
+            if not negative:
+                out = torch.zeros(3, dtype=torch.float64)
+                out[free] = solved
+                return out
+            free.remove(negative[0])
+
+    def at_requests(self, requests: int) -> "_PlaneView":
+        return _PlaneView(self, requests)
+
+
+class _PlaneView:
+    """CostPlane at a fixed number of requests, as a CostLine in the tokens n in flight."""
+
+    def __init__(self, plane: CostPlane, requests: int):
+        self.plane, self.requests = plane, requests
+        self.fit = plane.coefficients()
+
+    def largest(self) -> int:
+        return self.plane.largest_tokens
+
+    def __call__(self, n: int) -> float | None:
+        return None if self.fit is None else float(self.at(torch.tensor(n)))
+
+    def at(self, n: torch.Tensor) -> torch.Tensor:
+        a, b, c = self.fit.tolist()
+        return (a + b * self.requests + c * (n.double() - self.requests)).clamp(min=1e-9)
+
+
 class DraftLength:
     """Chooses the number of drafts per step: fixed, or "auto" from measured costs and acceptance."""
 

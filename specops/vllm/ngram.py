@@ -15,19 +15,18 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
   draft is accepted exactly when the target emits it: greedy or sampled, the score is unbiased), kept
   apart by where the draft came from: a context match of 1, 2, 3 or 4 tokens, or the bigram. A proposer
   lives as long as the engine, so each of the five gathers enough steps to be told apart (on HumanEval
-  with Gemma-3-270M the best lengths were 1, 3, 3, 5 and 8 tokens from the bigram to 4-token matches;
-  one length for every match gave 10 % fewer tokens/s in a replay of the same drafts);
-- cost: the wall time of each engine step, from one proposal to the next, against the tokens it carried
-  (a line fitted to every step that decoded the same requests the last one proposed for), one line per
-  number of requests in the step: vLLM's verification costs more per request than the tokens alone say
-  (on a CPU a step of 8 requests with one draft each costs about 1.5 plain steps), so a line learned at
-  one batch size misleads at another.
+  with Gemma-3-270M the best lengths in hindsight were 1, 3, 3, 4 and 14 tokens from the bigram to 4-token
+  matches; in a replay of the same outputs one length for every match gave 6 % fewer tokens/s);
+- cost: the wall time of each engine step, from one proposal to the next, against the requests and draft
+  tokens it carried (a plane a + b * requests + c * drafts fitted to every step that decoded the same
+  requests the last one proposed for, `CostPlane`): vLLM's batch changes at every step, and a line per
+  batch size had to be measured again at each size, drafts and all, before it could stop drafting there.
+  On this CPU: about 4.5 ms per draft token and 6 ms per request on a 110 ms step.
 
 Each request gets its own length (vLLM verifies ragged chains): the step's draft tokens go where they are
 worth most, so a request continuing a long context match drafts many while one drafting from the bigram
 drafts few or none (`DraftShape.widths`); none at all when drafting cannot pay at this batch size.
-num_speculative_tokens is
-the most it proposes. vLLM verifies the drafts, so the output is vLLM's own: greedy tokens identical to
+num_speculative_tokens is the most it proposes. vLLM verifies the drafts, so the output is vLLM's own: greedy tokens identical to
 decoding without speculation, sampled tokens from the same distribution.
 
 Settings come from the environment of the vLLM process (vLLM passes a custom class no options of its own,
@@ -46,7 +45,7 @@ import numpy as np
 import torch
 
 from specops.decoding import model_ngrams
-from specops.decoding.draft_length import CostLine
+from specops.decoding.draft_length import CostPlane
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.ngram import DraftTables
 from specops.vllm._requests import Requests
@@ -104,7 +103,7 @@ class NgramProposer:
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
         self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
         self.step_requests = 0  # requests it carries
-        self.costs: dict[int, CostLine] = {}  # requests in a step -> its cost line
+        self.costs = CostPlane()  # seconds per step from its requests and draft tokens
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: the drafts come from the context and the bigram table (read at construction)."""
@@ -114,7 +113,7 @@ class NgramProposer:
         """Drafts for every row of vLLM's input batch ([] where none)."""
         ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         if seconds is not None and self.step_tokens:
-            self.costs[self.step_requests].observe(self.step_tokens, seconds)
+            self.costs.observe(self.step_requests, self.step_tokens, seconds)
         self._score(ids, gone, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         rows = [row for row, request in enumerate(ids)
@@ -125,7 +124,7 @@ class NgramProposer:
         lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
         candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
-        self.shape.cost = self.costs.setdefault(len(rows), CostLine())
+        self.shape.cost = self.costs.at_requests(len(rows))
         widths = self.shape.widths(candidates, source)
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
