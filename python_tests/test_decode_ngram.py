@@ -708,25 +708,27 @@ def test_cost_line_fits_and_pools():
 
 
 def test_cost_plane_fits_requests_and_drafts():
-    """CostPlane: None before any step; only plain steps: drafts cost 0 (optimism); one batch size: requests
-    cost 0; the exact plane through steps of several sizes, read at any number of requests through its
-    view; a slope fitted below 0 is 0."""
+    """CostPlane: None before any step; only plain steps: drafts cost 0 (optimism); one batch size: the
+    requests and product terms are 0 (they cannot be told apart from the others yet); the exact surface
+    through steps of several sizes, read at any number of requests through its view; a slope fitted
+    below 0 is 0."""
     from specops.decoding.draft_length import CostPlane
 
     plane = CostPlane()
     assert plane.coefficients() is None and plane.at_requests(3)(3) is None
-    plane.observe(1, 1, 0.106)
-    plane.observe(1, 1, 0.106)
-    assert plane.coefficients().tolist() == pytest.approx([0.106, 0.0, 0.0])
+    plane.observe(1, 1, 0.111)
+    plane.observe(1, 1, 0.111)
+    assert plane.coefficients().tolist() == pytest.approx([0.111, 0.0, 0.0, 0.0])
     for drafts in (2, 5):
-        plane.observe(1, 1 + drafts, 0.106 + 0.004 * drafts)
-    assert plane.coefficients().tolist() == pytest.approx([0.106, 0.0, 0.004], abs=1e-6)
-    assert plane.at_requests(8)(16) == pytest.approx(0.106 + 0.004 * 8, abs=1e-6)  # b unknown yet: 0
-    for requests, drafts in ((8, 0), (4, 3), (8, 8)):
-        plane.observe(requests, requests + drafts, 0.1 + 0.006 * requests + 0.004 * drafts)
-    assert plane.coefficients().tolist() == pytest.approx([0.1, 0.006, 0.004], abs=1e-6)
+        plane.observe(1, 1 + drafts, 0.111 + 0.0045 * drafts)
+    assert plane.coefficients().tolist() == pytest.approx([0.111, 0.0, 0.0045, 0.0], abs=1e-6)
+    assert plane.at_requests(8)(16) == pytest.approx(0.111 + 0.0045 * 8, abs=1e-6)  # nothing else known yet
+    for requests, drafts in ((8, 0), (4, 3), (8, 8), (2, 0)):
+        plane.observe(requests, requests + drafts, 0.105 + 0.006 * requests + 0.004 * drafts +
+                      0.0005 * requests * drafts)
+    assert plane.coefficients().tolist() == pytest.approx([0.105, 0.006, 0.004, 0.0005], abs=1e-6)
     view = plane.at_requests(8)
-    assert view.largest() == 16 and view.at(torch.tensor([8, 16])).tolist() == pytest.approx([0.148, 0.18])
+    assert view.largest() == 16 and view.at(torch.tensor([8, 16])).tolist() == pytest.approx([0.153, 0.217])
     falling = CostPlane()
     for drafts, seconds in ((0, 0.1), (4, 0.09)):
         falling.observe(1, 1 + drafts, seconds)

@@ -18,10 +18,11 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
   with Gemma-3-270M the best lengths in hindsight were 1, 3, 3, 4 and 14 tokens from the bigram to 4-token
   matches; in a replay of the same outputs one length for every match gave 6 % fewer tokens/s);
 - cost: the wall time of each engine step, from one proposal to the next, against the requests and draft
-  tokens it carried (a plane a + b * requests + c * drafts fitted to every step that decoded the same
+  tokens it carried (a + b * requests + c * drafts + e * requests * drafts, fitted to every step that decoded the same
   requests the last one proposed for, `CostPlane`): vLLM's batch changes at every step, and a line per
   batch size had to be measured again at each size, drafts and all, before it could stop drafting there.
-  On this CPU: about 4.5 ms per draft token and 6 ms per request on a 110 ms step.
+  On this CPU a draft token costs about 4.4 ms with one request and 7.5 ms with eight, on a 110-160 ms
+  step, hence a requests x drafts term.
 
 Each request gets its own length (vLLM verifies ragged chains): the step's draft tokens go where they are
 worth most, so a request continuing a long context match drafts many while one drafting from the bigram
