@@ -732,7 +732,8 @@ def test_cost_plane_fits_requests_and_drafts():
     falling = CostPlane()
     for drafts, seconds in ((0, 0.1), (4, 0.09)):
         falling.observe(1, 1 + drafts, seconds)
-    assert falling.coefficients()[2] == 0.0 and falling.coefficients()[0] == pytest.approx((0.97 * 0.1 + 0.09) / 1.97)
+    fit = falling.coefficients()
+    assert fit[2] == 0.0 and fit[0] == pytest.approx((0.97 * 0.1 + 0.09) / 1.97)
 
 
 def test_draft_shape_costs_shared_per_model():

@@ -122,7 +122,7 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                              "for rsd-s W,L (beams, levels)")
     parser.add_argument("--ngram-tables", choices=("auto", "bigram", "unigram", "none"), default="auto",
                         help="ngram: model-derived n-grams for rows the context cannot fill; bigram is "
-                             "computed once per model (about 25 minutes for gemma-3-270m on two CPU cores, "
+                             "computed once per model (7 to 25 minutes for gemma-3-270m on two CPU cores, "
                              "seconds on a GPU, with a progress bar) and cached; auto uses it when cached or "
                              "quick to build, else the context alone")
     parser.add_argument("--se-draws", choices=("auto", "alternate", "mixture"), default="auto",

@@ -197,11 +197,11 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     num_draft_tokens: an int, or "auto" to choose it each step from measured costs and acceptance; for
     "ngram" an int w is one row of w tokens and a tuple (k, w) is k rows of w tokens.
     options: the method's own settings, a dict:
-      - "ngram": {"tables": "auto" | "bigram" | "unigram" | "none"}: the model-derived n-grams that fill
-        rows the context does not ("bigram" is computed once per model, with a progress bar, and cached on
-        disk: seconds on a GPU, about 25 minutes for Gemma-3-270M on two CPU cores; "unigram" comes from the
-        embeddings, instantly; "auto", the default, takes the bigram when it is cached or estimated to build
-        within a minute, else the context alone);
+      - "ngram": {"tables": "auto" | "bigram" | "unigram" | "none"}: the model-derived n-grams that fill rows
+        the context does not ("bigram" is computed once per model, with a progress bar, and cached on disk:
+        seconds on a GPU, 7 to 25 minutes for Gemma-3-270M on two CPU cores (7.4 on a Xeon with AMX);
+        "unigram" comes from the embeddings, instantly; "auto", the default, takes the bigram when it is
+        cached or estimated to build within a minute, else the context alone);
       - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step.
     ngram_tables and slrs_max_nodes are the same settings as keywords. seed: makes sampling reproducible
     for a fixed num_draft_tokens (with "auto", draft lengths follow measured timings, and the steps they

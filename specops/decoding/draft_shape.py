@@ -2,15 +2,16 @@
 maximize expected tokens per second from measured costs and measured acceptance.
 
 Cost: the wall time of a whole step as a function of the tokens the target forward carries (rows of the
-batch x nodes of the draft tree): a line fitted to every step measured (`CostLine`), since single step
-times scatter too much to rank sizes one by one. Sizes never measured are explored at most doubling the
-largest measured size per step, at the cost the line predicts for them: flat while one size has been
-measured (so the first drafts look free), then its slope. (Pricing them at the largest measured size's
-cost instead let specops.vllm's NgramProposer, with 8 requests on a CPU, try 32 and 64 tokens in flight
-after 16 had already cost 1.4 plain steps: two steps of 3 and 5 plain steps' time, for nothing.) Where a forward reads its weights once for any few tokens (a GPU; a CPU through
-skinny_linear) the line stays nearly flat and the choice grows to trees; where compute dominates it
-climbs, and the choice settles on one short row or on plain decoding. Costs are kept per model for the
-life of the process, so later decode calls start from what earlier ones measured.
+batch x nodes of the draft tree): a line fitted to every step measured (`CostLine`), since single step times
+scatter too much to rank sizes one by one. Sizes never measured are explored at most doubling the largest
+measured size per step, at the cost the line predicts for them: flat while one size has been measured (so
+the first drafts look free), then its slope. (Pricing them at the largest measured size's cost instead let
+specops.vllm's NgramProposer, with 8 requests on a CPU, try 32 and 64 tokens in flight after 16 had already
+cost 1.4 plain steps: two steps of 3 and 5 plain steps' time, for nothing.) Where a forward reads its
+weights once for any few tokens (a GPU; a CPU through skinny_linear) the line stays nearly flat and the
+choice grows to trees; where compute dominates it climbs, and the choice settles on one short row or on
+plain decoding. Costs are kept per model for the life of the process, so later decode calls start from what
+earlier ones measured.
 
 Acceptance: drafts are a deterministic function of the context, so every step's full k_max x w_max draft
 list is kept and, once the tokens that followed are known, scored for every (k, w) at once: a(k, w) =

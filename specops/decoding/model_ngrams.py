@@ -204,7 +204,7 @@ BUILD_BUDGET_S = 60.0  # "auto" tables build a bigram estimated to take at most 
 
 def bigram_ready(model, tokenizer, top: int = 8, *, bos: int | None = None) -> bool:
     """Whether `bigram` with these arguments returns soon: its table is cached on disk, or building it is
-    estimated to take under BUILD_BUDGET_S (V forwards' worth of tokens: seconds on a GPU, about 25 minutes
+    estimated to take under BUILD_BUDGET_S (V forwards' worth of tokens: seconds on a GPU, 7 to 25 minutes
     for Gemma-3-270M on two CPU cores)."""
     top, bos = _settings(model, tokenizer, top, bos)
     if _in_memory(model, ("bigram", top, bos, True)) or _table_path(model, bos, top).exists():

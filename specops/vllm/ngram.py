@@ -18,23 +18,24 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
   with Gemma-3-270M the best lengths in hindsight were 1, 3, 3, 4 and 14 tokens from the bigram to 4-token
   matches; in a replay of the same outputs one length for every match gave 6 % fewer tokens/s);
 - cost: the wall time of each engine step, from one proposal to the next, against the requests and draft
-  tokens it carried (a + b * requests + c * drafts + e * requests * drafts, fitted to every step that decoded the same
-  requests the last one proposed for, `CostPlane`): vLLM's batch changes at every step, and a line per
-  batch size had to be measured again at each size, drafts and all, before it could stop drafting there.
-  On this CPU a draft token costs about 4.4 ms with one request and 7.5 ms with eight, on a 110-160 ms
-  step, hence a requests x drafts term.
+  tokens it carried (a + b * requests + c * drafts + e * requests * drafts, fitted to every step that
+  decoded the same requests the last one proposed for, `CostPlane`): vLLM's batch changes at every step, and
+  a line per batch size had to be measured again at each size, drafts and all, before it could stop drafting
+  there. On this CPU a draft token costs about 4.4 ms with one request and 7.5 ms with eight, on a 110-160
+  ms step, hence a requests x drafts term.
 
 Each request gets its own length (vLLM verifies ragged chains): the step's draft tokens go where they are
 worth most, so a request continuing a long context match drafts many while one drafting from the bigram
 drafts few or none (`DraftShape.widths`); none at all when drafting cannot pay at this batch size.
-num_speculative_tokens is the most it proposes. vLLM verifies the drafts, so the output is vLLM's own: greedy tokens identical to
-decoding without speculation, sampled tokens from the same distribution.
+num_speculative_tokens is the most it proposes. vLLM verifies the drafts, so the output is vLLM's own:
+greedy tokens identical to decoding without speculation, sampled tokens from the same distribution.
 
 Settings come from the environment of the vLLM process (vLLM passes a custom class no options of its own,
 and sets prompt_lookup_min/max to 0 for it): SPECOPS_DRAFT_LENGTH "auto" (the default) or a fixed number
 of tokens; SPECOPS_NGRAM_TABLES "auto" (the default: the target's bigram table when it is cached, or quick to
-build for a small model), "bigram" (built at start-up when missing: about 25 minutes for Gemma-3-270M on two
-CPU cores, seconds on a GPU; cached under ~/.cache/specops/ngrams) or "none" (context n-grams only). Matches
+build for a small model), "bigram" (built at start-up when missing: 7 to 25 minutes for Gemma-3-270M on two
+CPU cores, seconds on a GPU; cached under ~/.cache/specops/ngrams; `specops models bigram NAME|FOLDER` builds
+it ahead) or "none" (context n-grams only). Matches
 are 1 to 4 tokens long.
 """
 
