@@ -15,8 +15,8 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
   draft is accepted exactly when the target emits it: greedy or sampled, the score is unbiased), kept
   apart by where the draft came from: a context match of 1, 2, 3 or 4 tokens, or the bigram. A proposer
   lives as long as the engine, so each of the five gathers enough steps to be told apart (on HumanEval
-  with Gemma-3-270M the best lengths in hindsight were 1, 3, 3, 4 and 14 tokens from the bigram to 4-token
-  matches; in a replay of the same outputs one length for every match gave 6 % fewer tokens/s);
+  with Gemma-3-270M the best lengths of up to 16 in hindsight were 1, 3, 3, 4 and 14 tokens from the bigram
+  to 4-token matches; in a replay of the same outputs one length for every match gave 6 % fewer tokens/s);
 - cost: the wall time of each engine step, from one proposal to the next, against the requests and draft
   tokens it carried (a + b * requests + c * drafts + e * requests * drafts, fitted to every step that
   decoded the same requests the last one proposed for, `CostPlane`): vLLM's batch changes at every step, and
@@ -35,8 +35,7 @@ and sets prompt_lookup_min/max to 0 for it): SPECOPS_DRAFT_LENGTH "auto" (the de
 of tokens; SPECOPS_NGRAM_TABLES "auto" (the default: the target's bigram table when it is cached, or quick to
 build for a small model), "bigram" (built at start-up when missing: 7 to 25 minutes for Gemma-3-270M on two
 CPU cores, seconds on a GPU; cached under ~/.cache/specops/ngrams; `specops models bigram NAME|FOLDER` builds
-it ahead) or "none" (context n-grams only). Matches
-are 1 to 4 tokens long.
+it ahead) or "none" (context n-grams only). Matches are 1 to 4 tokens long.
 """
 
 from __future__ import annotations
