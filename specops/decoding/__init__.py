@@ -20,11 +20,11 @@ from specops._seeds import draw_seed, row_seeds
 from specops.decoding import registry
 from specops.decoding.attention import tree_support
 from specops.decoding.batch import Batch
-from specops.decoding.engine import CausalLM
+from specops.decoding.engine import CausalLM, chain_support
 from specops.decoding.ensemble import ENSEMBLES, EnsembleLM, WeightedEnsemble, member_vocab
 from specops.decoding.loop import run
 from specops.decoding.ngram import TABLES as NGRAM_TABLES
-from specops.decoding.self_draft import truncated
+from specops.decoding.self_draft import SelfDraftError, truncated
 from specops.decoding.stats import Stats
 from specops.decoding.step import SamplingParams, Setup
 
@@ -96,10 +96,64 @@ def _check_self_drafter(drafter) -> None:
         raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
 
 
-def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, need_tokenizer: bool = True):
-    if isinstance(drafter, str) and drafter.startswith("self:"):
-        return truncated(target_model, int(drafter[len("self:"):])), tokenizer
-    return _resolve_model(drafter, drafter_tokenizer, "drafter", need_tokenizer)
+def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: list[int], need_tokenizer: bool = True):
+    """(drafter model, its tokenizer, why a self:N drafter cannot run or None). ids: prompt tokens for the
+    probe (engine.chain_support): a self:N drafter need not be exact, but its cached forwards must run."""
+    if not (isinstance(drafter, str) and drafter.startswith("self:")):
+        return (*_resolve_model(drafter, drafter_tokenizer, "drafter", need_tokenizer), None)
+    layers = int(drafter[len("self:"):])
+    try:
+        model = truncated(target_model, layers)
+    except SelfDraftError as error:
+        return None, tokenizer, str(error)
+    except Exception as error:  # noqa: BLE001 - a model whose first layers cannot run alone
+        return None, tokenizer, f"its first {layers} layers cannot run alone ({type(error).__name__}: {error})"
+    if not chain_support(CausalLM(model, "drafter"), ids).runs:
+        return None, tokenizer, f"its first {layers} layers cannot run alone: " + str(
+            chain_support(CausalLM(model, "drafter"), ids).cache)
+    return model, tokenizer, None
+
+
+def _prompt_rows(prompts, tokenizer) -> list[list[int]]:
+    """The prompts' target token ids (checked against the model's vocabulary and context before anything
+    runs; the probes of engine.chain_support and attention.tree_support feed the model these ids)."""
+    if not isinstance(prompts[0], str):
+        return [list(row) for row in prompts]
+    return [list(tokenizer(p)["input_ids"]) for p in prompts]
+
+
+def _working(lm, ids: list[int], self_draft: bool | None = None) -> str:
+    """The methods that decode the target `lm` exactly, as a refusal lists them: every single-target
+    method, less those that score draft trees with a target that cannot take them; where self:1 cannot
+    run on it (self_draft False; None: try it) the drafter methods are named apart, as needing another
+    drafter."""
+    trees = not isinstance(lm, CausalLM) or tree_support(lm, ids) is None
+    if self_draft is None:
+        self_draft = not isinstance(lm, CausalLM) or _drafter_model("self:1", None, lm.model, None, ids)[2] is None
+    fit = [m for m in registry.METHODS.values() if m.ensemble != "only" and (trees or "target" not in m.trees)]
+    alone = [m.name for m in fit if m.drafter == "none"]
+    drafted = [m.name for m in fit if m.drafter != "none"]
+    if self_draft:
+        return ", ".join(alone + drafted)
+    return f"{', '.join(alone)}; with a drafter other than self:N also {', '.join(drafted)}"
+
+
+def _refuse_cache(lm, ids: list[int], target=None) -> bool:
+    """Raise for a model that specops cannot decode with a KV cache (engine.chain_support; every member of an
+    ensemble; a drafter, `target` given, need only run); else whether rows of a batch change each other's
+    logits, so that they must be decoded apart."""
+    apart = False
+    for member in getattr(lm, "members", [lm]):
+        found = chain_support(member, ids if member is lm else list(range(min(member.vocab_size, 64))))
+        if target is None and found.cache is not None:
+            raise ValueError(f"decode: the {member.name} ({member.arch}) cannot be decoded with a KV cache: "
+                             f"{found.cache}. Methods that work with it: none (decode it with its own generate())")
+        if target is not None and not found.runs:
+            raise ValueError(f"decode: the drafter ({member.arch}) cannot be decoded with a KV cache: {found.cache}; "
+                             f"draft with another model. Methods that work with the target ({target.arch}): "
+                             f"{_working(target, ids)}")
+        apart = apart or found.ragged is not None
+    return apart
 
 
 def _ensemble_members(target, tokenizer, ensemble):
@@ -174,7 +228,8 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
     """Methods that score draft trees need a model that takes them exactly (attention.tree_support)."""
     reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
     if reason is not None:
-        working = ", ".join(m.name for m in registry.METHODS.values() if role not in m.trees)
+        working = _working(lm, [t for row in rows for t in row]) if role == "target" else ", ".join(
+            m.name for m in registry.METHODS.values() if role not in m.trees)
         raise ValueError(f"decode: method {method.name!r} scores draft trees with the {role}, and {lm.arch} cannot "
                          f"take them exactly: {reason}. Methods that work with it: {working}")
 
@@ -236,6 +291,30 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)
 
 
+def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, seeds: torch.Tensor):
+    """`_decode` of call["prompts"] one request at a time (models that cannot take a ragged batch), the
+    models resolved already; returns one (Batch, Stats) as if they had been decoded together."""
+    prompts = call["prompts"]
+    merged, stats = None, Stats()
+    for i, prompt in enumerate(prompts):
+        def shifted(callback, request=i):
+            return None if callback is None else lambda _, *rest: callback(request, *rest)
+
+        batch, part = _decode([prompt], **{
+            **{k: v for k, v in call.items() if k != "prompts"}, "target": target, "tokenizer": tokenizer, "drafter": drafter,
+            "drafter_tokenizer": drafter_tokenizer, "seed": seeds[i:i + 1], "stream": shifted(call["stream"]),
+            "stop_when": shifted(call["stop_when"]), "on_tokens": shifted(call["on_tokens"])})
+        if merged is None:
+            merged = Batch(batch.tokenizer, prompts, call["max_new_tokens"], batch.stop, None, batch.eos_ids)
+        merged.generated[i], merged.stop_text[i] = batch.generated[0], batch.stop_text[0]
+        for name, value in vars(part).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                setattr(stats, name, getattr(stats, name) + value)
+        stats.draft_lengths += part.draft_lengths
+        stats.method = part.method
+    return merged, stats
+
+
 def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=None, max_new_tokens: int = 128,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, num_draft_tokens="auto",
                     stop=None, stream=None, options: dict | None = None, ensemble=None,
@@ -278,6 +357,7 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     where nothing needs text: a drafter model object without one shares the target's vocabulary). eos_ids
     replaces the model's and tokenizer's EOS ids; stop_when / on_tokens: see `Batch`. Returns the
     finished (Batch, Stats)."""
+    call = dict(locals())
     as_ids = not isinstance(prompts[0], str)
     stops, members, rule = check_arguments(
         target=target, drafter=drafter, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
@@ -291,26 +371,41 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
         target_model, tokenizer = _resolve_model(target, tokenizer, "target", need_tokenizer=not as_ids)
     if (stops or stream is not None) and tokenizer is None:
         raise ValueError("decode: stop strings and text streaming need the target's tokenizer")
+    rows = _prompt_rows(prompts, tokenizer)
+    ids = [t for row in rows for t in row] or [0]
+    if members is None:
+        target_lm = CausalLM(target_model, "target")
+    target_lm.check_prompts(rows, max_new_tokens, "target")
+    apart = _refuse_cache(target_lm, ids)
     drafter_model = None
     if drafter is not None:
-        drafter_model, drafter_tokenizer = _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer,
-                                                          need_tokenizer=not as_ids)
+        drafter_model, drafter_tokenizer, unfit = _drafter_model(drafter, drafter_tokenizer, target_model,
+                                                                 tokenizer, ids, need_tokenizer=not as_ids)
+        if unfit is not None:
+            raise ValueError(f"decode: drafter {drafter!r} cannot draft for the target ({target_lm.arch}): "
+                             f"{unfit}. Methods that work with it: {_working(target_lm, ids, self_draft=False)}")
         if tokenizer is None and drafter_tokenizer is not None:
             raise ValueError("decode: the drafter comes with its own tokenizer, and comparing vocabularies "
                              "needs the target's too: pass the target's tokenizer")
     same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
-    if members is None:
-        target_lm = CausalLM(target_model, "target")
     drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
     # "auto" without a drafter drafts n-grams where the target scores draft trees exactly, else plainly:
     # decided once the prompts are encoded. Every other method is known now, and checked before any prompt is.
     plain_auto = method == "auto" and drafter_model is None and members is None
     chosen = None if plain_auto else _chosen(method, same, temperature, members, target_lm, drafter_lm,
                                              tokenizer, drafter_tokenizer)
+    if drafter_lm is not None and not isinstance(drafter, str):
+        _refuse_cache(drafter_lm, ids if same else list(range(min(drafter_lm.vocab_size, 64))), target_lm)
+    if apart and len(prompts) > 1:
+        # Left padding would shift this model's positions: each request decodes alone, exactly as it would
+        # in a batch of one (its own row seed, so sampled text does not depend on the split either).
+        return _decode_apart(call, target_model if members is None else target,
+                             tokenizer if members is None else call["tokenizer"],
+                             drafter_model if not isinstance(drafter, str) else drafter, drafter_tokenizer,
+                             row_seeds(draw_seed() if seed is None else seed, len(prompts), target_lm.device))
     batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream,
                   _eos_ids(target_model, tokenizer) if eos_ids is None else set(eos_ids),
                   stop_when=stop_when, on_tokens=on_tokens)
-    target_lm.check_prompts(batch.prompt_rows, max_new_tokens, "target")
     if plain_auto:
         trees = tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None
         chosen = _chosen("ngram" if trees else "ar", same, temperature, members, target_lm, drafter_lm,

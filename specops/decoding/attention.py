@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeMask", "pack_rows", "tree_forward", "tree_support"]
+__all__ = ["TreeMask", "close_logits", "pack_rows", "tree_forward", "tree_support"]
 
 NAME = "specops_tree"
 _ACTIVE = threading.local()
@@ -410,7 +410,7 @@ def _probe(model_lm, pool: list[int], kernel: bool) -> str | None:
                         chains.append(prompts[b] + path[::-1])
             want = KVState(lm, len(chains)).prefill(chains)
             tolerance = 1e-3 if lm.dtype == torch.float32 else 3e-2
-            if not all(_close(want[n], tree[b, i], tolerance) for n, (b, i) in enumerate(cases)):
+            if not all(close_logits(want[n], tree[b, i], tolerance) for n, (b, i) in enumerate(cases)):
                 return ("its logits for a draft tree differ from the same paths decoded as chains (its attention "
                         "or positions do not follow the mask and position ids specops passes)")
     except Exception as error:  # a model that cannot take the tree at all
@@ -418,7 +418,7 @@ def _probe(model_lm, pool: list[int], kernel: bool) -> str | None:
     return None
 
 
-def _close(want: torch.Tensor, got: torch.Tensor, tolerance: float) -> bool:
+def close_logits(want: torch.Tensor, got: torch.Tensor, tolerance: float) -> bool:
     """Equal up to `tolerance` of the largest finite logit (summation order differs between a tree and a
     chain forward: about 1e-6 of the scale in float32; a wrong mask or position moves logits by a large
     fraction of it); -inf (impossible tokens) must match exactly."""

@@ -8,7 +8,11 @@ import copy
 
 import torch
 
-__all__ = ["truncated"]
+__all__ = ["SelfDraftError", "truncated"]
+
+
+class SelfDraftError(ValueError):
+    """The model has no list of decoder layers to take the first N of."""
 
 
 def _text_config(model):
@@ -20,15 +24,18 @@ def _decoder_layers(model) -> list[str]:
     """The attribute path from `model` to the ModuleList of its decoder layers (`model.layers`,
     `transformer.h`, `model.decoder.layers`, `gpt_neox.layers`, ...): the shallowest ModuleList holding
     as many modules as the config has layers."""
-    layers = getattr(_text_config(model), "num_hidden_layers", None)
+    text = _text_config(model)
+    # num_hidden_layers, or the decoder's own count where a config counts encoder layers there (the decoder
+    # halves of encoder-decoder families: Bart, Whisper, ...).
+    counts = {getattr(text, name, None) for name in ("num_hidden_layers", "decoder_layers", "num_decoder_layers")}
     found = None
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name and len(module) == layers:
+        if isinstance(module, torch.nn.ModuleList) and name and len(module) in counts - {None}:
             path = name.split(".")
             if found is None or len(path) < len(found):
                 found = path
     if found is None:
-        raise ValueError(f"self:N drafting needs a decoder with `model.layers`, `transformer.h` or another "
+        raise SelfDraftError(f"self:N drafting needs a decoder with `model.layers`, `transformer.h` or another "
                          f"ModuleList of its layers; {type(model).__name__} has none")
     return found
 
@@ -42,10 +49,16 @@ def truncated(model, num_layers: int):
     config = copy.deepcopy(model.config)
     text = _text_config(model)
     short = config.get_text_config() if hasattr(config, "get_text_config") else config
-    short.num_hidden_layers = num_layers
-    for name, value in vars(text).items():  # per-layer settings: layer_types, attention_layers, ...
-        if isinstance(value, list) and len(value) == total and name != "architectures":
-            setattr(short, name, value[:num_layers])
+    # Models with per-layer inputs (Gemma-3n, Gemma-4: hidden_size_per_layer_input) embed every token once
+    # for all layers, shaped by num_hidden_layers, and hand layer i its slice: they keep the full count,
+    # and simply run fewer layers.
+    if not getattr(text, "hidden_size_per_layer_input", None):
+        for name in ("num_hidden_layers", "decoder_layers", "num_decoder_layers"):
+            if getattr(text, name, None) == total:
+                setattr(short, name, num_layers)
+        for name, value in vars(text).items():  # per-layer settings: layer_types, attention_layers, ...
+            if isinstance(value, list) and len(value) == total and name != "architectures":
+                setattr(short, name, value[:num_layers])
     # Shallow copies of the modules on the way to the layers, each with its own child-module table, so the
     # target itself is left untouched; every module that held the target's config holds the copy.
     draft = copy.copy(model)
