@@ -11,7 +11,7 @@ import torch
 
 from specops._rows import per_row
 
-__all__ = ["beam_seeds", "draw_seed", "row_seeds"]
+__all__ = ["beam_seeds", "draw_seed", "position_seeds", "row_seeds"]
 
 # Row b of an int seed s gets s + b * 0x9E3779B97F4A7C15 (mod 2**64): the 64-bit golden-ratio Weyl
 # increment, so a batch's rows get distinct, well-spread keys (also for consecutive s).
@@ -19,6 +19,9 @@ _ROW_STRIDE = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
 # Beam (or tree parent) w of a row with seed s draws with s + w * 0x632BE59BD9B4E019 (mod 2**64): odd, so
 # a row's beams get distinct keys, and unrelated to the row stride, so they do not land on other rows'.
 BEAM_STRIDE = 0x632BE59BD9B4E019
+# Output position t of a row with seed s draws with s + (t + 1) * 0xD1B54A32D192ED03 (mod 2**64), when a
+# token is keyed by where it lands rather than by the step that emits it (position_seeds).
+POSITION_STRIDE = 0xD1B54A32D192ED03 - 2**64  # as a signed int64
 
 
 def draw_seed() -> int:
@@ -43,3 +46,10 @@ def beam_seeds(seeds: torch.Tensor, beams: int) -> torch.Tensor:
     """[rows, beams] int64: beam w of row n keyed by seeds[n] + w * 0x632BE59BD9B4E019 (mod 2**64), the
     keys every per-beam draw uses (`stochastic_beam_step`, the parents of a draft-tree level)."""
     return seeds[:, None] + BEAM_STRIDE * torch.arange(beams, dtype=torch.int64, device=seeds.device)
+
+
+def position_seeds(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[rows, n] int64: the key of the token at sequence position positions[b, j] of row b, seeds[b] +
+    (position + 1) * 0xD1B54A32D192ED03 (mod 2**64). A token drawn with it depends on the row's seed and
+    where it lands, not on the step or the batch that drew it."""
+    return seeds[:, None] + (positions + 1) * POSITION_STRIDE

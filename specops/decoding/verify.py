@@ -3,6 +3,11 @@ cut back to them.
 
 - "chain": the last emitted token and K drafts in one forward; `chain_verify` accepts a prefix (with the
   drafts' q, or one-hot q for deterministic drafts) and emits one more token.
+- Deterministic drafts (no q: n-grams, re-encoded text, no drafts at all) when sampling: the target's
+  token at every position is drawn as plain sampling draws it, with random numbers keyed by the row's seed
+  and the token's position alone (`positional`), and a draft is accepted exactly when it is that token.
+  Acceptance is p(x), as with a one-hot q, and the text is token for token what "ar" gives with the same
+  seed, whatever the draft shapes, the batch or the timing that chose them.
 - "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by recursive rejection
   sampling (`tree_verify`: every sibling gets its chance); the cache keeps the accepted path. A tree
   proposer may hand over a step whose trees are all chains as a chain proposal (tree_verify's chain case
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from specops import ops
+from specops._seeds import position_seeds
 from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, SamplingParams
 from specops.decoding.tree import tree_from_parents
@@ -51,6 +57,30 @@ def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, of
     return out[:, 0]
 
 
+def positional(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+    """The tokens [B, n] plain sampling emits from logits [B, n, V] at sequence positions [B, n]: each drawn
+    with the key of its row and position (_seeds.position_seeds), so the same seed gives the same token at
+    the same place whichever step draws it."""
+    rows, n, vocab = logits.shape
+    keys = position_seeds(seeds, positions).reshape(-1)
+    return sample(logits.reshape(rows * n, vocab), params, keys, 0).view(rows, n)
+
+
+def _positions(state, width: int) -> torch.Tensor | None:
+    """[B, width] sequence positions of the tokens predicted after the last emitted token (which the state
+    has not read yet) and after each of `width` - 1 drafts; None for a state without per-row counts."""
+    count = getattr(state, "next_pos", None)
+    if count is None:
+        return None
+    return (count + 1)[:, None] + torch.arange(width, device=count.device)
+
+
+def _matched(params: SamplingParams, probs, state) -> bool:
+    """Whether a step's drafts are verified by matching the positional tokens (module docstring)."""
+    return params.temperature > 0 and probs is None and getattr(state, "next_pos", None) is not None
+
+
 def _widen(logits: torch.Tensor, width: int | None) -> torch.Tensor:
     """Target logits [..., V] over a verification vocabulary of `width` >= V ids (-inf past V)."""
     extra = (width or logits.shape[-1]) - logits.shape[-1]
@@ -67,7 +97,13 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
     # reads in its place, and nothing after it is used.
     scored = torch.where((drafts >= 0) & (drafts < state.lm.vocab_size), drafts, 0)
     logits = _widen(state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=k + 1), proposal.width)
-    out, accepted = _chain_verify(logits, drafts, proposal.probs, proposal.num_draft, params, seeds, step)
+    if _matched(params, proposal.probs, state):
+        out = positional(logits, params, seeds, _positions(state, k + 1) - (k + 1))
+        offered = torch.arange(k, device=drafts.device) < proposal.num_draft[:, None]
+        accepted = ((out[:, :k] == drafts) & offered).long().cumprod(1).sum(1)
+        out = torch.where(torch.arange(k + 1, device=out.device) <= accepted[:, None], out, -1)
+    else:
+        out, accepted = _chain_verify(logits, drafts, proposal.probs, proposal.num_draft, params, seeds, step)
     state.rollback(k + 1, accepted + 1)
     return Verified(out, accepted, proposal.num_draft, k if proposal.size is None else proposal.size)
 
@@ -83,14 +119,47 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
     # Ids the target does not have (a wider verification vocabulary) are scored as 0 and always rejected.
     scored = torch.where(shape.tokens < state.lm.vocab_size, shape.tokens, 0)
     logits = _widen(state.append_tree(scored, shape.valid, shape.depth, shape.visible), proposal.width)
-    out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs, num_nodes=draft.num_nodes,
+    if _matched(params, draft.probs, state):
+        out, nodes, accepted = _match_tree(logits, tokens, shape, params, seeds, state)
+    else:
+        out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs, num_nodes=draft.num_nodes,
                                            replacement=draft.replacement, temperature=params.temperature,
-                                           top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=step,
-                                           validate=False)
+                                               top_k=params.top_k, top_p=params.top_p, seed=seeds,
+                                               offset=step, validate=False)
     size = tokens.shape[1]
     slots = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0)], dim=1)[:, :size]
     state.commit(size, slots, accepted + 1)
     return Verified(out, accepted, draft.num_nodes - 1, size - 1 if proposal.size is None else proposal.size)
+
+
+def _match_tree(logits, tokens, shape, params: SamplingParams, seeds, state):
+    """tree_verify's (out, nodes, accepted) for a deterministic tree: from the root, the positional token
+    after the current node; the child holding it is accepted and the walk goes on from there, else that
+    token is emitted and the walk ends."""
+    rows, size = tokens.shape
+    depth = shape.depth
+    # The state does not advance over a tree until commit: a node's prediction lands depth + 1 past `last`.
+    drawn = positional(logits, params, seeds, state.next_pos[:, None] + 1 + depth).tolist()
+    parent, valid, ids = shape.parent.tolist(), shape.valid.tolist(), tokens.tolist()
+    out = torch.full((rows, size), -1, dtype=torch.long)
+    nodes = torch.full((rows, size - 1), -1, dtype=torch.long)
+    accepted = torch.zeros(rows, dtype=torch.long)
+    for b in range(rows):
+        node, path = 0, []
+        while True:
+            want = drawn[b][node]
+            child = next((c for c in range(1, size) if valid[b][c] and parent[b][c] == node and ids[b][c] == want),
+                         None)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        out[b, :len(path)] = torch.tensor([ids[b][c] for c in path], dtype=torch.long)
+        out[b, len(path)] = drawn[b][node]
+        nodes[b, :len(path)] = torch.tensor(path, dtype=torch.long)
+        accepted[b] = len(path)
+    device = tokens.device
+    return out.to(device), nodes.to(device), accepted.to(device)
 
 
 VERIFIERS = {"chain": chain, "tree": tree}
