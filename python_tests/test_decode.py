@@ -24,6 +24,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 import specops
+from specops._cpu import auto_threads, decoding_threads
 from specops.decoding.draft_length import DraftLength
 from toy_models import (EOS_ID, LETTERS, TableLM, byte_tokenizer, cycle_table, greedy_cycle, letter_tokenizer,
                         random_table, sequence_distribution, tiny_gemma3, tiny_llama)
@@ -768,7 +769,7 @@ def test_command_line_checks_settings_before_loading(monkeypatch, capsys):
     try:
         cli._set_threads(1)
         assert torch.get_num_threads() == 1
-        assert 1 <= cli._auto_threads(window=0.05) <= before
+        assert 1 <= auto_threads(window=0.05) <= before
     finally:
         torch.set_num_threads(before)
 
@@ -784,3 +785,35 @@ def test_stop_and_stream_with_an_embedded_name(models, tok, monkeypatch):
     ar = specops.decode(PROMPTS[:2], target=models["llama"], tokenizer=tok, method="ar", max_new_tokens=6)
     assert result.tokens == ar.tokens
     assert "".join(text for request, text in pieces if request == 0) == result.text[0]
+
+
+def test_decoding_threads_follow_the_load_unless_the_user_chose(monkeypatch):
+    """The Python API picks threads as --threads auto does, for the call only; a count the user set, or
+    OMP_NUM_THREADS, is left alone."""
+    import torch
+
+    import specops._cpu as cpu
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu, "_IMPORT_THREADS", [before])
+    monkeypatch.setattr(cpu, "_DECIDED", [])
+    monkeypatch.setattr(cpu, "auto_threads", lambda window: 1)  # another process keeps a core busy
+    if before >= 2:
+        with decoding_threads(torch.device("cpu")):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == before
+        with decoding_threads(torch.device("meta")):  # not the CPU: untouched
+            assert torch.get_num_threads() == before
+        monkeypatch.setenv("OMP_NUM_THREADS", str(before))
+        with decoding_threads(torch.device("cpu")):
+            assert torch.get_num_threads() == before
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    try:
+        torch.set_num_threads(max(1, before - 1) if before > 1 else 1)
+        chosen = torch.get_num_threads()
+        monkeypatch.setattr(cpu, "_IMPORT_THREADS", [chosen + 1])  # the user changed torch's default
+        with decoding_threads(torch.device("cpu")):
+            assert torch.get_num_threads() == chosen
+    finally:
+        torch.set_num_threads(before)

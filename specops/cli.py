@@ -40,27 +40,6 @@ def _threads(value: str):
     raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {value!r}")
 
 
-def _auto_threads(window: float = 0.25) -> int:
-    """The cores torch would use, less those other processes keep busy now (>= 1): /proc/stat's busy time
-    minus this process's own over a quarter of a second (the load average would count commands that just
-    finished). All of them where /proc/stat is absent."""
-    import os
-    import time
-
-    import torch
-
-    from specops._cpu import busy_seconds
-
-    cores = torch.get_num_threads()
-    try:
-        start, own, wall = busy_seconds(), time.process_time(), time.perf_counter()
-        time.sleep(window)
-        others = (busy_seconds() - start - (time.process_time() - own)) / (time.perf_counter() - wall)
-    except (OSError, ValueError, IndexError):
-        return cores
-    return max(1, min(cores, (os.cpu_count() or cores) - round(max(0.0, others))))
-
-
 def _set_threads(threads) -> None:
     import os
 
@@ -69,7 +48,9 @@ def _set_threads(threads) -> None:
     if threads == "auto":
         if os.environ.get("OMP_NUM_THREADS"):
             return  # the user's setting; torch already follows it
-        threads = _auto_threads()
+        from specops._cpu import auto_threads
+
+        threads = auto_threads()
     torch.set_num_threads(threads)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specops._cpu import decoding_threads
 from specops._seeds import draw_seed, row_seeds
 from specops.decoding import registry
 from specops.decoding.attention import tree_support
@@ -258,9 +259,14 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         "unigram" comes from the embeddings, instantly; "auto", the default, takes the bigram when it is
         cached or estimated to build within a minute, else the context alone);
       - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step.
-    ngram_tables and slrs_max_nodes are the same settings as keywords. seed: makes sampling reproducible
-    for a fixed num_draft_tokens (with "auto", draft lengths follow measured timings, and the steps they
-    make decide which random numbers each token uses; the distribution is the target's either way).
+    ngram_tables and slrs_max_nodes are the same settings as keywords. seed: the same seed gives the same
+    text. Methods with deterministic drafts ("ar", "ngram", "slem") draw each token with random numbers
+    keyed by the seed, the request and the token's position alone, so they give token for token the text
+    sampled "ar" gives, whatever num_draft_tokens is ("auto" included) and however requests are batched.
+    Methods whose drafts come with a distribution ("sd", "tli", "union", "rsd-*", "specinfer", "se") key
+    their random numbers by step: reproducible for a fixed num_draft_tokens; with "auto", draft lengths
+    follow measured timings and the steps they make decide which random numbers each token uses (the
+    distribution is the target's either way).
     stop: strings that end a request (excluded from its text). stream: called as stream(request_index,
     text) with each new piece of text as tokens are accepted.
 
@@ -421,11 +427,11 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
                   drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model, same)
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
-    start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), decoding_threads(target_lm.device):  # measures the load: before the clock
+        start = time.perf_counter()
         if max_new_tokens > 0:
             run(target_lm, batch, params, seeds, stats, proposer)
-    stats.seconds = time.perf_counter() - start
+        stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(t) for t in batch.generated)
     stats.target_calls = target_lm.calls
     stats.drafter_calls = drafter_lm.calls if drafter_lm else 0
