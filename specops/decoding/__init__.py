@@ -99,7 +99,7 @@ def _check_self_drafter(drafter) -> None:
 
 def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: list[int], need_tokenizer: bool = True):
     """(drafter model, its tokenizer, why a self:N drafter cannot run or None). ids: prompt tokens for the
-    probe (engine.chain_support): a self:N drafter need not be exact, but its cached forwards must run."""
+    probe (engine.chain_support)."""
     if not (isinstance(drafter, str) and drafter.startswith("self:")):
         return (*_resolve_model(drafter, drafter_tokenizer, "drafter", need_tokenizer), None)
     layers = int(drafter[len("self:"):])
@@ -109,9 +109,12 @@ def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: lis
         return None, tokenizer, str(error)
     except Exception as error:  # noqa: BLE001 - a model whose first layers cannot run alone
         return None, tokenizer, f"its first {layers} layers cannot run alone ({type(error).__name__}: {error})"
-    if not chain_support(CausalLM(model, "drafter"), ids).runs:
-        return None, tokenizer, f"its first {layers} layers cannot run alone: " + str(
-            chain_support(CausalLM(model, "drafter"), ids).cache)
+    # The first layers of a model built otherwise (layers looped, or read by position in the stack) may run
+    # and still compute something else than the stack's own first layers: their cached decoding must at
+    # least agree with their own forward over the whole sequence.
+    found = chain_support(CausalLM(model, "drafter"), ids)
+    if found.cache is not None:
+        return None, tokenizer, f"its first {layers} layers cannot run alone: {found.cache}"
     return model, tokenizer, None
 
 
@@ -230,7 +233,7 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
     reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
     if reason is not None:
         working = _working(lm, [t for row in rows for t in row]) if role == "target" else ", ".join(
-            m.name for m in registry.METHODS.values() if role not in m.trees)
+            m.name for m in registry.METHODS.values() if role not in m.trees and m.ensemble != "only")
         raise ValueError(f"decode: method {method.name!r} scores draft trees with the {role}, and {lm.arch} cannot "
                          f"take them exactly: {reason}. Methods that work with it: {working}")
 

@@ -110,7 +110,7 @@ class CausalLM:
             raise TypeError(f"{name} ({type(model).__name__}) has no float parameters or buffers")
         self.device, self.dtype = parameter.device, parameter.dtype
         self.context, self.context_field = _context(config)
-        layers = getattr(config, "num_hidden_layers", None)
+        layers = getattr(model, "_specops_layers", None) or getattr(config, "num_hidden_layers", None)
         self.attention_layers = layers if isinstance(layers, int) else None
         accepted = inspect.signature(model.forward).parameters
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}

@@ -70,6 +70,7 @@ def truncated(model, num_layers: int):
         parent._modules[name] = child
         parent = child
     parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[:num_layers])
+    draft.__dict__["_specops_layers"] = num_layers  # the layers it runs, whatever its config counts
     node = draft
     for name in [None, *path[:-1]]:
         node = node if name is None else node._modules[name]
