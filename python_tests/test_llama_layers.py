@@ -165,7 +165,10 @@ def test_bad_arguments_raise_clear_errors():
         (dict(keys=[k.transpose(2, 3).contiguous().transpose(2, 3) for k in keys]), ValueError, "contiguous along D"),
         (dict(values=[v.double() for v in values]), TypeError, "float32"),
         (dict(linears=[None] + linears[1:]), ValueError, "needs q, o, gate and down"),
-        (dict(heads=2, kv_heads=2), RuntimeError, "features"),  # q|k|v wider than 2 heads + 2 kv heads
+        # q|k|v wider than 2 heads + 2 kv heads
+        (dict(heads=2, kv_heads=2), ValueError,
+         (r"linears\[0\] \(layer 0's q\|k\|v weight\) must be "
+          r"\[heads \* D \+ kv_heads \* D \+ kv_heads \* D, d\] = \[96, 64\], got \(128, 64\)")),
     ]
     for change, error, words in cases:
         with pytest.raises(error, match=words):

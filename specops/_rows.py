@@ -23,4 +23,6 @@ def per_row(name: str, value, rows: int, dtype: torch.dtype, device: torch.devic
         if not value.is_integer():
             raise TypeError(f"{name} must be an integer, got {value}")
         value = int(value)
+    if not dtype.is_floating_point and not torch.iinfo(dtype).min <= value <= torch.iinfo(dtype).max:
+        raise ValueError(f"{name} must fit {str(dtype).removeprefix('torch.')}, got {value}")
     return torch.full((rows,), value, dtype=dtype, device=device)

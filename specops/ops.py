@@ -42,6 +42,17 @@ def _check_tensor(op: str, name: str, value, shape: tuple[int, ...], shape_rule:
         raise TypeError(f"{op}: {name} must be {str(dtype).removeprefix('torch.')}, got {value.dtype}")
 
 
+def _check_int(op: str, name: str, value, low: int, high: int, rule: str) -> None:
+    """`value` must be an int (not a bool) in [low, high], which `rule` states: a ValueError naming it
+    otherwise. Checked here because the dispatcher rejects an int outside int64 as if it were no int
+    ("Expected a value of type 'int' ... found type 'int'")."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{op}: {name} must be {rule}, got {value!r}")
+
+
+_INT64_MAX = 2**63 - 1
+
+
 def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensors: dict, temperature, top_k,
                    top_p, seed, offset) -> tuple[torch.Tensor, ...]:
     """The sampling arguments every stochastic op takes, checked (devices of all tensor arguments,
@@ -124,7 +135,8 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     token from norm(max(0, p - q)); if every valid draft is accepted emits a bonus token from p.
     p = softmax(logits / T) after top-k then top-p filtering (ties at a threshold are kept).
     Temperature 0 is greedy: accept while the draft is the target argmax (first index), then emit it;
-    so is a row whose logits / T overflows float32 (the T -> 0 limit).
+    so is a row whose largest logit / T overflows float32, to +inf or (every logit with it) to -inf, e.g.
+    T = 1e-45: the T -> 0 limit.
     If a residual has no mass (p <= q everywhere, reachable only through round-off), the recovered
     token is drawn from p instead, which is the distribution the residual converges to.
 
@@ -215,8 +227,9 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, *, temper
     The draws are exactly sequential sampling without replacement (the distribution of Gumbel-top-k):
     draw i comes from q with draws 0..i-1 removed, renormalized. Draws past the support of q are -1.
     Temperature 0 is greedy: the num_samples largest logits (ties: lower index first), with a one-hot q
-    on the first argmax (such rows only make sense under a greedy target); so is a row whose logits / T
-    overflows float32. For a drafter with another vocabulary, pass log q of `vocab_project`'s q at T = 1.
+    on the first argmax (such rows only make sense under a greedy target); so is a row whose largest
+    logit / T overflows float32 (to +inf or -inf: the T -> 0 limit, as chain_verify). For a drafter with
+    another vocabulary, pass log q of `vocab_project`'s q at T = 1.
 
     Shape:
         logits: [N, V] float32, bfloat16 or float16.
@@ -270,7 +283,8 @@ def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, bea
     printed Alg. 9 line 6 drops a sign). The beam_width best children over all beams are kept, best first;
     the ones kept from one beam are always the first of its draws, in draw order, which is what
     `tree_verify(..., replacement=False)` needs with probs as their draft_probs. Temperature 0 is
-    deterministic beam search: each beam's beam_width largest logits, scored phi + log_softmax(logits).
+    deterministic beam search: each beam's beam_width largest logits, scored phi + log_softmax(logits); so
+    is a beam whose largest logit / T overflows float32 (to +inf or -inf: the T -> 0 limit).
     Semantics in full: `specops.reference.stochastic_beam_step`.
 
     Shape:
@@ -342,9 +356,9 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     is emitted from the current p. p is softmax(logits / T) after top-k then top-p at that node; q is
     draft_probs[b, n] for node n's children, or one-hot on each child (deterministic drafts: n-gram
     rows, top-k trees). Temperature 0 is greedy: follow the child equal to the first argmax, emit the
-    argmax where none is (also where logits / T overflows float32). A residual with no mass (round-off
-    only) is kept as the previous p, chain_verify's policy. On a chain this is chain_verify, with the
-    same tokens for the same seeds.
+    argmax where none is (also where the largest logit / T overflows float32, as chain_verify). A residual
+    with no mass (round-off only) is kept as the previous p, chain_verify's policy. On a chain this is
+    chain_verify, with the same tokens for the same seeds.
 
     Shape:
         target_logits: [B, N, V] float32, bfloat16 or float16: row n is the target's logits after the
@@ -463,7 +477,7 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, mi
         tokens: [B, L] int32 or int64, right-padded token ids (>= 0 inside each context), L < 2**28.
         lengths: [B] int64 in [0, L], each row's context length; default L for every row.
         min_ngram, max_ngram: ints with 1 <= min_ngram <= max_ngram <= 63.
-        num_candidates (k), width: ints >= 1.
+        num_candidates (k), width: ints in [1, 2**28).
         validate: check that context tokens are >= 0 (on CPU the kernel does, in its row pass; on
             accelerators it costs one host sync here, together with the lengths check). With False,
             the CPU kernel still rejects lengths outside [0, L] and GPU kernels clamp them, so no
@@ -502,8 +516,9 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, mi
     if not 1 <= min_ngram <= max_ngram <= 63:
         raise ValueError(f"ngram_match: need 1 <= min_ngram <= max_ngram <= 63, got min_ngram = {min_ngram}, "
                          f"max_ngram = {max_ngram}")
-    if num_candidates < 1 or width < 1:
-        raise ValueError(f"ngram_match: num_candidates and width must be >= 1, got {num_candidates} and {width}")
+    if not (1 <= num_candidates < 2**28 and 1 <= width < 2**28):
+        raise ValueError(f"ngram_match: num_candidates and width must be >= 1 and < 2**28 (as L), got "
+                         f"{num_candidates} and {width}")
     if validate and device.type != "cpu":
         valid = torch.arange(length, device=device) < lengths.unsqueeze(1)
         _raise_first("ngram_match", [(((lengths < 0) | (lengths > length)).any(), f"lengths must be in [0, {length}]"),
@@ -529,7 +544,8 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
 
     Drafter ids outside the intersection (target_ids < 0) get probability 0; temperature, top-k and
     top-p then act on the rest, which is renormalized. Temperature 0 is greedy: the first argmax inside
-    the intersection, with a one-hot q. A map that sends every drafter id somewhere (the union of the
+    the intersection, with a one-hot q; so is a row whose largest logit / T overflows float32 (to +inf or
+    -inf: the T -> 0 limit). A map that sends every drafter id somewhere (the union of the
     two vocabularies, paper 000 Alg 1) gives the drafter's unrestricted distribution.
 
     Shape:
@@ -537,7 +553,7 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
             included; map them to -1).
         target_ids: [V_d] int64, the target id of each drafter id, -1 outside the intersection; the
             mapped ids are distinct and in [0, target_vocab). `specops.vocab.VocabMap` builds it.
-        target_vocab: int >= 1, the width of the output distribution.
+        target_vocab: int in [1, 2**31), the width of the output distribution.
         temperature, top_p: float or [N] tensor. top_k: int or [N] tensor (0 = off).
         seed: int or [N] int64 per-row seeds (None draws one); offset: int counter (e.g. the step).
         validate: check the values (NaN / +inf logits, rows with no finite logit inside the
@@ -560,8 +576,8 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
     device = draft_logits.device
     _check_tensor("vocab_project", "target_ids", target_ids, (draft_vocab,),
                   f"[V_d] = [{draft_vocab}] to match draft_logits", torch.int64)
-    if isinstance(target_vocab, bool) or not isinstance(target_vocab, int) or target_vocab < 1:
-        raise ValueError(f"vocab_project: target_vocab must be an int >= 1, got {target_vocab!r}")
+    # Target ids are int32 in the kernels.
+    _check_int("vocab_project", "target_vocab", target_vocab, 1, 2**31 - 1, "an int >= 1 and < 2**31")
     tensors = {"target_ids": target_ids}
     temperature, top_k, top_p, seeds = _sampling_args("vocab_project", "draft_logits", device, rows, tensors,
                                                       temperature, top_k, top_p, seed, offset)
@@ -612,7 +628,7 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     in tokens whatever holes the prefix has.
 
     Shape:
-        query: [B, Hq, N, D] float32, bfloat16 or float16, N >= 1.
+        query: [B, Hq, N, D] float32, bfloat16 or float16, N >= 1 (B >= 0).
         key, value: [B, Hkv, S, D] of query's dtype, S >= N: each request's cache, its last N slots the
             nodes' keys and values in node order; Hq a multiple of Hkv (grouped-query attention).
         tree_mask: [B, N, ceil(N/32)] int32: bit j % 32 of word j // 32 of row i is set iff node j is
@@ -620,7 +636,8 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             its own bit). Padding nodes of a ragged tree see only themselves.
         kv_mask: [B, S - N] bool, which prefix slots hold a token (default: all).
         scale: the softmax scale (default D ** -0.5).
-        window: keep only keys with position(query) - position(key) < window (None: no window).
+        window: keep only keys with position(query) - position(key) < window: an int in [1, 2**63)
+            (None: no window).
         softcap: scores become softcap * tanh(scores / softcap) before masking (None: off).
         sinks: [Hq] float, one extra logit per query head in each row's softmax denominator, with no
             value (attention sinks; None: off).
@@ -628,7 +645,13 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             does this in its pass over the rows; on accelerators it costs one host sync here. Shapes,
             dtypes and devices are always checked, and no kernel reads out of bounds either way.
 
-    Returns [B, Hq, N, D] in query's dtype; a row with nothing to attend to is zeros, never NaN.
+    NaN and inf: what a row does not see never enters it, whatever it holds: a prefix slot kv_mask hides
+    or outside its window, a node that is not its ancestor (a padding node, a sibling's branch); a cache
+    fresh from torch.empty is ordinary input. A NaN in what it sees shows in its output, never as
+    plausible numbers: a NaN (or +inf) in its query, in a score it sees or in its head's sink makes the
+    whole row NaN; a NaN or inf in a value it sees enters as p * v (NaN / inf in those columns).
+
+    Returns [B, Hq, N, D] in query's dtype (B = 0: empty); a row with nothing to attend to is zeros.
     """
     op = "tree_attention"
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -669,17 +692,26 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             raise ValueError(f"{op}: {name} is on {t.device} but query is on {device}")
     scale = dim ** -0.5 if scale is None else scale
     for name, number in (("scale", scale), ("softcap", softcap)):
-        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float))
-                                   or not 0 < number < float("inf")):
+        if number is not None and not _finite_positive(number):
             raise ValueError(f"{op}: {name} must be a finite number > 0, got {number!r}")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"{op}: window must be an int >= 1 or None, got {window!r}")
+    if window is not None:
+        _check_int(op, "window", window, 1, _INT64_MAX, "an int >= 1 or None (at most 2**63 - 1)")
     if validate and device.type != "cpu":
         _raise_first(op, _tree_mask_checks(tree_mask, nodes))
     return torch.ops.specops.tree_attention(
         query.contiguous(), key.contiguous(), value.contiguous(), tree_mask.contiguous(), kv_mask.contiguous(),
         float(scale), int(window or 0), float(softcap or 0.0),
         None if sinks is None else sinks.float().contiguous(), validate)
+
+
+def _finite_positive(number) -> bool:
+    """Whether `number` is an int or float (not a bool) that is finite and > 0 as a float."""
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return False
+    try:
+        return 0 < float(number) < float("inf")
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def _tree_mask_checks(tree_mask: torch.Tensor, nodes: int) -> list:
@@ -814,6 +846,9 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         weight: [N, K] of input's dtype (a non-contiguous weight is copied first: pass a contiguous one).
         bias: [N] of input's dtype, or None.
 
+    NaN and inf propagate as in F.linear, row by row: a NaN in an input row makes that output row NaN and
+    leaves the other rows as they are.
+
     Returns [..., N] in input's dtype.
     """
     op = "skinny_linear"
@@ -849,6 +884,47 @@ def _skinny_linear_fake(input, weight, bias):
 _QUANTIZED_FORMATS = {torch.bfloat16: "bfloat16", torch.int8: "int8", torch.uint8: "int4"}
 
 
+def _check_quantized_weight(op: str, label: str, weight, scales, mins, k: int, k_rule: str) -> dict:
+    """A quantized_linear weight (the format its dtype names) with its scales and mins, for inputs of
+    width k (`k_rule` says where k comes from); messages start with `label`. Returns the tensors by name."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"{op}: {label}weight must be a 2-D tensor")
+    fmt = _QUANTIZED_FORMATS.get(weight.dtype)
+    article = "an" if fmt in ("int8", "int4") else "a"
+    if fmt is None:
+        raise TypeError(f"{op}: {label}weight must be bfloat16, int8 or uint8 (packed int4), got "
+                        f"{weight.dtype}")
+    n = weight.shape[0]
+    width = k // 2 if fmt == "int4" else k
+    if weight.shape[1] != width or (fmt == "int4" and k % 32):
+        rule = "[N, K / 2] with K a multiple of 32" if fmt == "int4" else "[N, K]"
+        raise ValueError(f"{op}: {label}{article} {fmt} weight must be {rule}, K = {k} ({k_rule}); got "
+                         f"{tuple(weight.shape)}")
+    tensors = {"weight": weight}
+    needs = {"bfloat16": (), "int8": ("scales",), "int4": ("scales", "mins")}[fmt]
+    for name, value in (("scales", scales), ("mins", mins)):
+        if name not in needs:
+            if value is not None:
+                raise ValueError(f"{op}: {label}{article} {fmt} weight takes no {name}")
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[0] != n:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{op}: {label}{name} must be [N, G] = [{n}, G] for {article} {fmt} weight, got "
+                             f"{got}")
+        if value.dtype != torch.float32:
+            raise TypeError(f"{op}: {label}{name} must be float32, got {value.dtype}")
+        tensors[name] = value
+    if "scales" in needs:
+        groups = scales.shape[1]
+        if groups < 1 or k % groups or (groups > 1 and (k // groups) % 32):
+            raise ValueError(f"{op}: {label}scales [N, G] must split K = {k} into G groups of a multiple of "
+                             f"32 weights (or G = 1), got G = {groups}")
+        if mins is not None and mins.shape != scales.shape:
+            raise ValueError(f"{op}: {label}mins must have the shape of scales {tuple(scales.shape)}, got "
+                             f"{tuple(mins.shape)}")
+    return tensors
+
+
 def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None = None,
                      mins: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """input @ W^T + bias with W stored in low precision and de-quantized as it is read (weight-only
@@ -871,6 +947,8 @@ def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Te
         input: [..., K]; float32 on CPU; float32, bfloat16 or float16 on CUDA.
         weight, scales, mins: as above, on input's device. bias: [N] of input's dtype, or None.
 
+    NaN and inf propagate as in F.linear, row by row (as skinny_linear).
+
     Returns [..., N] in input's dtype.
     """
     op = "quantized_linear"
@@ -878,38 +956,9 @@ def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Te
         raise ValueError(f"{op}: input must be a tensor [..., K]")
     device = input.device
     _check_linear_input(op, input)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"{op}: weight must be a 2-D tensor")
-    fmt = _QUANTIZED_FORMATS.get(weight.dtype)
-    article = "an" if fmt in ("int8", "int4") else "a"
-    if fmt is None:
-        raise TypeError(f"{op}: weight must be bfloat16, int8 or uint8 (packed int4), got {weight.dtype}")
-    k, n = input.shape[-1], weight.shape[0]
-    width = k // 2 if fmt == "int4" else k
-    if weight.shape[1] != width or (fmt == "int4" and k % 32):
-        rule = "[N, K / 2] with K a multiple of 32" if fmt == "int4" else "[N, K]"
-        raise ValueError(f"{op}: {article} {fmt} weight must be {rule}, K = {k} (input's last dim); got "
-                         f"{tuple(weight.shape)}")
-    tensors = {"weight": weight}
-    needs = {"bfloat16": (), "int8": ("scales",), "int4": ("scales", "mins")}[fmt]
-    for name, value in (("scales", scales), ("mins", mins)):
-        if name not in needs:
-            if value is not None:
-                raise ValueError(f"{op}: {article} {fmt} weight takes no {name}")
-            continue
-        if not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[0] != n:
-            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(f"{op}: {name} must be [N, G] = [{n}, G] for {article} {fmt} weight, got {got}")
-        if value.dtype != torch.float32:
-            raise TypeError(f"{op}: {name} must be float32, got {value.dtype}")
-        tensors[name] = value
-    if "scales" in needs:
-        groups = scales.shape[1]
-        if groups < 1 or k % groups or (groups > 1 and (k // groups) % 32):
-            raise ValueError(f"{op}: scales [N, G] must split K = {k} into G groups of a multiple of 32 weights "
-                             f"(or G = 1), got G = {groups}")
-        if mins is not None and mins.shape != scales.shape:
-            raise ValueError(f"{op}: mins must have the shape of scales {tuple(scales.shape)}, got {tuple(mins.shape)}")
+    k = input.shape[-1]
+    tensors = _check_quantized_weight(op, "", weight, scales, mins, k, "input's last dim")
+    n = weight.shape[0]
     if bias is not None:
         _check_bias(op, bias, n)
         if bias.dtype != input.dtype:
@@ -930,6 +979,82 @@ def _quantized_linear_fake(input, weight, scales, mins, bias):
     return input.new_empty((input.shape[0], weight.shape[0]))
 
 
+_LLAMA_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")
+# The products of a layer: slots multiplied by one input, whose outputs are concatenated (a slot without
+# a weight is fused into the slot before it in its product).
+_LLAMA_PRODUCTS = ((0, 1, 2), (3,), (4, 5), (6,))
+
+
+def _check_llama_layer(op: str, linears: list, layer: int, d: int, heads: int, kv_heads: int,
+                       dim: int) -> None:
+    """Each present weight of one llama_layers layer must have the shape its slot (and the absent slots
+    fused into it) needs: q [heads * D, d], k and v [kv_heads * D, d], o [d, heads * D], gate and up
+    [inter, d] alike (gate|up fused: [2 inter, d]), down [d, inter]; its scales, mins and bias to match.
+    Only totals would reach the kernel, which would split a wrong-width q|k or gate|up elsewhere."""
+    base = 28 * layer
+    gate = linears[base + 16]
+    if not isinstance(gate, torch.Tensor) or gate.dim() != 2:
+        raise ValueError(f"{op}: linears[{base + 16}] (layer {layer}'s gate weight) must be a 2-D tensor")
+    fused_up = linears[base + 20] is None
+    if fused_up and gate.shape[0] % 2:
+        raise ValueError(f"{op}: linears[{base + 16}] (layer {layer}'s gate|up weight) must be [2 inter, d] "
+                         f"with an even 2 inter, got {tuple(gate.shape)}")
+    inter = gate.shape[0] // 2 if fused_up else gate.shape[0]
+    rows = {"q": (heads * dim, "heads * D"), "k": (kv_heads * dim, "kv_heads * D"),
+            "v": (kv_heads * dim, "kv_heads * D"), "o": (d, "d"), "gate": (inter, "inter"),
+            "up": (inter, "inter (the gate weight's)"), "down": (d, "d")}
+    inputs = {"q": (d, "d"), "k": (d, "d"), "v": (d, "d"), "o": (heads * dim, "heads * D"), "gate": (d, "d"),
+              "up": (d, "d"), "down": (inter, "inter")}
+    for product in _LLAMA_PRODUCTS:
+        covered: list[list[int]] = []
+        for slot in product:
+            if linears[base + 4 * slot] is not None or not covered:
+                covered.append([slot])
+            else:
+                covered[-1].append(slot)
+        for slots in covered:
+            names = [_LLAMA_SLOTS[s] for s in slots]
+            _check_llama_weight(op, linears, base + 4 * slots[0], layer, names, rows, inputs)
+
+
+def _check_llama_weight(op: str, linears: list, index: int, layer: int, names: list[str], rows: dict,
+                        inputs: dict) -> None:
+    """linears[index .. index + 3], the weight, scales, mins and bias giving the outputs of slots `names`
+    (concatenated), of input width inputs[names[0]]; the entries of the fused slots after it must be None."""
+    weight, scales, mins, bias = linears[index:index + 4]
+    label = f"linears[{index}] (layer {layer}'s {'|'.join(names)} weight)"
+    n = sum(rows[name][0] for name in names)
+    n_rule = " + ".join(rows[name][1] for name in names)
+    k, k_rule = inputs[names[0]]
+    for extra in range(index + 4, index + 4 * len(names)):
+        if linears[extra] is not None:
+            raise ValueError(f"{op}: linears[{extra}] must be None: its slot has no weight (fused into "
+                             f"{label})")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"{op}: {label} must be a 2-D tensor")
+    if weight.device.type != "cpu":
+        raise ValueError(f"{op} runs on the CPU; {label} is on {weight.device}")
+    packed = weight.dtype == torch.uint8  # int4, two weights a byte
+    want = (n, k // 2 if packed else k)
+    if weight.shape != want:
+        rule = f"[{n_rule}, {k_rule}{' / 2' if packed else ''}]"
+        raise ValueError(f"{op}: {label} must be {rule} = {list(want)}, got {tuple(weight.shape)}")
+    if weight.dtype == torch.float32:
+        if scales is not None or mins is not None:
+            raise ValueError(f"{op}: {label} is float32 and takes no scales or mins")
+    else:
+        parts = _check_quantized_weight(op, f"{label}: ", weight, scales, mins, k, k_rule)
+        for name, t in parts.items():
+            if t.device.type != "cpu":
+                raise ValueError(f"{op} runs on the CPU; {label}'s {name} is on {t.device}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (n,) or
+                             bias.dtype != torch.float32 or bias.device.type != "cpu"):
+        got = (tuple(bias.shape), bias.dtype, bias.device.type) if isinstance(bias, torch.Tensor) else \
+            type(bias).__name__
+        raise ValueError(f"{op}: the bias of {label} must be float32 [{n_rule}] = [{n}] on the CPU, "
+                         f"got {got}")
+
+
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
                  norms: list[torch.Tensor], linears: list[torch.Tensor | None], keys: list[torch.Tensor],
                  values: list[torch.Tensor], heads: int, kv_heads: int, eps: float, scale: float) -> torch.Tensor:
@@ -948,9 +1073,17 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
     Shape:
         hidden: [B * n, d] float32. cos, sin: [B, n, D] float32 (the model's rotary embedding).
         attn_mask: [B, 1, n, past + n] bool (True: seen) or None (every slot seen). A row that sees no
-            slot attends to nothing (zeros).
+            slot attends to nothing (zeros). A slot a row does not see never enters it, whatever it holds
+            (an unwritten cache slot is ordinary input); a NaN in what it sees makes it NaN, as in
+            `tree_attention`.
         norms: 2 L weights [d] (each layer's input and post-attention norm).
-        linears: 28 L entries, per layer (weight, scales, mins, bias) for q, k, v, o, gate, up, down.
+        linears: 28 L entries, per layer (weight, scales, mins, bias) for q, k, v, o, gate, up, down:
+            a float32 weight (no scales or mins) or a `quantized_linear` one, each [N, K] (int4: [N, K / 2])
+            with q [heads * D, d], k and v [kv_heads * D, d], o [d, heads * D], gate and up [inter, d],
+            down [d, inter]. A slot whose entries are all None is fused into the slot before: that weight
+            gives both outputs (q|k|v [(heads + 2 kv_heads) * D, d], gate|up [2 inter, d]). Each shape is
+            checked (ValueError naming the entry and the shape it needs).
+        heads, kv_heads: ints >= 1, heads a multiple of kv_heads. eps, scale: finite numbers.
         keys, values: L float32 tensors [B, kv_heads, past + n, D], contiguous along D (other strides
             free: views of a larger buffer): slots past .. past + n - 1 are written.
 
@@ -965,7 +1098,9 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
         raise ValueError(f"{op}: the head dim D must be even, got {dim}")
     if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] != batch * n:
         raise ValueError(f"{op}: hidden must be [B * n, d] = [{batch * n}, d]")
-    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+    for name, value in (("heads", heads), ("kv_heads", kv_heads)):
+        _check_int(op, name, value, 1, 2**31 - 1, "an int >= 1 and < 2**31")
+    if heads % kv_heads:
         raise ValueError(f"{op}: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
     layers = len(keys)
     if layers < 1 or len(values) != layers or len(norms) != 2 * layers or len(linears) != 28 * layers:
@@ -992,10 +1127,14 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
         raise ValueError(f"{op}: norm weights must be [d] = [{hidden.shape[1]}]")
     if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.shape != (batch, 1, n, slots)):
         raise ValueError(f"{op}: attn_mask must be bool [B, 1, n, past + n] = [{batch}, 1, {n}, {slots}] or None")
+    for name, number in (("eps", eps), ("scale", scale)):
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+            raise ValueError(f"{op}: {name} must be a finite number, got {number!r}")
     for layer in range(layers):
         if linears[28 * layer] is None or linears[28 * layer + 12] is None or linears[28 * layer + 16] is None or \
                 linears[28 * layer + 24] is None:
             raise ValueError(f"{op}: layer {layer} needs q, o, gate and down weights")
+        _check_llama_layer(op, linears, layer, hidden.shape[1], heads, kv_heads, dim)
     return torch.ops.specops.llama_layers(hidden, cos, sin, attn_mask, list(norms), list(linears), list(keys),
                                           list(values), heads, kv_heads, float(eps), float(scale))
 

@@ -99,6 +99,12 @@ def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     return x
 
 
+def _overflows(raw: torch.Tensor, temperature: torch.Tensor) -> bool:
+    """Whether a row's largest logit / T overflows float32: to +inf, or to -inf (and every other logit
+    with it). Either is the T -> 0 limit of softmax(logits / T), a point mass on the argmax: greedy."""
+    return bool(torch.isinf(raw.max() / temperature))
+
+
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """First index whose float64 running sum exceeds u * total; the last positive index if
     round-off leaves none. weights: [V] float32 >= 0 with a positive sum; u: float64 scalar."""
@@ -120,7 +126,7 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
     if that residual has no mass; if all drafts are accepted emit a bonus token from p at position
     num_draft[b]. Sampling is the inverse CDF at u = uniform(seed[b], offset, j, STREAM_SAMPLE).
     Temperature 0: accept while the draft equals the first argmax, then emit the argmax. A row whose
-    scaled maximum logits / T overflows float32 is greedy too: that is the T -> 0 limit of p.
+    scaled maximum logits / T overflows float32 (to +inf or -inf) is greedy too: the T -> 0 limit of p.
 
     Shapes: target_logits [B, K+1, V]; draft_tokens [B, K] int64; draft_probs [B, K, V] float32 or
     None (one-hot on the draft); num_draft, top_k, seed [B] int64; temperature, top_p [B] float32.
@@ -139,7 +145,7 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
             x = rows[j]
             draft = int(draft_tokens[b, j]) if j < n else -1
             raw = target_logits[b, j].float()
-            if greedy or bool(raw.max() / temperature[b] == float("inf")):
+            if greedy or _overflows(raw, temperature[b]):
                 best = int(torch.argmax(raw))  # first index of the maximum
                 if j < n and draft == best:
                     out[b, j] = draft
@@ -253,7 +259,7 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
     probs = torch.zeros(n, target_vocab, dtype=torch.float32, device=device)
     draft_tokens = torch.empty(n, dtype=torch.int64, device=device)
     for row in range(n):
-        greedy = float(temperature[row]) == 0.0 or bool(x[row].max() / temperature[row] == float("inf"))
+        greedy = float(temperature[row]) == 0.0 or _overflows(x[row], temperature[row])
         if greedy:
             d = torch.argmax(x[row])  # first index of the maximum
             probs[row, target_ids[d]] = 1.0
@@ -270,7 +276,7 @@ def tree_visibility(tree_mask: torch.Tensor, nodes: int) -> torch.Tensor:
     j // 32 of row i)."""
     shifts = torch.arange(32, device=tree_mask.device, dtype=torch.int64)
     bits = (tree_mask.to(torch.int64)[..., None] >> shifts) & 1  # [B, N, W, 32]
-    return bits.reshape(*tree_mask.shape[:2], -1)[:, :, :nodes].bool()
+    return bits.reshape(*tree_mask.shape[:2], 32 * tree_mask.shape[2])[:, :, :nodes].bool()  # B = 0 too
 
 
 def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree_mask: torch.Tensor,
@@ -285,7 +291,10 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     only keys with position(query) - position(key) < window (a sliding window in tokens, whatever holes
     the prefix has). scores = q.k * scale, then softcap * tanh(scores / softcap) when softcap > 0; sinks
     [Hq] adds one logit per query head to the softmax's denominator (attention sinks), with no value.
-    float32 throughout; a row with nothing to attend to gives zeros.
+    float32 throughout; a row with nothing to attend to gives zeros. NaN: a key, value or node the row does
+    not see never enters it, whatever it holds; a NaN (or +inf) in the row's query, a score it sees or
+    its sink makes the whole row NaN, and a NaN or inf value it sees enters as p * v
+    (`_masked_softmax_values`).
 
     Shapes: query [B, Hq, N, D]; key, value [B, Hkv, S, D] with the nodes in the last N slots, Hq a
     multiple of Hkv; tree_mask [B, N, ceil(N/32)] int32; kv_mask [B, S - N] bool. Returns [B, Hq, N, D]
@@ -314,11 +323,29 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if sinks is not None:
         sink = sinks.float()[None, :, None, None].expand(batch, heads, nodes, 1)
         scores = torch.cat([scores, sink], dim=-1)
-    top = scores.amax(-1, keepdim=True)
-    weights = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
-    total = weights.sum(-1, keepdim=True)
-    out = weights[..., :key.shape[2]] @ v / torch.where(total > 0, total, torch.ones_like(total))
+    out = _masked_softmax_values(scores, allowed, v)
     return out.to(query.dtype)
+
+
+def _masked_softmax_values(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(scores) @ v over the keys each row is allowed to see, the NaN rules of tree_attention and
+    llama_layers: scores [..., R, S'] (-inf where not allowed; S' >= S columns, those past S extra logits
+    with no value: sinks), allowed [..., R, S] broadcastable, v [..., S, D]. A row whose scores hold a NaN
+    or +inf is NaN; a row with no weight is zeros; a value the row does not see never enters it (p = 0
+    does not multiply it), a NaN or inf value it sees does, as p * v."""
+    top = scores.amax(-1, keepdim=True)
+    poisoned = ~(top < float("inf"))  # NaN or +inf: no softmax
+    shift = torch.where(poisoned | (top == float("-inf")), 0.0, top)
+    weights = torch.where(poisoned, 0.0, torch.exp(scores - shift))
+    total = weights.sum(-1, keepdim=True)
+    weights = weights[..., :v.shape[-2]]
+    finite = torch.isfinite(v)
+    num = weights @ torch.where(finite, v, 0.0)
+    if not bool(finite.all()):
+        seen_bad = allowed[..., None] & ~finite[..., None, :, :]  # [..., R, S, D]
+        num = num + torch.where(seen_bad, weights[..., None] * v[..., None, :, :], 0.0).sum(-2)
+    out = torch.where(total > 0, num / torch.where(total > 0, total, 1.0), 0.0)
+    return torch.where(poisoned, float("nan"), out)
 
 
 def tree_children(parents: torch.Tensor, nodes: int) -> list[list[int]]:
@@ -372,7 +399,7 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         while True:
             raw = target_logits[b, node].float()
             kids = children[node]
-            if greedy or bool(raw.max() / temperature[b] == float("inf")):
+            if greedy or _overflows(raw, temperature[b]):
                 best = int(torch.argmax(raw))  # first index of the maximum
                 follow = next((c for c in kids if int(tokens[b, c]) == best), None)
                 out_tokens[b, depth] = best
@@ -440,7 +467,7 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperatu
     probs = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
     for n in range(rows):
         raw = logits[n].float()
-        if float(temperature[n]) == 0.0 or bool(raw.max() / temperature[n] == float("inf")):
+        if float(temperature[n]) == 0.0 or _overflows(raw, temperature[n]):
             order = torch.sort(raw, descending=True, stable=True).indices[:num_samples]
             order = order[raw[order] > float("-inf")]
             tokens[n, : order.numel()] = order
@@ -520,7 +547,7 @@ def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, bea
             drawn, q = drawn[0], q[0]
             probs[b, w] = q
             raw = logits[b, w].float()
-            greedy = float(temperature[b]) == 0.0 or bool(raw.max() / temperature[b] == float("inf"))
+            greedy = float(temperature[b]) == 0.0 or _overflows(raw, temperature[b])
             if greedy:
                 scored = torch.log_softmax(raw.double(), 0)
             else:
@@ -605,7 +632,8 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
     rotary embedding x * cos + rotate_half(x) * sin (rotate_half(x) = [-x[D/2:], x[:D/2]]); k and v are
     written into the last n slots of the layer's keys and values; x += attention(q, keys, values) @ W_o^T,
     grouped-query (query head i reads key/value head i // (heads / kv_heads)), scores q.k * scale, masked
-    where attn_mask is False (a row that sees no slot attends to nothing: zeros);
+    where attn_mask is False (a row that sees no slot attends to nothing: zeros; a hidden slot never enters
+    a row, whatever it holds, and a NaN in what a row sees makes it NaN, as in `tree_attention`);
     h = norm(x, norms[2l + 1]); x += (silu(h @ W_gate^T) * (h @ W_up^T)) @ W_down^T. norm(x, w) =
     x / sqrt(mean(x^2) + eps) * w.
 
@@ -650,11 +678,10 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
         all_k = torch.cat([keys[layer][:, :, :past].double(), k], dim=2)
         all_v = torch.cat([values[layer][:, :, :past].double(), v], dim=2)
         scores = q @ all_k.repeat_interleave(group, dim=1).transpose(-1, -2) * scale
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        seen = scores.amax(-1, keepdim=True) > float("-inf")
-        weights = torch.where(seen, torch.softmax(torch.where(seen, scores, 0.0), dim=-1), 0.0)
-        attn = weights @ all_v.repeat_interleave(group, dim=1)
+        allowed = attn_mask if attn_mask is not None else torch.ones(1, 1, 1, past + n, dtype=torch.bool,
+                                                                     device=x.device)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        attn = _masked_softmax_values(scores, allowed, all_v.repeat_interleave(group, dim=1))
         x = x + product(layer, 3, 1, attn.transpose(1, 2).reshape(batch * n, heads * dim))
         gu = product(layer, 4, 2, norm(x, norms[2 * layer + 1]))
         inter = gu.shape[1] // 2

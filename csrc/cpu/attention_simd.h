@@ -22,30 +22,42 @@ SPECOPS_INLINE F soft_cap(F x, float cap) {
   return y < 0.0f ? -t : t;
 }
 
-// Scores row s[0, n): s * scale, soft-capped when cap > 0, then -inf where bias says so (bias[j] is 0
-// or -inf; nullptr: none) and over the first `hidden` entries. Returns the row's maximum.
+// Scores row s[0, n): s * scale, soft-capped when cap > 0; then -inf where bias says so (bias[j] is 0 or
+// -inf; nullptr: none) and over the first `hidden` entries. Masked entries are replaced, never added to:
+// a masked key may hold anything (NaN from an uninitialized cache slot included). Returns the maximum
+// of the entries left, or NaN if one of them is NaN (a NaN query, key or score is never dropped).
 float prepare_row(float* s, int64_t n, float scale, float cap, const float* bias, int64_t hidden) {
   hidden = hidden < n ? hidden : n;
   for (int64_t k = 0; k < hidden; ++k) s[k] = -kInf;
-  f32x16 mx = f32x16{} - kInf;
+  const f32x16 neg_inf = f32x16{} - kInf;
+  f32x16 mx = neg_inf;
+  i32x16 nan = i32x16{};
   int64_t j = hidden;
   for (; j + kLanes <= n; j += kLanes) {
-    f32x16 v = load16(s + j) * scale;
-    if (cap > 0.0f) v = soft_cap(v, cap);
-    if (bias != nullptr) v = v + load16(bias + j);
+    const f32x16 raw = load16(s + j) * scale;
+    f32x16 v = raw;
+    if (cap > 0.0f) v = raw != raw ? raw : soft_cap(raw, cap);
+    if (bias != nullptr) v = load16(bias + j) == 0.0f ? v : neg_inf;
     store16(s + j, v);
+    nan |= v != v;
     mx = v > mx ? v : mx;
   }
   float m = -kInf;
-  for (int l = 0; l < kLanes; ++l) m = mx[l] > m ? mx[l] : m;
+  bool any_nan = false;
+  for (int l = 0; l < kLanes; ++l) {
+    m = mx[l] > m ? mx[l] : m;
+    any_nan = any_nan || nan[l] != 0;
+  }
   for (; j < n; ++j) {
-    float v = s[j] * scale;
-    if (cap > 0.0f) v = soft_cap(v, cap);
-    if (bias != nullptr) v += bias[j];
+    const float raw = s[j] * scale;
+    float v = raw;
+    if (cap > 0.0f && raw == raw) v = soft_cap(raw, cap);
+    if (bias != nullptr && bias[j] != 0.0f) v = -kInf;
     s[j] = v;
+    any_nan = any_nan || v != v;
     m = v > m ? v : m;
   }
-  return m;
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 // s = exp(s - m) in place (0 where s is -inf); returns the sum. m must be finite.
@@ -74,7 +86,8 @@ void scale_row(float* acc, int64_t n, float factor) {
 
 // Attention of one query row q [dim] over `slots` cached rows (key j at k + j * k_stride, value j at
 // v + j * v_stride): out [dim] = softmax_j(q . key_j * scale + bias[j]) value_j, bias[j] 0 or -inf
-// (nullptr: every slot seen). scores: `slots` floats of scratch. A row that sees no slot gives zeros.
+// (nullptr: every slot seen). scores: `slots` floats of scratch. A row that sees no slot gives zeros; one
+// whose seen scores hold a NaN or +inf gives NaN.
 // Sixteen keys at a time, their dot products summed by the lane tree; then the row passes above, and
 // the values accumulated slot by slot. For the few query rows of a decoding step, where a library
 // attention's setup costs more than the arithmetic (SmolLM2's 9 heads over 150 slots: SDPA about 30 us,
@@ -106,13 +119,17 @@ void attend_row(const float* q, const float* k, int64_t k_stride, const float* v
       scores[j0 + l] = s;
     }
   }
-  for (int64_t d = 0; d < dim; ++d) out[d] = 0.0f;
   const float m = prepare_row(scores, slots, scale, 0.0f, bias, 0);
-  if (!(m > -kInf)) return;
+  // A NaN or +inf score among the seen slots leaves no softmax: the row is NaN, never plausible numbers.
+  const float fill = m < kInf ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  for (int64_t d = 0; d < dim; ++d) out[d] = fill;
+  if (!(m > -kInf && m < kInf)) return;
   const float sum = exp_row(scores, slots, m);
   for (int64_t j = 0; j < slots; ++j) {
+    // Masked slots are never read (their values may be anything); a seen one adds p * value even at
+    // p = 0, so that a NaN there shows.
+    if (bias != nullptr && bias[j] != 0.0f) continue;
     const float p = scores[j];
-    if (p == 0.0f) continue;
     const float* vj = v + j * v_stride;
     int64_t d = 0;
     for (; d < full; d += kLanes) store16(out + d, load16(out + d) + p * load16(vj + d));

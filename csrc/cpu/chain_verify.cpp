@@ -44,9 +44,10 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
     const bool has_draft = j < rp.num_draft;
     const int64_t draft = has_draft ? drafts[j] : -1;
     if (std::isnan(row_max[j])) row_max[j] = checked_row_max("chain_verify", logit, vocab, rp.index, j);
-    // Greedy at T = 0, and where logits / T overflows: that is the T -> 0 limit, a point mass on the argmax.
+    // Greedy at T = 0, and where the largest logit / T overflows (to +inf, or to -inf with every other one):
+    // that is the T -> 0 limit, a point mass on the argmax.
     const float m = row_max[j] / t;
-    if (t == 0.0f || m == kInf) {
+    if (t == 0.0f || std::isinf(m)) {
       const float best = row_max[j];
       const int64_t arg = passes().find_first(logit, vocab, best);
       out[j] = has_draft && draft == arg ? draft : arg;

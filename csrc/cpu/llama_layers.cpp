@@ -79,11 +79,15 @@ at::Tensor quantized(const at::Tensor& x, const at::Tensor& w, const OptTensor& 
 
 bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
 
+constexpr const char* kSlotNames[kSlots] = {"q", "k", "v", "o", "gate", "up", "down"};
+
 // The linear layers of one product (q|k|v, o, gate|up or down): slots first .. first + count - 1 of a
 // layer, each (weight, scales, mins, bias); a slot without a weight is absent (its layer is fused into
-// an earlier slot's weight). Outputs of the present slots are concatenated along the features.
+// an earlier slot's weight). Outputs of the present slots are concatenated along the features. widths:
+// each slot's output features; a present weight must give those of its slot and the absent ones after
+// it, so that a wrong width is an error rather than a different split of the concatenation.
 at::Tensor product(const c10::List<OptTensor>& linears, int64_t base, int64_t first, int64_t count,
-                   const at::Tensor& x) {
+                   const at::Tensor& x, std::initializer_list<int64_t> widths) {
   std::vector<at::Tensor> outs;
   for (int64_t s = first; s < first + count; ++s) {
     const int64_t i = base + s * kPerSlot;
@@ -95,6 +99,13 @@ at::Tensor product(const c10::List<OptTensor>& linears, int64_t base, int64_t fi
     } else {
       outs.push_back(quantized(x, *w, scales, mins, bias));
     }
+    int64_t want = widths.begin()[s - first];
+    for (int64_t t = s + 1; t < first + count && !present(linears.get(base + t * kPerSlot)); ++t) {
+      want += widths.begin()[t - first];
+    }
+    TORCH_CHECK_VALUE(outs.back().size(1) == want, "llama_layers: layer ", base / kPerLayer, "'s ",
+                      kSlotNames[s], " weight (linears[", i, "]) gives ", outs.back().size(1),
+                      " features, not ", want);
   }
   TORCH_CHECK(!outs.empty(), "llama_layers: a product with no weight (slot ", first, ")");
   return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
@@ -226,7 +237,7 @@ at::Tensor llama_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, con
     const int64_t base = l * kPerLayer;
     rms_norm(x.data_ptr<float>(), norms[2 * l].data_ptr<float>(), static_cast<float>(eps), rows, d,
              h.data_ptr<float>());
-    at::Tensor qkv = product(linears, base, 0, 3, h);
+    at::Tensor qkv = product(linears, base, 0, 3, h, {q_width, kv_width, kv_width});
     TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == q_width + 2 * kv_width && qkv.is_contiguous(),
                 "llama_layers: layer ", l, "'s q|k|v gives ", qkv.size(1),
                 " features, not heads * D + 2 kv_heads * D = ", q_width + 2 * kv_width);
@@ -261,21 +272,22 @@ at::Tensor llama_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, con
         }
       }
     });
-    const at::Tensor o = product(linears, base, 3, 1, attn);
-    TORCH_CHECK(o.size(1) == d, "llama_layers: layer ", l, "'s output projection gives ", o.size(1),
-                " features, not ", d);
+    const at::Tensor o = product(linears, base, 3, 1, attn, {d});
     add_into(x.data_ptr<float>(), o);
     rms_norm(x.data_ptr<float>(), norms[2 * l + 1].data_ptr<float>(), static_cast<float>(eps), rows, d,
              h.data_ptr<float>());
-    const at::Tensor gu = product(linears, base, 4, 2, h);
+    // gate and up give inter features each: the gate weight's rows, half of them when up is fused in.
+    const OptTensor gate = linears.get(base + 4 * kPerSlot);
+    TORCH_CHECK_VALUE(present(gate) && gate->dim() == 2, "llama_layers: layer ", l,
+                      " needs a 2-D gate weight");
+    const int64_t gate_rows = present(linears.get(base + 5 * kPerSlot)) ? gate->size(0) : gate->size(0) / 2;
+    const at::Tensor gu = product(linears, base, 4, 2, h, {gate_rows, gate_rows});
     TORCH_CHECK(gu.size(1) % 2 == 0 && gu.is_contiguous(), "llama_layers: layer ", l,
                 "'s gate|up gives an odd number of features");
     const int64_t inter = gu.size(1) / 2;
     const at::Tensor act = at::empty({rows, inter}, x.options());
     silu_gate(gu.data_ptr<float>(), rows, inter, act.data_ptr<float>());
-    const at::Tensor down = product(linears, base, 6, 1, act);
-    TORCH_CHECK(down.size(1) == d, "llama_layers: layer ", l, "'s down projection gives ", down.size(1),
-                " features, not ", d);
+    const at::Tensor down = product(linears, base, 6, 1, act, {d});
     add_into(x.data_ptr<float>(), down);
   }
   return x;

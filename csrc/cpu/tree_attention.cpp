@@ -9,7 +9,10 @@
 // before a row's sliding window (positions count tokens, so a window starts at a slot found by a search
 // over the valid-slot counts), and in the tree tile the nodes that are not ancestors. Tiles that no
 // row can see are skipped. With few (request, head) pairs the keys are split across threads and the
-// partial softmaxes merged.
+// partial softmaxes merged. Masked keys are replaced by -inf, never added to, and a tile whose hidden
+// values are not all finite keeps them out of the product, so what a row does not see (a slot of a
+// fresh torch.empty cache, a padding node) never enters it; a NaN or +inf score or sink a row does see
+// poisons it (NaN output).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -30,6 +33,8 @@ namespace specops {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int64_t kTile = 256;  // keys per tile
 
 struct RowPasses {
@@ -63,6 +68,17 @@ void check_tree_mask(const int32_t* mask, int64_t batch, int64_t nodes, int64_t 
     TORCH_CHECK_VALUE((row[i >> 5] >> (i & 31)) & 1u,
                       "tree_attention: tree_mask has a node that does not see itself (its own bit is clear)");
   }
+}
+
+// Whether n floats are all finite (no NaN or inf): an exponent field that is not all ones.
+bool all_finite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad == 0;
 }
 
 // Per request: the number of valid prefix slots before each slot (count[t], t in [0, prefix]) and each
@@ -130,14 +146,17 @@ void run_task(const Problem& p, int64_t b, int64_t g, int64_t begin, int64_t end
   const int64_t* count = p.rows.count.data() + b * (p.prefix + 1);
   const int64_t* depth = p.rows.depth.data() + b * p.nodes;
   std::vector<int64_t> start(static_cast<size_t>(p.nodes));
-  int64_t first = end;
+  int64_t first = end, last_start = 0;
   for (int64_t i = 0; i < p.nodes; ++i) {
     start[i] = window_start(count, p.prefix, depth[i], p.window);
     first = std::min(first, std::max(start[i], begin));
+    last_start = std::max(last_start, start[i]);
   }
   const bool sink = tree && p.sinks != nullptr;
   for (int64_t r = 0; r < rows; ++r) {
-    out.max[r] = sink ? p.sinks[g * p.group + r / p.nodes] : kNegInf;
+    // A NaN or +inf sink leaves no softmax: the row starts poisoned (max NaN), as a NaN score does below.
+    const float logit = sink ? p.sinks[g * p.group + r / p.nodes] : kNegInf;
+    out.max[r] = logit < kInf ? logit : kNaN;
     out.sum[r] = sink ? 1.0f : 0.0f;  // the sink's own weight, exp(sink - max)
   }
   // Keys [first, stop) in tiles of kTile; a tile may hold the end of the prefix and the tree's nodes.
@@ -146,6 +165,15 @@ void run_task(const Problem& p, int64_t b, int64_t g, int64_t begin, int64_t end
   std::vector<float> scores(static_cast<size_t>(rows * kTile));
   const int32_t* words = p.tree_mask + b * p.nodes * p.words;
   float* acc_data = acc.data_ptr<float>();
+  // Whether row i sees column j of the tile at t0 (prefix columns before in_prefix, tree columns from
+  // tree_from): what the masks below say, for the values' slow path.
+  const auto sees = [&](int64_t i, int64_t t0, int64_t j, int64_t in_prefix, int64_t tree_from) {
+    if (j < in_prefix) return p.kv_mask[b * p.prefix + t0 + j] && t0 + j >= start[i];
+    if (j < tree_from) return false;
+    const int64_t node = t0 + j - p.prefix;
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(words + i * p.words);
+    return ((bits[node >> 5] >> (node & 31)) & 1u) && (p.window <= 0 || depth[i] - depth[node] < p.window);
+  };
   for (int64_t t0 = first; t0 < stop; t0 += kTile) {
     const int64_t width = std::min(kTile, stop - t0);
     const int64_t in_prefix = std::clamp<int64_t>(end - t0, 0, width);  // columns before the tree
@@ -171,6 +199,10 @@ void run_task(const Problem& p, int64_t b, int64_t g, int64_t begin, int64_t end
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = r % p.nodes;
       float* row = scores.data() + r * width;
+      if (std::isnan(out.max[r])) {  // poisoned: its output is NaN whatever follows
+        std::fill(row, row + width, 0.0f);
+        continue;
+      }
       const float* bias = full ? nullptr : shared.data();
       if (has_tree) {  // this row's own mask over the nodes: its ancestors (within the window)
         std::copy(shared.begin(), shared.begin() + tree_from, own.begin());
@@ -186,7 +218,8 @@ void run_task(const Problem& p, int64_t b, int64_t g, int64_t begin, int64_t end
                                     std::min(in_prefix, std::max<int64_t>(0, start[i] - t0)));
       const float old = out.max[r];
       const float top = std::max(old, m);
-      if (m == kNegInf) {  // nothing visible in this tile
+      if (m == kNegInf || !(m < kInf)) {  // nothing visible in this tile, or a NaN / +inf score: poisoned
+        if (m != kNegInf) out.max[r] = kNaN;
         std::fill(row, row + width, 0.0f);
         continue;
       }
@@ -196,7 +229,30 @@ void run_task(const Problem& p, int64_t b, int64_t g, int64_t begin, int64_t end
       out.sum[r] = out.sum[r] * rescale + f.exp_row(row, width, top);
       out.max[r] = top;
     }
-    if (any) acc.addmm_(s, v);
+    if (!any) continue;
+    // A column some row does not see may hold anything (an uninitialized slot, a padding node): where
+    // such a tile's values are not all finite, the product takes them as 0 and the rows that see one
+    // add it alone, so that p = 0 never multiplies a NaN or inf into a row that does not see it.
+    const bool partial = !full || last_start > t0;
+    if (!partial || all_finite(v.data_ptr<float>(), width * dim)) {
+      acc.addmm_(s, v);
+      continue;
+    }
+    const at::Tensor finite = v.isfinite();
+    acc.addmm_(s, at::where(finite, v, at::zeros({}, v.options())));
+    const at::Tensor bad_keys = finite.logical_not().any(1);
+    const bool* bad = bad_keys.data_ptr<bool>();
+    const float* vd = v.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (std::isnan(out.max[r])) continue;
+      for (int64_t j = 0; j < width; ++j) {
+        if (!bad[j] || !sees(r % p.nodes, t0, j, in_prefix, tree_from)) continue;
+        const float w = scores[r * width + j];
+        for (int64_t d = 0; d < dim; ++d) {
+          if (!std::isfinite(vd[j * dim + d])) acc_data[r * dim + d] += w * vd[j * dim + d];
+        }
+      }
+    }
   }
 }
 
@@ -221,6 +277,8 @@ at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& key, co
   TORCH_CHECK_VALUE(!sinks.has_value() || (sinks->scalar_type() == at::kFloat && sinks->dim() == 1 &&
                                       sinks->size(0) == heads),
               "tree_attention: sinks must be a float32 [Hq] tensor");
+  // An empty batch (or no query heads) has nothing to compute; the key splits below divide by B * Hkv.
+  if (batch == 0 || heads == 0) return at::empty({batch, heads, nodes, dim}, query.options());
   const at::Tensor mask = tree_mask.contiguous(), valid = kv_mask.contiguous();
   const at::Tensor sink = sinks.has_value() ? sinks->contiguous() : at::Tensor();
   if (validate) check_tree_mask(mask.data_ptr<int32_t>(), batch, nodes, words);
@@ -251,7 +309,8 @@ at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& key, co
     }
   });
 
-  // Merge the splits: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; a row that saw nothing is 0.
+  // Merge the splits: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; a row that saw nothing is 0,
+  // a poisoned one (a NaN / +inf score or sink) NaN.
   at::Tensor out = at::empty({batch, heads, nodes, dim}, f32);
   float* out_data = out.data_ptr<float>();
   const float* max_data = max.data_ptr<float>();
@@ -261,10 +320,15 @@ at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& key, co
     for (int64_t index = lo; index < hi; ++index) {
       const int64_t pair = index / rows, r = index % rows;
       float top = kNegInf;
-      for (int64_t s = 0; s < splits; ++s) top = std::max(top, max_data[(pair * splits + s) * rows + r]);
+      bool poisoned = false;
+      for (int64_t s = 0; s < splits; ++s) {
+        const float m = max_data[(pair * splits + s) * rows + r];
+        poisoned = poisoned || std::isnan(m);
+        top = std::max(top, m);
+      }
       float* dst = out_data + index * dim;  // pair-major rows are [B, Hkv, G, N] = [B, Hq, N] order
-      std::fill(dst, dst + dim, 0.0f);
-      if (top == kNegInf) continue;
+      std::fill(dst, dst + dim, poisoned ? kNaN : 0.0f);
+      if (poisoned || top == kNegInf) continue;
       float total = 0.0f;
       for (int64_t s = 0; s < splits; ++s) {
         const int64_t at = (pair * splits + s) * rows + r;

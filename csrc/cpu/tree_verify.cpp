@@ -62,7 +62,7 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
     const float* logit = rq.logits + node * vocab;
     if (std::isnan(row_max[node])) row_max[node] = checked_row_max("tree_verify", logit, vocab, rq.index, node);
     const float m = row_max[node] / t;
-    if (t == 0.0f || m == kInf) {  // greedy, or the T -> 0 limit where logits / T overflows
+    if (t == 0.0f || std::isinf(m)) {  // greedy, or the T -> 0 limit: logits / T overflows (to +-inf)
       const int64_t best = passes().find_first(logit, vocab, row_max[node]);
       out_tokens[depth] = best;
       int64_t follow = s.first_child[node];

@@ -172,9 +172,10 @@ int64_t project_row(const T* logit, const Mapping& map, int64_t draft_vocab, int
                     "] has no finite logit inside the intersection (target_ids >= 0)");
 
   const float t = rp.temperature;
-  // Greedy at T = 0, and where logits / T overflows: that is the T -> 0 limit, a point mass on the argmax.
+  // Greedy at T = 0, and where the largest logit / T overflows (to +inf, or to -inf with every other one):
+  // that is the T -> 0 limit, a point mass on the argmax.
   const float m = row_max / t;
-  if (t == 0.0f || m == kInf) {
+  if (t == 0.0f || std::isinf(m)) {
     const int64_t j = passes().find_first(x, n, row_max);
     std::memset(probs_row, 0, static_cast<size_t>(target_vocab) * sizeof(float));
     probs_row[map.dst[j]] = 1.0f;

@@ -31,7 +31,7 @@ bool sample_row(const char* op, const float* logit, int64_t vocab, int64_t num_s
   TORCH_CHECK_VALUE(row_max > -kInf, op, ": logits[", row, "] has no finite value");
   const float m = row_max / t;
   std::fill(tokens, tokens + num_samples, -1);
-  if (t == 0.0f || m == kInf) {  // greedy, or the T -> 0 limit where logits / T overflows
+  if (t == 0.0f || std::isinf(m)) {  // greedy, or the T -> 0 limit: logits / T overflows (to +-inf)
     std::fill(probs, probs + vocab, 0.0f);
     order.resize(static_cast<size_t>(vocab));
     std::iota(order.begin(), order.end(), 0);

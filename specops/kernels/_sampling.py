@@ -188,7 +188,7 @@ def _row_state(x_ptr, scale, temperature, top_k, top_p, tile_max_ptr, tile_sum_p
     tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
     row_max = tl.max(tile_max, 0)
     raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
-    greedy = (temperature == 0.0) | (row_max == float("inf"))
+    greedy = (temperature == 0.0) | (tl.abs(row_max) == float("inf"))
     # Not `raw_max == -inf`: NaN logits (unchecked without validation) must not reach the bisection.
     empty = ~(raw_max > -float("inf"))
     state = tl.where(empty, _EMPTY, tl.where(greedy, _GREEDY, _SAMPLED))

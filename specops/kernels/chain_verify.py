@@ -108,7 +108,7 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
             tile_max = tl.load(tile_max_ptr + stats, mask=tile_ok, other=-float("inf"))
             row_max = tl.max(tile_max, 0)
             stop = j >= n
-            if greedy | (row_max == float("inf")):
+            if greedy | (tl.abs(row_max) == float("inf")):
                 _, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
                 if j < n:
                     draft = tl.load(draft_tokens_ptr + b64 * stride_db + j)

@@ -6,7 +6,9 @@ the rows of every query head that shares the key/value head packed together (gro
 so each key tile is loaded once for all of them). It walks the prefix in tiles of BLOCK_N keys with an
 online softmax in float32, starting at the first tile any of its rows can see (a sliding window, counted
 in tokens) and skipping tiles that hold no token, then the tree's N keys, whose mask comes from the
-packed words: bit j % 32 of word j // 32 of node i's row. Offsets are 64-bit.
+packed words: bit j % 32 of word j // 32 of node i's row. Offsets are 64-bit. Keys a row does not see
+enter as -inf whatever they hold, non-finite values enter the product as 0 and then only the rows that
+see them, and a NaN / +inf score or sink a row sees makes that row NaN (the NaN rules of the op).
 """
 
 from __future__ import annotations
@@ -30,16 +32,44 @@ def _soft_cap(s, softcap):
 
 
 @triton.jit
-def _online_step(s, v, m, l, acc, PRECISION: tl.constexpr):
-    # One tile of masked scores s [M, N] (-inf: masked) and values v [N, D] into the running maximum m,
-    # sum l and accumulator acc of each row.
+def _online_step(s, seen, v, m, l, acc, poisoned, PRECISION: tl.constexpr):
+    # One tile of scores s [M, N], of which each row sees `seen`, and values v [N, D] into the running
+    # maximum m, sum l and accumulator acc of each row. Unseen keys enter as -inf whatever they hold; a
+    # NaN or +inf seen score poisons its row (its output is NaN). Returns the tile's weights p too.
+    sane = s < float("inf")  # False for NaN
+    poisoned = poisoned | (tl.sum((seen & ~sane).to(tl.int32), axis=1) > 0)
+    s = tl.where(seen & sane, s, _NEG_INF)
     m_new = tl.maximum(m, tl.max(s, axis=1))
     m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)
     alpha = tl.exp(m - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32, input_precision=PRECISION)
-    return m_new, l, acc
+    # Non-finite values enter the product as 0 (p = 0 must not carry an unseen NaN into a row):
+    # _add_nonfinite adds them to the rows that see them.
+    clean = tl.where(tl.abs(v.to(tl.float32)) < float("inf"), v, 0.0).to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), clean, out_dtype=tl.float32, input_precision=PRECISION)
+    return m_new, l, acc, poisoned, p
+
+
+@triton.jit
+def _add_nonfinite(acc, p, seen, v, BLOCK_N: tl.constexpr):
+    # The NaN / inf values of a tile, key by key, into the rows that see them: acc += p * v there.
+    # Reached only for tiles that hold one.
+    cols = tl.arange(0, BLOCK_N)
+    values = v.to(tl.float32)
+    for j in range(0, BLOCK_N):
+        pick = cols == j
+        v_j = tl.sum(tl.where(pick[:, None], values, 0.0), axis=0)
+        p_j = tl.sum(tl.where(pick[None, :], p, 0.0), axis=1)
+        seen_j = tl.sum((pick[None, :] & seen).to(tl.int32), axis=1) > 0
+        bad = ~(tl.abs(v_j) < float("inf"))
+        acc += tl.where(seen_j[:, None] & bad[None, :], p_j[:, None] * v_j[None, :], 0.0)
+    return acc
+
+
+@triton.jit
+def _has_nonfinite(v):
+    return tl.sum((~(tl.abs(v.to(tl.float32)) < float("inf"))).to(tl.int32)) > 0
 
 
 @triton.jit
@@ -78,11 +108,15 @@ def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tree_mask_ptr, kv_mask_
     start = tl.load(start_ptr + b * N + node, mask=row_ok, other=prefix)
 
     if HAS_SINKS:
-        m = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32)
-        l = tl.where(row_ok, 1.0, 0.0)
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32)
+        # A NaN or +inf sink leaves no softmax: the row is poisoned, as by a NaN score.
+        poisoned = ~(sink < float("inf"))
+        m = tl.where(poisoned, _NEG_INF, sink)
+        l = tl.where(row_ok & ~poisoned, 1.0, 0.0)
     else:
         m = tl.full((BLOCK_M,), _NEG_INF, tl.float32)
         l = tl.zeros((BLOCK_M,), tl.float32)
+        poisoned = tl.zeros((BLOCK_M,), tl.int1)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
 
     # The prefix, from the first tile any row can see.
@@ -101,7 +135,9 @@ def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tree_mask_ptr, kv_mask_
                 s = _soft_cap(s, softcap)
             valid = tl.load(kv_mask_ptr + b * prefix + keys, mask=key_ok, other=0) != 0
             seen = valid[None, :] & (keys[None, :] >= start[:, None]) & row_ok[:, None]
-            m, l, acc = _online_step(tl.where(seen, s, _NEG_INF), v, m, l, acc, PRECISION)
+            m, l, acc, poisoned, p = _online_step(s, seen, v, m, l, acc, poisoned, PRECISION)
+            if _has_nonfinite(v):
+                acc = _add_nonfinite(acc, p, seen, v, BLOCK_N)
 
     # The tree: the last N slots, masked by the ancestor words (and the window, by depth).
     for j0 in range(0, N, BLOCK_N):
@@ -120,9 +156,12 @@ def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tree_mask_ptr, kv_mask_
         if window > 0:
             key_depth = tl.load(depth_ptr + b * N + nodes, mask=node_ok, other=0)
             seen = seen & (depth[:, None] - key_depth[None, :] < window)
-        m, l, acc = _online_step(tl.where(seen, s, _NEG_INF), v, m, l, acc, PRECISION)
+        m, l, acc, poisoned, p = _online_step(s, seen, v, m, l, acc, poisoned, PRECISION)
+        if _has_nonfinite(v):
+            acc = _add_nonfinite(acc, p, seen, v, BLOCK_N)
 
     out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
+    out = tl.where(poisoned[:, None], float("nan"), out)
     tl.store(out_ptr + q_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & dim_ok[None, :])
 
@@ -135,7 +174,8 @@ def _layout(tree_mask: torch.Tensor, kv_mask: torch.Tensor, nodes: int, window: 
     depth = bits.sum((-1, -2), dtype=torch.int32) - 1
     count = torch.nn.functional.pad(kv_mask.to(torch.int32).cumsum(1, dtype=torch.int32), (1, 0))
     if window > 0:
-        need = (count[:, -1:] + depth - window + 1).clamp(min=0)
+        # int64: an int32 tensor minus a window past 2**31 would wrap.
+        need = (count[:, -1:].long() + depth.long() - window + 1).clamp(min=0)
         start = torch.searchsorted(count, need.to(count.dtype), side="left").to(torch.int32)
     else:
         start = torch.zeros_like(depth)
@@ -155,8 +195,10 @@ def tree_attention_triton(query: torch.Tensor, key: torch.Tensor, value: torch.T
     batch, heads, nodes, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     group, prefix = heads // kv_heads, slots - nodes
-    count, depth, start = _layout(tree_mask, kv_mask, nodes, window)
     out = torch.empty_like(query)
+    if out.numel() == 0:  # an empty batch: no grid to launch
+        return out
+    count, depth, start = _layout(tree_mask, kv_mask, nodes, window)
     block_d = max(16, triton.next_power_of_2(dim))
     block_m = block_m or (64 if block_d <= 128 else 32)
     block_n = block_n or (64 if block_d <= 128 else 32)

@@ -139,7 +139,7 @@ def _walk_kernel(logits_ptr, tokens_ptr, parents_ptr, draft_probs_ptr, num_nodes
             row_max = tl.max(tile_max, 0)
             follow = tl.full([], -1, tl.int32)
             token = tl.full([], -1, tl.int64)
-            if greedy | (row_max == float("inf")):
+            if greedy | (tl.abs(row_max) == float("inf")):
                 _raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
                 for c in range(node + 1, count):
                     if follow < 0:
