@@ -487,3 +487,17 @@ def test_max_new_tokens_exact(toks, method, max_new):
             assert result.stats.target_calls == 0 and result.text == [""] * len(GREEDY_PROMPTS)
         else:
             check_stats(result, method)
+
+
+@pytest.mark.parametrize("k", ["auto", 2, 5])
+@pytest.mark.parametrize("seed, temperature", [(123, 1.0), (9, 0.7)])
+def test_sampled_slem_equals_sampled_ar(toks, k, seed, temperature):
+    """slem's drafts are deterministic (re-encoded text, one-hot q): when sampling, each target token is
+    drawn keyed by (seed, request, position), so the text is sampled ar's with the same seed whatever the
+    draft lengths (verify.positional)."""
+    kwargs = dict(max_new_tokens=24, temperature=temperature, seed=seed)
+    ar = _ar(toks, GREEDY_PROMPTS, **kwargs)
+    slem = _decode(GREEDY_PROMPTS, "slem", toks, num_draft_tokens=k, **kwargs)
+    assert slem.tokens == ar.tokens
+    if k != "auto":  # auto may stop drafting after early rejections
+        assert 0 < slem.stats.accepted < slem.stats.drafted  # accepted and rejected drafts: the check bites
