@@ -156,6 +156,8 @@ def _refuse_cache(lm, ids: list[int], target=None) -> bool:
             raise ValueError(f"decode: the drafter ({member.arch}) cannot be decoded with a KV cache: {found.cache}; "
                              f"draft with another model. Methods that work with the target ({target.arch}): "
                              f"{_working(target, ids)}")
+        if not found.positions:
+            member.takes.discard("position_ids")
         apart = apart or found.ragged is not None
     return apart
 

@@ -114,6 +114,9 @@ class CausalLM:
         self.attention_layers = layers if isinstance(layers, int) else None
         accepted = inspect.signature(model.forward).parameters
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}
+        known = _CHAINS.get(model) if _weakly_keyed(model) else None
+        if known is not None and not known.positions:
+            self.takes.discard("position_ids")  # chain_support: the model computes its own
         self.cache_argument = cache_argument(model)
         self.transformers = is_transformers_model(model)
         self._cpu_forward: CpuForward | None | bool = False  # probed on first use
@@ -518,11 +521,14 @@ def _widened(t: torch.Tensor | None, rows: int, like: torch.Tensor, length: int)
 class ChainSupport(NamedTuple):
     """What `chain_support` found: cache, why `lm` cannot be decoded with a KV cache; ragged, why rows of
     a batch change each other's logits (None where nothing is wrong); runs, whether its cached forwards at
-    least run (a drafter need not be exact, only run)."""
+    least run (a drafter need not be exact, only run); positions, whether the model is given position
+    ids: a model whose positions follow another rule than the token count (RoBERTa-style decoders count
+    from padding_idx + 1) is exact only when left to compute its own, so it gets none."""
 
     cache: str | None
     ragged: str | None
     runs: bool
+    positions: bool = True  # whether to pass position ids (False: the model's own rule reproduces its forward)
 
 
 _CHAINS: weakref.WeakKeyDictionary[object, ChainSupport] = weakref.WeakKeyDictionary()
@@ -549,10 +555,25 @@ def chain_support(lm: CausalLM, tokens: list[int]) -> ChainSupport:
         pool = sorted(set(tokens))
         probe = CausalLM(lm.model, lm.name)  # its own call counters
         alone, runs = _chain_probe(probe, pool, ragged=False)
-        known = ChainSupport(alone, None if alone else _chain_probe(probe, pool, ragged=True)[0], runs)
+        positions = True
+        if alone is not None and runs and "position_ids" in probe.takes:
+            probe.takes.discard("position_ids")  # its own position rule, if that reproduces its forward
+            if _chain_probe(probe, pool, ragged=False)[0] is None:
+                alone, positions = None, False
+            else:
+                probe.takes.add("position_ids")
+        known = ChainSupport(alone, None if alone else _chain_probe(probe, pool, ragged=True)[0], runs, positions)
         if weak:
             _CHAINS[lm.model] = known
     return known
+
+
+def _weakly_keyed(model) -> bool:
+    try:
+        weakref.ref(model)
+        return True
+    except TypeError:
+        return False
 
 
 def _chain_probe(lm: CausalLM, pool: list[int], ragged: bool) -> tuple[str | None, bool]:
