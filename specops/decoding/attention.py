@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeMask", "close_logits", "pack_rows", "tree_forward", "tree_support"]
+__all__ = ["TreeMask", "close_logits", "pack_rows", "tree_forward", "tree_support", "weakly_keyed"]
 
 NAME = "specops_tree"
 _ACTIVE = threading.local()
@@ -345,17 +345,18 @@ def tree_support(lm, tokens: list[int]) -> str | None:
     lm.tree_kernel = False
     if not is_transformers_model(lm.model):
         return None  # the 4-D mask contract (module docstring)
-    known = _SUPPORT.get(lm.model) if _weakly_keyed(lm.model) else None
+    known = _SUPPORT.get(lm.model) if weakly_keyed(lm.model) else None
     if known is None:
         pool = sorted(set(tokens))
         known = (None, True) if _probe(lm, pool, kernel=True) is None else (_probe(lm, pool, kernel=False), False)
-        if _weakly_keyed(lm.model):
+        if weakly_keyed(lm.model):
             _SUPPORT[lm.model] = known
     reason, lm.tree_kernel = known
     return reason
 
 
-def _weakly_keyed(model) -> bool:
+def weakly_keyed(model) -> bool:
+    """Whether `model` can key a weakref.WeakKeyDictionary (a probe's verdict is kept per model)."""
     try:
         weakref.ref(model)
         return True

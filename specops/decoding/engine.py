@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from specops.decoding.attention import TreeMask, close_logits, is_transformers_model, tree_forward
+from specops.decoding.attention import TreeMask, close_logits, is_transformers_model, tree_forward, weakly_keyed
 from specops.decoding.cpu_forward import CpuForward
 from specops.decoding.hf_compat import cache_argument
 from specops.decoding.llama_forward import LlamaForward
@@ -114,7 +114,7 @@ class CausalLM:
         self.attention_layers = layers if isinstance(layers, int) else None
         accepted = inspect.signature(model.forward).parameters
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}
-        known = _CHAINS.get(model) if _weakly_keyed(model) else None
+        known = _CHAINS.get(model) if weakly_keyed(model) else None
         if known is not None and not known.positions:
             self.takes.discard("position_ids")  # chain_support: the model computes its own
         self.cache_argument = cache_argument(model)
@@ -546,11 +546,8 @@ def chain_support(lm: CausalLM, tokens: list[int]) -> ChainSupport:
     shifts its positions, so its rows must be decoded apart."""
     if not is_transformers_model(lm.model):
         return ChainSupport(None, None, True)  # the position-id and 2-D mask contract (module docstring)
-    weak = True
-    try:
-        known = _CHAINS.get(lm.model)
-    except TypeError:
-        known, weak = None, False
+    weak = weakly_keyed(lm.model)
+    known = _CHAINS.get(lm.model) if weak else None
     if known is None:
         pool = sorted(set(tokens))
         probe = CausalLM(lm.model, lm.name)  # its own call counters
@@ -566,14 +563,6 @@ def chain_support(lm: CausalLM, tokens: list[int]) -> ChainSupport:
         if weak:
             _CHAINS[lm.model] = known
     return known
-
-
-def _weakly_keyed(model) -> bool:
-    try:
-        weakref.ref(model)
-        return True
-    except TypeError:
-        return False
 
 
 def _chain_probe(lm: CausalLM, pool: list[int], ragged: bool) -> tuple[str | None, bool]:
