@@ -31,7 +31,8 @@ def test_sampled_ngram_equals_sampled_ar(shape, seed, temperature, top_p):
     ar = _decode("ar", seed, temperature, top_p)
     ngram = _decode("ngram", seed, temperature, top_p, num_draft_tokens=shape, ngram_tables="none")
     assert ngram.tokens == ar.tokens
-    assert 0 < ngram.stats.accepted < ngram.stats.drafted  # drafts accepted and rejected: the check bites
+    if shape != "auto":  # auto follows timings: it may stop drafting, or have no draft rejected
+        assert 0 < ngram.stats.accepted < ngram.stats.drafted  # accepted and rejected drafts: the check bites
 
 
 def test_the_same_seed_gives_the_same_text_twice_and_another_seed_other_text():
