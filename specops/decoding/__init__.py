@@ -97,7 +97,8 @@ def _check_self_drafter(drafter) -> None:
         raise ValueError(f"decode: drafter {drafter!r} must be 'self:N' with N a number of layers")
 
 
-def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: list[int], need_tokenizer: bool = True):
+def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: list[int],
+                   need_tokenizer: bool = True):
     """(drafter model, its tokenizer, why a self:N drafter cannot run or None). ids: prompt tokens for the
     probe (engine.chain_support)."""
     if not (isinstance(drafter, str) and drafter.startswith("self:")):
@@ -133,7 +134,8 @@ def _working(lm, ids: list[int], self_draft: bool | None = None) -> str:
     drafter."""
     trees = not isinstance(lm, CausalLM) or tree_support(lm, ids) is None
     if self_draft is None:
-        self_draft = not isinstance(lm, CausalLM) or _drafter_model("self:1", None, lm.model, None, ids)[2] is None
+        self_draft = (not isinstance(lm, CausalLM)
+                      or _drafter_model("self:1", None, lm.model, None, ids)[2] is None)
     fit = [m for m in registry.METHODS.values() if m.ensemble != "only" and (trees or "target" not in m.trees)]
     alone = [m.name for m in fit if m.drafter == "none"]
     drafted = [m.name for m in fit if m.drafter != "none"]
@@ -151,11 +153,12 @@ def _refuse_cache(lm, ids: list[int], target=None) -> bool:
         found = chain_support(member, ids if member is lm else list(range(min(member.vocab_size, 64))))
         if target is None and found.cache is not None:
             raise ValueError(f"decode: the {member.name} ({member.arch}) cannot be decoded with a KV cache: "
-                             f"{found.cache}. Methods that work with it: none (decode it with its own generate())")
+                             f"{found.cache}. Methods that work with it: none (decode it with its own "
+                             "generate())")
         if target is not None and not found.runs:
-            raise ValueError(f"decode: the drafter ({member.arch}) cannot be decoded with a KV cache: {found.cache}; "
-                             f"draft with another model. Methods that work with the target ({target.arch}): "
-                             f"{_working(target, ids)}")
+            raise ValueError(f"decode: the drafter ({member.arch}) cannot be decoded with a KV cache: "
+                             f"{found.cache}; draft with another model. Methods that work with the target "
+                             f"({target.arch}): {_working(target, ids)}")
         if not found.positions:
             member.takes.discard("position_ids")
         apart = apart or found.ragged is not None
@@ -311,8 +314,9 @@ def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, see
         def shifted(callback, request=i):
             return None if callback is None else lambda _, *rest: callback(request, *rest)
 
+        given = {k: v for k, v in call.items() if k != "prompts"}
         batch, part = _decode([prompt], **{
-            **{k: v for k, v in call.items() if k != "prompts"}, "target": target, "tokenizer": tokenizer, "drafter": drafter,
+            **given, "target": target, "tokenizer": tokenizer, "drafter": drafter,
             "drafter_tokenizer": drafter_tokenizer, "seed": seeds[i:i + 1], "stream": shifted(call["stream"]),
             "stop_when": shifted(call["stop_when"]), "on_tokens": shifted(call["on_tokens"])})
         if merged is None:
