@@ -67,15 +67,6 @@ def positional(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor
     return sample(logits.reshape(rows * n, vocab), params, keys, 0).view(rows, n)
 
 
-def _positions(state, width: int) -> torch.Tensor | None:
-    """[B, width] sequence positions of the tokens predicted after the last emitted token (which the state
-    has not read yet) and after each of `width` - 1 drafts; None for a state without per-row counts."""
-    count = getattr(state, "next_pos", None)
-    if count is None:
-        return None
-    return (count + 1)[:, None] + torch.arange(width, device=count.device)
-
-
 def _matched(params: SamplingParams, probs, state) -> bool:
     """Whether a step's drafts are verified by matching the positional tokens (module docstring)."""
     return params.temperature > 0 and probs is None and getattr(state, "next_pos", None) is not None
@@ -98,7 +89,9 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
     scored = torch.where((drafts >= 0) & (drafts < state.lm.vocab_size), drafts, 0)
     logits = _widen(state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=k + 1), proposal.width)
     if _matched(params, proposal.probs, state):
-        out = positional(logits, params, seeds, _positions(state, k + 1) - (k + 1))
+        # The state has read `last` and the k drafts: the token after `last` lands k slots before its end.
+        positions = state.next_pos[:, None] - k + torch.arange(k + 1, device=drafts.device)
+        out = positional(logits, params, seeds, positions)
         offered = torch.arange(k, device=drafts.device) < proposal.num_draft[:, None]
         accepted = ((out[:, :k] == drafts) & offered).long().cumprod(1).sum(1)
         out = torch.where(torch.arange(k + 1, device=out.device) <= accepted[:, None], out, -1)
@@ -122,9 +115,9 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
     if _matched(params, draft.probs, state):
         out, nodes, accepted = _match_tree(logits, tokens, shape, params, seeds, state)
     else:
-        out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs, num_nodes=draft.num_nodes,
-                                           replacement=draft.replacement, temperature=params.temperature,
-                                               top_k=params.top_k, top_p=params.top_p, seed=seeds,
+        out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs,
+                                               num_nodes=draft.num_nodes, replacement=draft.replacement,
+                                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=seeds,
                                                offset=step, validate=False)
     size = tokens.shape[1]
     slots = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0)], dim=1)[:, :size]
