@@ -2,7 +2,7 @@
 prompts and settings, in one run.
 
     python bench/bench_vllm.py [--prompts 8] [--new-tokens 96] [--rounds 2] [--batches 1,4,8]
-                               [--configs vllm,vllm-ngram,vllm-suffix,vllm-draft-tli,specops-ngram,specops-slem,
+                               [--configs vllm,vllm-sync,vllm-ngram,vllm-suffix,vllm-draft-tli,specops-ngram,specops-slem,
                                           decode-ar,decode-ngram,decode-slem]
                                [--csv PATH] [--plot docs/vllm_cpu.png]
 
@@ -14,6 +14,8 @@ the prompts in groups of each `--batches` size (1: one request at a time; one `g
 its requests submitted together).
 
   vllm           vLLM, no speculation
+  vllm-sync      vLLM, no speculation, async_scheduling=False (as vLLM runs every custom_class proposer: it
+                 turns async scheduling off for them)
   vllm-ngram     vLLM's `ngram` proposer, 4 tokens, n-grams of 1 to 4 tokens
   vllm-suffix    vLLM's `suffix` proposer (needs arctic-inference; reported as failed where it cannot run)
   vllm-draft-tli vLLM's own draft model with another vocabulary (`use_heterogeneous_vocab`: token-level
@@ -44,10 +46,11 @@ import sys
 import time
 from pathlib import Path
 
-CONFIGS = ["vllm", "vllm-ngram", "vllm-suffix", "vllm-draft-tli", "specops-ngram", "specops-slem", "decode-ar",
-           "decode-ngram", "decode-slem"]
+CONFIGS = ["vllm", "vllm-sync", "vllm-ngram", "vllm-suffix", "vllm-draft-tli", "specops-ngram", "specops-slem",
+           "decode-ar", "decode-ngram", "decode-slem"]
 _SPECS = {
     "vllm": None,
+    "vllm-sync": None,
     "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4},
     "vllm-suffix": {"method": "suffix", "num_speculative_tokens": 8},
     "specops-ngram": {"model": "specops.vllm.NgramProposer", "num_speculative_tokens": 8},
@@ -84,7 +87,8 @@ def _vllm_run(config: str, prompts: list[str], new_tokens: int, batches: list[in
         spec = {"model": str(models.path("smollm2-135m")), "method": "draft_model", "num_speculative_tokens": 4,
                 "use_heterogeneous_vocab": True}
     llm = LLM(model=str(models.path("gemma-3-270m")), dtype="float32", enforce_eager=True, max_model_len=2048,
-              seed=0, kv_cache_memory_bytes=1 << 30, disable_log_stats=False, speculative_config=spec)
+              seed=0, kv_cache_memory_bytes=1 << 30, disable_log_stats=False, speculative_config=spec,
+              **({"async_scheduling": False} if config == "vllm-sync" else {}))
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
 
     def iterations() -> int:

@@ -660,6 +660,26 @@ def test_draft_shape_widths_spend_tokens_where_they_pay():
     assert shape.widths(short, torch.tensor([2, 2]))[0] == 3
 
 
+def test_draft_shape_widths_for_requests_submitted_together():
+    """Line 0.1 s + 0.02 s per token. Alone, a request on a 6-deep match gets 6 drafts whatever its
+    neighbour. In a group (lead >= 0) whose other member's drafts never match, the group cannot finish
+    sooner: its tokens count a quarter and no longer pay (hand-computed: 2.25 tokens in 0.16 s against
+    2 in 0.14 s). Both on good matches: both draft. A member 2 tokens behind gets the longer chain."""
+    shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=8, sources=3)
+    _chains(shape, {0: 0, 2: 6})
+    for n in (2, 8, 16):
+        shape.observe_cost(n, 0.1 + 0.02 * n)
+    rows = torch.arange(1, 9).view(1, 1, 8).repeat(2, 1, 1)
+    mixed, good = torch.tensor([2, 0]), torch.tensor([2, 2])
+    assert shape.widths(rows, mixed)[0] == 6
+    assert shape.widths(rows, mixed, torch.tensor([-1, -1]))[0] == 6  # alone, as without leads
+    assert shape.widths(rows, mixed, torch.tensor([0, 0])) == [0, 0]
+    assert shape.widths(rows, good, torch.tensor([0, 0])) == [6, 6]
+    behind = shape.widths(rows, good, torch.tensor([2, 0]))
+    assert behind[1] > behind[0] > 0, behind
+    assert shape.widths(rows, mixed, torch.tensor([0, -1]))[0] == 6  # a group of one is alone
+
+
 def test_draft_shape_widths_explore_and_stop():
     """Nothing measured: plain; one size measured (a flat line): drafts, at most doubling the tokens in
     flight; a line where a token costs half a plain step: plain again; a fixed setting: always that."""

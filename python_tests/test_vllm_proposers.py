@@ -212,6 +212,19 @@ def test_ngram_prices_drafts_at_a_new_batch_size_from_what_it_measured(monkeypat
     assert drafting_steps[1] >= 5 and drafting_steps[8] == 0, drafting_steps
 
 
+def test_ngram_groups_requests_that_started_together():
+    """Requests that started decoding at most two steps apart form one group (leads from the slowest);
+    a request that joins later decodes on its own, as does a request running alone."""
+    proposer = NgramProposer(_config(4))
+    assert proposer._leads([0, 1, 2], torch.tensor([10, 20, 30])).tolist() == [0, 0, 0]
+    proposer._leads([3], torch.tensor([5]))  # joins two steps after the first three: still together
+    assert proposer._leads([0, 1, 2, 3], torch.tensor([14, 21, 33, 6])).tolist() == [3, 0, 2, 0]
+    for _ in range(3):
+        proposer._leads([0], torch.tensor([15]))
+    assert proposer._leads([0, 1, 4], torch.tensor([16, 22, 40])).tolist() == [4, 0, -1]
+    assert proposer._leads([4], torch.tensor([41])).tolist() == [-1]
+
+
 @pytest.mark.parametrize("value", ["0", "9", "three"])
 def test_ngram_bad_settings_raise_at_construction(monkeypatch, value):
     monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", value)

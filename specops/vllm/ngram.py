@@ -27,6 +27,10 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
 Each request gets its own length (vLLM verifies ragged chains): the step's draft tokens go where they are
 worth most, so a request continuing a long context match drafts many while one drafting from the bigram
 drafts few or none (`DraftShape.widths`); none at all when drafting cannot pay at this batch size.
+Requests that started decoding within two steps of each other (a batch submitted at once) are valued as a
+group that is done when its slowest member is: their drafts count by how far they move that member.
+Valued one by one, 8 requests together on a CPU drafted for the few on long matches, which finished
+first, and left the rest to a tail of steps that cost nearly a full batch's (0.90x plain vLLM).
 num_speculative_tokens is the most it proposes. vLLM verifies the drafts, so the output is vLLM's own:
 greedy tokens identical to decoding without speculation, sampled tokens from the same distribution.
 
@@ -54,6 +58,7 @@ from specops.vllm._requests import Requests
 __all__ = ["NgramProposer"]
 
 MIN_NGRAM, MAX_NGRAM = 1, 4  # match lengths, as specops.decode's ngram method has them
+_TOGETHER = 2  # steps apart that requests may start decoding and still count as submitted together
 BIGRAM_TOP = 8  # the table specops.decode's ngram method builds (and shares through the cache)
 
 
@@ -102,6 +107,8 @@ class NgramProposer:
         self.requests = Requests()
         self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
+        self.joined: dict[int, tuple[int, int]] = {}  # request -> (step, its length) when first seen decoding
+        self.steps = 0  # proposals made
         self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
         self.step_requests = 0  # requests it carries
         self.costs = CostPlane()  # seconds per step from its requests and draft tokens
@@ -126,7 +133,7 @@ class NgramProposer:
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
         candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
         self.shape.cost = self.costs.at_requests(len(rows))
-        widths = self.shape.widths(candidates, source)
+        widths = self.shape.widths(candidates, source, self._leads([ids[row] for row in rows], lengths))
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
             self.pending.setdefault(request, []).append((at, candidates[b], int(source[b])))
@@ -136,6 +143,27 @@ class NgramProposer:
             drafts[row] = draft
             self.step_tokens += len(draft)
         return drafts
+
+    def _leads(self, requests: list[int], lengths: torch.Tensor) -> torch.Tensor:
+        """Per request, -1 if it decodes on its own, else how many tokens it has emitted since it joined
+        beyond the slowest member of its group (DraftShape.widths): the largest set of at least two running
+        requests that started decoding together, i.e. at steps no more than _TOGETHER apart (a batch
+        submitted at once, split over prefill chunks), which is done when its slowest member is."""
+        self.steps += 1
+        joined = [self.joined.setdefault(r, (self.steps, int(n))) for r, n in zip(requests, lengths)]
+        order = sorted(range(len(requests)), key=lambda b: joined[b][0])
+        groups, last = [], None
+        for b in order:
+            if last is None or joined[b][0] - last > _TOGETHER:
+                groups.append([])
+            groups[-1].append(b)
+            last = joined[b][0]
+        lead = torch.full((len(requests),), -1, dtype=torch.long)
+        group = max(groups, key=len)
+        if len(group) >= 2:
+            emitted = torch.tensor([int(lengths[b]) - joined[b][1] for b in group])
+            lead[group] = emitted - emitted.min()
+        return lead
 
     def _score(self, ids, gone, lengths, tokens) -> None:
         """Score the draft lists whose continuation is known: max_drafts tokens later, or when the request
@@ -156,6 +184,7 @@ class NgramProposer:
                     keep.append((at, draft, source))
             self.pending[request] = keep
         for request in gone:
+            self.joined.pop(request, None)
             start, emitted = self.seen.pop(request, (0, np.zeros(0, dtype=np.int32)))
             for at, draft, source in self.pending.pop(request, []):
                 rows.append(draft)
