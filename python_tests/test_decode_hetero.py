@@ -353,19 +353,23 @@ def test_tli_acceptance_at_least_union_exact():
     assert strict > 0
 
 
-def test_tli_acceptance_higher_than_union_measured(toks):
-    """Same prompts, same seeds, same draft length: TLI's measured acceptance (accepted / drafted)
-    exceeds the union's by more than 4 standard errors (one-sided, p < 4e-5 were they equal). Bound on
-    the error: a request's step accepts between 0 and k <= STAT_K of its drafts, so its variance is at
-    most k^2/4 <= STAT_K * k / 4 (Popoviciu), summing to STAT_K * drafted / 4 over independent steps;
-    the rate's error is then at most sqrt(STAT_K / (4 * drafted)), 0.0026 here, against a gap of 0.025."""
+def test_tli_acceptance_not_below_union_measured(toks):
+    """Same prompts, same seeds, same draft length: TLI's measured acceptance (accepted / drafted) is not
+    below the union's by more than 4 standard errors. The union spends draft mass on tokens the target
+    cannot emit, TLI none. Sampled drafts are drawn with the target's own random numbers
+    (drafter.TokenDrafter), and that coupling narrows the gap that speculative sampling's rule showed
+    here (0.025): 0.291 against 0.283 measured. A TLI that left its q unnormalized or drew past the
+    shared tokens would fall below. Bound on the error: a request's step accepts between 0 and k <= STAT_K
+    of its drafts, so its variance is at most k^2/4 <= STAT_K * k / 4 (Popoviciu), summing to
+    STAT_K * drafted / 4 over independent steps; the rate's error is then at most
+    sqrt(STAT_K / (4 * drafted)), about 0.0035 here."""
     rates, errors = {}, {}
     for method in ("tli", "union"):
         stats = _sample(method, toks).stats
         rates[method] = stats.accepted / stats.drafted
         errors[method] = math.sqrt(STAT_K / (4 * stats.drafted))
     margin = 4 * math.hypot(errors["tli"], errors["union"])
-    assert rates["tli"] > rates["union"] + margin, (rates, margin)
+    assert rates["tli"] > rates["union"] - margin, (rates, margin)
 
 
 # ---- 5. method selection ----
@@ -489,15 +493,17 @@ def test_max_new_tokens_exact(toks, method, max_new):
             check_stats(result, method)
 
 
+@pytest.mark.parametrize("method", ["slem", "tli", "union"])
 @pytest.mark.parametrize("k", ["auto", 2, 5])
 @pytest.mark.parametrize("seed, temperature", [(123, 1.0), (9, 0.7)])
-def test_sampled_slem_equals_sampled_ar(toks, k, seed, temperature):
-    """slem's drafts are deterministic (re-encoded text, one-hot q): when sampling, each target token is
-    drawn keyed by (seed, request, position), so the text is sampled ar's with the same seed whatever the
-    draft lengths (verify.positional)."""
+def test_sampled_drafting_equals_sampled_ar(toks, method, k, seed, temperature):
+    """slem's drafts are deterministic (re-encoded text, one-hot q); tli's and union's are drawn from q
+    with the uniform number the target's token at the same position is drawn with (TokenDrafter). When
+    sampling, each target token is drawn keyed by (seed, request, position), so the text is sampled ar's
+    with the same seed whatever the draft lengths (verify.positional)."""
     kwargs = dict(max_new_tokens=24, temperature=temperature, seed=seed)
     ar = _ar(toks, GREEDY_PROMPTS, **kwargs)
-    slem = _decode(GREEDY_PROMPTS, "slem", toks, num_draft_tokens=k, **kwargs)
-    assert slem.tokens == ar.tokens
+    drafted = _decode(GREEDY_PROMPTS, method, toks, num_draft_tokens=k, **kwargs)
+    assert drafted.tokens == ar.tokens
     if k != "auto":  # auto may stop drafting after early rejections
-        assert 0 < slem.stats.accepted < slem.stats.drafted  # accepted and rejected drafts: the check bites
+        assert 0 < drafted.stats.accepted < drafted.stats.drafted  # accepted and rejected drafts: the check bites

@@ -1,7 +1,8 @@
-"""Same seed, same text: sampled decoding with deterministic drafts (n-grams, no drafts at all) draws the
-target's token at every position from random numbers keyed by the row's seed and the position alone
-(specops.decoding.verify.positional), so it gives, token for token, what sampled "ar" gives with that
-seed, whatever draft shapes "auto" picks from its timings, and however the batch is split.
+"""Same seed, same text: sampled decoding draws the target's token at every position from random numbers
+keyed by the row's seed and the position alone (specops.decoding.verify.positional) and accepts a draft
+when it equals that token; drafts from a drafter's q are drawn with the same numbers (TokenDrafter). So
+it gives, token for token, what sampled "ar" gives with that seed, whatever draft shapes "auto" picks
+from its timings, and however the batch is split.
 
 The target is toy_models.TableLM with a cycle table (its likeliest next letter has probability 0.85), so
 that n-gram drafts from the repeating context are often accepted and the equality says something: each
@@ -60,13 +61,28 @@ def test_position_seeds_key_rows_and_positions_apart():
     assert keys.flatten().tolist() == want
 
 
-def test_drafts_with_a_distribution_keep_step_keyed_verification():
-    """sd verifies drafts against their q (not by matching): its text is the target's distribution but
-    not ar's draw; that it differs here shows the ngram equality above is not a property of any method."""
-    target = TableLM(cycle_table())
+@pytest.mark.parametrize("shape", ["auto", 2, 5])
+@pytest.mark.parametrize("seed, temperature, top_p", [(123, 1.0, 1.0), (7, 0.8, 0.95)])
+def test_sampled_sd_equals_sampled_ar(shape, seed, temperature, top_p):
+    """sd's drafts are drawn from the drafter's q with the uniform number of the target's token at the same
+    position (TokenDrafter), and verified by matching it: the text is sampled ar's, whatever the lengths."""
     drafter = TableLM(cycle_table(0.6))
-    kwargs = dict(target=target, tokenizer=letter_tokenizer(), max_new_tokens=NEW, temperature=1.0, seed=123)
-    ar = specops.decode(PROMPTS, method="ar", **kwargs)
-    sd = specops.decode(PROMPTS, method="sd", drafter=drafter, drafter_tokenizer=letter_tokenizer(),
-                        num_draft_tokens=3, **kwargs)
-    assert sd.tokens != ar.tokens
+    ar = _decode("ar", seed, temperature, top_p)
+    sd = _decode("sd", seed, temperature, top_p, drafter=drafter, drafter_tokenizer=letter_tokenizer(),
+                 num_draft_tokens=shape)
+    assert sd.tokens == ar.tokens
+    if shape != "auto":
+        assert 0 < sd.stats.accepted < sd.stats.drafted  # accepted and rejected drafts: the check bites
+
+
+def test_coupled_drafts_are_accepted_more_often_than_independent_ones():
+    """The coupling is what makes sampled sd fast: drafts drawn from q with the target's own uniform number
+    are accepted far more often than p(x) averaged over x ~ q (independent drafts). With the target's and
+    drafter's tables at 0.85 and 0.6 on the likeliest letter, independent acceptance is at most
+    0.85 * 0.6 + 0.15 * 0.4 = 0.57; coupled, P(x = y) is about 0.75 (one uniform number: both pick the
+    likeliest letter below 0.6)."""
+    sd = specops.decode(PROMPTS, target=TableLM(cycle_table()), tokenizer=letter_tokenizer(), method="sd",
+                        drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), max_new_tokens=200,
+                        temperature=1.0, seed=3, num_draft_tokens=1)
+    assert sd.stats.drafted > 400
+    assert sd.stats.accepted / sd.stats.drafted > 0.66  # 0.74 measured; independent: 0.57 at most

