@@ -75,10 +75,9 @@ class TokenDrafter(DrafterProposer):
     Sampled, draft i is drawn from the drafter's distribution q (its logits over the verification
     vocabulary, `DraftVocab.project`, after temperature, top-k and top-p) by `verify.positional`: the
     inverse CDF at the uniform number the target's token at the same position is drawn with (the same seed,
-    row and position). The drafts go to the
-    verifier as deterministic drafts (no q), which accepts a draft exactly when it equals the target's
-    token drawn there. So the text is, token for token, what sampled "ar" gives with that seed, whatever
-    draft lengths "auto" picks and however requests are batched. A draft is accepted with probability
+    row and position). The drafts go to the verifier as deterministic drafts (no q), which accepts a draft
+    exactly when it equals the target's token drawn there. So the text is, token for token, what sampled
+    "ar" gives with that seed, whatever draft lengths "auto" picks and however requests are batched. A draft is accepted with probability
     P(x = y) for x ~ q and y ~ p coupled through one uniform number, instead of sum(min(p, q)) for
     speculative sampling's accept/resample rule: on Gemma-3-270M's own truncations at T = 0.8, top-p 0.95
     (HumanEval/0 and its solution) 0.535 against 0.551 per token with 15 of 18 layers, 0.819 against 0.848
