@@ -29,7 +29,10 @@ weights).
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -718,3 +721,29 @@ def test_torch_compile_matches_eager():
     compiled = torch.compile(ensemble, backend="aot_eager", fullgraph=True)
     for got, want in zip(compiled(*members), ensemble(*members)):
         assert torch.equal(got, want)
+
+
+_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specops.kernels.ensemble_logits import _ensemble_logits_kernel
+signature = {"x_ptr": "*fp32", "w_ptr": "*fp32", "top_ptr": "*fp32", "add_ptr": "*fp32", "out_ptr": "*fp32",
+             "R": "i64", "V": "i64", "MEMBERS": "i32", "mu": "fp32", "log_alpha": "fp32",
+             "CONTRASTIVE": "constexpr", "BLOCK_V": "constexpr"}
+for contrastive in (False, True):
+    for capability in (90, 80):
+        source = ASTSource(_ensemble_logits_kernel, signature, {"CONTRASTIVE": contrastive, "BLOCK_V": 1024})
+        triton.compile(source, target=GPUTarget("cuda", capability, 32))
+"""
+
+
+@pytest.mark.skipif(triton_launcher("ensemble_logits") is None, reason="needs triton")
+def test_kernel_compiles_for_hopper_and_ampere():
+    """Both modes compile ahead of time for sm_90 and sm_80, no GPU needed (outside the interpreter, which
+    conftest turns on for this process). The interpreter ran the kernel with a plain float global that the
+    compiler rejects ("Cannot access global variable _NEG_INF"): every CUDA call would have failed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE], check=False, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -18,7 +18,7 @@ import triton.language as tl
 
 __all__ = ["ensemble_logits_triton"]
 
-_NEG_INF = float("-inf")
+_NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))  # a plain float global does not compile for a GPU
 
 
 @triton.jit
