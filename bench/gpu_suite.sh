@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The GPU suite: build specops, run every test and every kernel benchmark on CUDA, write one report.
+# The GPU run: what a lent GPU's minutes go to, in priority order, within one command's budget.
 #
 #   bash bench/gpu_suite.sh [REPORT_DIR]        (default: ${OUT:-bench/results/gpu})
 #
+# SUITE_BUDGET: seconds for the whole run (default 540: a lent machine allows 10 minutes per command and
+# 15 in all, its start included). Each step has its own limit, cut to what is left of the budget, and
+# the report (REPORT_DIR/report.md) is written as the run goes: a run cut short still reports what it
+# did. Steps, most important first:
+#   1. build (skipped where specops and its extension already import)
+#   2. environment: nvidia-smi, torch, Triton, the registered ops
+#   3. the Triton compile check (python -m specops.kernels.compile_check, where it exists)
+#   4. the ops' tests on CUDA: exactness and agreement of the Triton kernels with the reference and the
+#      C++ kernels under the same seeds; the long statistical runs are left out
+#   5. every kernel benchmark, its quick grid, on CUDA (CSV and table each)
+#   6. end to end: ar and ngram on Gemma-3-270M (bench_e2e.py), greedy
+# Without CUDA (a dry run, on the CPU machine), steps 4-6 are skipped and the report says so.
 # For a machine with a CUDA build of torch and Triton and no package registry: nothing is downloaded.
-# Every step runs even if an earlier one failed; failures are recorded in REPORT_DIR/report.md and the
-# script exits non-zero at the end. Per-step logs and the benchmarks' CSVs sit next to the report.
-# SUITE_STEP_TIMEOUT (seconds, default 3600; 0 = none) bounds each step, so one hang cannot eat the run.
+# docs/gpu.md says how to run it on a lent machine.
 set -u
 
 cd "$(dirname "$0")/.." || exit 2
@@ -14,117 +24,173 @@ report_dir="${1:-${OUT:-bench/results/gpu}}"
 mkdir -p "$report_dir" || exit 2
 report_dir="$(cd "$report_dir" && pwd)"
 report="$report_dir/report.md"
-step_timeout="${SUITE_STEP_TIMEOUT:-3600}"
 python="${PYTHON:-python}"
+budget="${SUITE_BUDGET:-540}"
+deadline=$(( $(date +%s) + budget ))
 failed=()
+skipped=()
 
 md() { printf '%s\n' "$@" >>"$report"; }
 
-# run_step NAME LOG CMD...: runs CMD with stdout+stderr in LOG, records its outcome in the report.
+# run_step NAME LIMIT LOG CMD...: CMD with stdout and stderr in LOG, for at most LIMIT seconds or what
+# is left of the budget; its outcome goes into the report at once.
 run_step() {
-    local name="$1" log="$2" rc start elapsed
-    shift 2
-    start=$(date +%s)
-    if [ "$step_timeout" != 0 ] && command -v timeout >/dev/null; then
-        timeout "$step_timeout" "$@" >"$log" 2>&1
-    else
-        "$@" >"$log" 2>&1
+    local name="$1" limit="$2" log="$3" rc start elapsed left
+    shift 3
+    left=$(( deadline - $(date +%s) ))
+    [ "$left" -lt "$limit" ] && limit="$left"
+    if [ "$limit" -lt 5 ]; then
+        md "" "### $name: skipped, the budget of ${budget} s is spent"
+        skipped+=("$name (budget)")
+        return 1
     fi
+    start=$(date +%s)
+    timeout "$limit" "$@" >"$log" 2>&1
     rc=$?
     elapsed=$(( $(date +%s) - start ))
     if [ "$rc" -eq 0 ]; then
         md "" "### $name: ok (${elapsed} s)"
     else
-        [ "$rc" -eq 124 ] && md "" "### $name: FAILED, timed out after ${step_timeout} s" \
-                          || md "" "### $name: FAILED, exit $rc (${elapsed} s)"
+        if [ "$rc" -eq 124 ]; then
+            md "" "### $name: FAILED, stopped at its limit of ${limit} s"
+        else
+            md "" "### $name: FAILED, exit $rc (${elapsed} s)"
+        fi
         failed+=("$name")
     fi
     echo "[gpu_suite] $name: exit $rc in ${elapsed} s (log: $log)"
     return "$rc"
 }
 
-# tail_block LOG N: the last N lines of LOG as a code block.
-tail_block() {
+skip() {  # skip NAME WHY
+    md "" "### $1: skipped, $2"
+    skipped+=("$1 ($2)")
+}
+
+tail_block() {  # tail_block LOG N: the last N lines of LOG as a code block
     md '```'
     tail -n "$2" "$1" >>"$report"
     md '```'
 }
 
 {
-    echo "# specops GPU suite"
+    echo "# specops GPU run"
     echo
-    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), host: $(hostname)"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), host: $(hostname), budget: ${budget} s"
     echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (+ local changes)')"
-    if command -v nvidia-smi >/dev/null; then
-        echo "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | paste -sd ';')"
-    else
-        echo "- GPU: nvidia-smi not found"
-    fi
-    "$python" - <<'EOF' 2>&1
-import platform, sys
-print(f"- python {platform.python_version()}")
-try:
-    import torch
-    cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else "NOT AVAILABLE"
-    print(f"- torch {torch.__version__} (CUDA {torch.version.cuda}), torch.cuda device: {cuda}")
-except Exception as error:
-    print(f"- torch: import failed: {error!r}")
-try:
-    import triton
-    print(f"- triton {triton.__version__}")
-except Exception as error:
-    print(f"- triton: import failed: {error!r}")
-EOF
 } >"$report"
 
-md "" "## Build"
-# --no-index: the machine has no registry, and --no-deps/--no-build-isolation need none.
-if ! run_step "install" "$report_dir/install.log" \
-        "$python" -m pip install --no-index --no-build-isolation --no-deps -e .; then
-    tail_block "$report_dir/install.log" 30
-fi
-
-md "" "## Tests"
-if run_step "pytest python_tests" "$report_dir/tests.log" "$python" -m pytest python_tests -q -rs; then
-    tests_ok=1
+# ---- 1. build ----
+md "" "## 1. Build"
+if "$python" -c "import specops" >/dev/null 2>&1; then
+    skip "build" "specops and its extension already import"
 else
-    tests_ok=0
+    # --no-index: no registry there; --no-deps / --no-build-isolation need none. Every core compiles.
+    if ! MAX_JOBS="${MAX_JOBS:-$(nproc)}" run_step "build" 300 "$report_dir/build.log" \
+            "$python" -m pip install --no-index --no-build-isolation --no-deps -e .; then
+        tail_block "$report_dir/build.log" 30
+    fi
 fi
-# pytest's last line is its summary ("N passed, M skipped in T s"); failures get their short summary.
-md "" "Summary: \`$(tail -n 1 "$report_dir/tests.log")\`"
-if grep -q -E '^(FAILED|ERROR) ' "$report_dir/tests.log"; then
+
+# ---- 2. environment ----
+md "" "## 2. Environment"
+if command -v nvidia-smi >/dev/null; then
     md "" '```'
-    grep -E '^(FAILED|ERROR) ' "$report_dir/tests.log" | head -n 50 >>"$report"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >>"$report" 2>&1
     md '```'
-elif [ "$tests_ok" -eq 0 ]; then
-    tail_block "$report_dir/tests.log" 30
+else
+    md "" "nvidia-smi: not found"
+fi
+cuda=0
+run_step "import" 60 "$report_dir/environment.log" "$python" - <<'EOF'
+import platform
+
+import torch
+import triton
+
+import specops
+
+print(f"- python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"triton {triton.__version__}")
+print(f"- CUDA device: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
+print(f"- ops: {', '.join(n for n in specops.ops.__all__ if hasattr(torch.ops.specops, n))}")
+EOF
+grep '^- ' "$report_dir/environment.log" >>"$report"
+"$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && cuda=1
+
+# ---- 3. compile check ----
+md "" "## 3. Triton compile check"
+if "$python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('specops.kernels.compile_check') else 1)" \
+        2>/dev/null; then
+    run_step "compile check" 90 "$report_dir/compile_check.log" "$python" -m specops.kernels.compile_check
+    tail_block "$report_dir/compile_check.log" 120
+else
+    skip "compile check" "specops.kernels.compile_check does not exist yet"
 fi
 
-# run_bench FILE: one benchmark on CUDA; its table goes into the report, its CSV next to it.
-run_bench() {
-    local file="$1" name args=()
-    name="$(basename "$file" .py)"
-    if "$python" "$file" --help 2>/dev/null | grep -q -- '--device'; then args+=(--device cuda); fi
-    if "$python" "$file" --help 2>/dev/null | grep -q -- '--csv'; then args+=(--csv "$report_dir/${name}_cuda.csv"); fi
-    md "" "## $name"
-    run_step "$name" "$report_dir/$name.log" "$python" "$file" ${args[@]+"${args[@]}"}
-    # The log holds stdout and stderr (progress lines); the report keeps everything but progress.
-    md '```'
-    grep -v -E '^\[[0-9]+/[0-9]+\] ' "$report_dir/$name.log" | tail -n 400 >>"$report"
-    md '```'
-}
+# ---- 4. the ops' tests on CUDA ----
+md "" "## 4. The ops' tests on CUDA"
+op_tests=(python_tests/test_chain_verify.py python_tests/test_tree_verify.py python_tests/test_tree_attention.py
+          python_tests/test_sample_without_replacement.py python_tests/test_stochastic_beam_step.py
+          python_tests/test_vocab_project.py python_tests/test_ensemble_logits.py python_tests/test_ngram_match.py
+          python_tests/test_quantized_linear.py python_tests/test_skinny_linear.py python_tests/test_llama_layers.py)
+# The cases that run a Triton kernel or the CUDA device, without the long statistical ones.
+selection="(triton or cuda) and not follows_target and not follows_joint and not draws_follow and not statistics"
+if [ "$cuda" -eq 1 ]; then
+    # One step per op, so that a run cut short still has every op it reached.
+    for file in "${op_tests[@]}"; do
+        name="$(basename "$file" .py)"
+        run_step "$name" 40 "$report_dir/$name.log" "$python" -m pytest -q -rf -p no:cacheprovider \
+            -k "$selection" "$file"
+        md "" "\`$(tail -n 1 "$report_dir/$name.log")\`"
+        if grep -q -E '^(FAILED|ERROR) ' "$report_dir/$name.log"; then
+            md '```'
+            grep -E '^(FAILED|ERROR) ' "$report_dir/$name.log" | head -n 30 >>"$report"
+            md '```'
+        fi
+    done
+else
+    skip "op tests" "no CUDA device"
+    # What it would run: the selection collected here (the "triton" cases; "cuda" ones appear with a GPU).
+    selected=$("$python" -m pytest -q --collect-only -p no:cacheprovider -k "$selection" "${op_tests[@]}" 2>&1 |
+               tail -n 1)
+    md "" "Selection check without a GPU: \`$selected\`"
+fi
 
-shopt -s nullglob
-for file in bench/bench_*.py; do
-    [ "$(basename "$file")" = "bench_e2e.py" ] && continue
-    run_bench "$file"
+# ---- 5. kernel benchmarks ----
+md "" "## 5. Kernel benchmarks (quick grids, CUDA)"
+for file in bench/bench_chain_verify.py bench/bench_tree_verify.py bench/bench_tree_attention.py \
+            bench/bench_sample_without_replacement.py bench/bench_stochastic_beam_step.py \
+            bench/bench_vocab_project.py bench/bench_ensemble_logits.py bench/bench_ngram_match.py \
+            bench/bench_quantized_linear.py bench/bench_skinny_linear.py; do
+    name="$(basename "$file" .py)"
+    if [ "$cuda" -eq 0 ]; then
+        skip "$name" "no CUDA device"
+        continue
+    fi
+    md "" "#### $name"
+    run_step "$name" 30 "$report_dir/$name.log" "$python" "$file" --device cuda --quick \
+        --csv "$report_dir/${name}_cuda.csv"
+    md '```'
+    grep -v -E '^\[[0-9]+/[0-9]+\] ' "$report_dir/$name.log" | tail -n 60 >>"$report"
+    md '```'
 done
-[ -f bench/bench_e2e.py ] && run_bench bench/bench_e2e.py
+
+# ---- 6. end to end ----
+md "" "## 6. End to end: ar and ngram on Gemma-3-270M, greedy"
+if [ "$cuda" -eq 1 ]; then
+    run_step "e2e" 120 "$report_dir/e2e.log" "$python" bench/bench_e2e.py --device cuda --configs ar,ngram \
+        --modes greedy --prompts 4 --new-tokens 64 --csv "$report_dir/e2e_cuda.csv"
+    tail_block "$report_dir/e2e.log" 40
+else
+    skip "e2e" "no CUDA device"
+fi
 
 md "" "## Result"
+[ "${#skipped[@]}" -gt 0 ] && md "" "Skipped: ${skipped[*]}"
 if [ "${#failed[@]}" -eq 0 ]; then
-    md "" "All steps passed."
-    echo "[gpu_suite] all steps passed; report: $report"
+    md "" "No step failed."
+    echo "[gpu_suite] no step failed; report: $report"
     exit 0
 fi
 md "" "FAILED steps: ${failed[*]}"
