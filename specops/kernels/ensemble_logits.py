@@ -101,7 +101,7 @@ def ensemble_logits_triton(members: list[torch.Tensor], weights: torch.Tensor, m
     top = torch.empty((rows, count), dtype=torch.float32, device=first.device)
     add = torch.empty_like(top)
     w = weights.to(device=first.device, dtype=torch.float32).contiguous() if mode == 0 else top
-    log_alpha = math.log(alpha) if alpha > 0 else _NEG_INF
+    log_alpha = math.log(alpha) if alpha > 0 else float("-inf")  # a runtime float, not the constexpr
     _ensemble_logits_kernel[(rows,)](stacked, w, top, add, out, rows, vocab, count, float(mu), log_alpha,
                                      CONTRASTIVE=mode == 1, BLOCK_V=block_v)
     return out
