@@ -63,7 +63,7 @@ def _quantized_linear_kernel(x_ptr, w_ptr, scales_ptr, mins_ptr, b_ptr, out_ptr,
 
 def quantized_linear_triton(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None,
                             mins: torch.Tensor | None, bias: torch.Tensor | None, block_n: int = 64,
-                            block_k: int = 64) -> torch.Tensor:
+                            block_k: int | None = None) -> torch.Tensor:
     """Triton implementation of `specops::quantized_linear` on the op's arguments (input [M, K]; weight,
     scales, mins in one of the formats of `specops.ops.quantized_linear`, which checks them; bias [N] of
     input's dtype or None). `block_n` / `block_k` override the tiles (powers of two, block_n >= 16 and
@@ -80,6 +80,10 @@ def quantized_linear_triton(input: torch.Tensor, weight: torch.Tensor, scales: t
     fmt = _FORMATS[w.dtype]
     groups = 1 if scales is None else scales.shape[1]
     block_m = 16
+    # From the compile check (docs/gpu.md): with 4 warps and 64 x 64 tiles every format spilled on sm_90 (up
+    # to 1,448 bytes per thread for float32 input on int4). 8 warps spill nothing, with K tiles of 32 where
+    # float32 input meets int8 or int4.
+    block_k = block_k or (32 if x.dtype == torch.float32 and fmt != _BF16.value else 64)
     grid = (triton.cdiv(out_features, block_n), triton.cdiv(rows, block_m))
     _quantized_linear_kernel[grid](
         x, w, scales.contiguous() if scales is not None else x, mins.contiguous() if mins is not None else x,
@@ -90,7 +94,7 @@ def quantized_linear_triton(input: torch.Tensor, weight: torch.Tensor, scales: t
         DOT_FP32=x.device.type == "cpu" and x.dtype != torch.float32,
         # float32 products as torch does them: TF32 only where the user allowed it.
         PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8)
     return out
 
 

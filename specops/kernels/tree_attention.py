@@ -200,8 +200,16 @@ def tree_attention_triton(query: torch.Tensor, key: torch.Tensor, value: torch.T
         return out
     count, depth, start = _layout(tree_mask, kv_mask, nodes, window)
     block_d = max(16, triton.next_power_of_2(dim))
-    block_m = block_m or (64 if block_d <= 128 else 32)
-    block_n = block_n or (64 if block_d <= 128 else 32)
+    # Tiles and warps from the compile check (python -m specops.kernels.compile_check; docs/gpu.md): the
+    # 64 x 64 tiles with 4 warps spilled 1,800 bytes per thread at D = 128 in 16 bits, and in float32 needed
+    # 247 KB of shared memory, more than an H100 block has. These, with 8 warps, spill nothing (float32 at
+    # D = 256: 8 bytes on sm_90, 216 on sm_80) and take at most 102 KB.
+    wide = query.element_size() > 2
+    if wide and block_d > 128:
+        default_m, default_n = 16, 16
+    else:
+        default_m, default_n = (16, 32) if wide or block_d > 128 else (32, 32)
+    block_m, block_n = block_m or default_m, block_n or default_n
     grid = (triton.cdiv(group * nodes, block_m), batch * kv_heads)
     _tree_attention_kernel[grid](
         query, key, value, out, tree_mask, kv_mask, count, start, depth,
@@ -213,7 +221,7 @@ def tree_attention_triton(query: torch.Tensor, key: torch.Tensor, value: torch.T
         DOT_FP32=query.device.type == "cpu" and query.dtype == torch.bfloat16,
         # float32 products as torch does them: TF32 only where the user allowed it.
         PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=8)
     return out
 
 
