@@ -724,25 +724,21 @@ def test_torch_compile_matches_eager():
 
 
 _COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from specops.kernels.ensemble_logits import _ensemble_logits_kernel
-signature = {"x_ptr": "*fp32", "w_ptr": "*fp32", "top_ptr": "*fp32", "add_ptr": "*fp32", "out_ptr": "*fp32",
-             "R": "i64", "V": "i64", "MEMBERS": "i32", "mu": "fp32", "log_alpha": "fp32",
-             "CONTRASTIVE": "constexpr", "BLOCK_V": "constexpr"}
-for contrastive in (False, True):
-    for capability in (90, 80):
-        source = ASTSource(_ensemble_logits_kernel, signature, {"CONTRASTIVE": contrastive, "BLOCK_V": 1024})
-        triton.compile(source, target=GPUTarget("cuda", capability, 32))
+from specops.kernels import compile_check
+launches = [l for l in compile_check.kernels_launched() if l.name == "_ensemble_logits_kernel"]
+assert {l.constexprs["CONTRASTIVE"] for l in launches} == {False, True}
+rows = [compile_check.compile_launch(l, capability) for l in launches for capability in (90, 80)]
+assert all(row["ok"] for row in rows), [row.get("error") for row in rows]
 """
 
 
 @pytest.mark.skipif(triton_launcher("ensemble_logits") is None, reason="needs triton")
 def test_kernel_compiles_for_hopper_and_ampere():
-    """Both modes compile ahead of time for sm_90 and sm_80, no GPU needed (outside the interpreter, which
-    conftest turns on for this process). The interpreter ran the kernel with a plain float global that the
-    compiler rejects ("Cannot access global variable _NEG_INF"): every CUDA call would have failed."""
+    """Both modes, at every shape and dtype compile_check launches them with (through the launcher),
+    compile ahead of time for sm_90 and sm_80, no GPU needed (outside the interpreter, which conftest turns
+    on for this process). The interpreter ran the kernel with a plain float global that the compiler
+    rejects ("Cannot access global variable _NEG_INF"), and the launcher then passed the constexpr that
+    replaced it as a runtime argument: every CUDA call would have failed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _COMPILE], check=False, env=env, capture_output=True, text=True,
                           timeout=300)
