@@ -176,7 +176,7 @@ class DraftShape:
         drafted = (rows[:, 0].cpu() >= 0).long().cumprod(-1).sum(-1)  # tokens each row holds
         position = torch.arange(w_max)
         gain = torch.where(position[None] < drafted[:, None], gain, 0.0)
-        lead = torch.zeros(batch, dtype=torch.long) - 1 if lead is None else lead.cpu().long()
+        lead = torch.full((batch,), -1, dtype=torch.long) if lead is None else lead.cpu().long()
         member = lead >= 0
         if int(member.sum()) < 2:
             member[:] = False

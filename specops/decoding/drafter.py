@@ -77,11 +77,11 @@ class TokenDrafter(DrafterProposer):
     inverse CDF at the uniform number the target's token at the same position is drawn with (the same seed,
     row and position). The drafts go to the verifier as deterministic drafts (no q), which accepts a draft
     exactly when it equals the target's token drawn there. So the text is, token for token, what sampled
-    "ar" gives with that seed, whatever draft lengths "auto" picks and however requests are batched. A draft is accepted with probability
-    P(x = y) for x ~ q and y ~ p coupled through one uniform number, instead of sum(min(p, q)) for
-    speculative sampling's accept/resample rule: on Gemma-3-270M's own truncations at T = 0.8, top-p 0.95
-    (HumanEval/0 and its solution) 0.535 against 0.551 per token with 15 of 18 layers, 0.819 against 0.848
-    with 17 (0.518 and 0.751 if x and y were drawn independently)."""
+    "ar" gives with that seed, whatever draft lengths "auto" picks and however requests are batched. A
+    draft is accepted with probability P(x = y) for x ~ q and y ~ p coupled through one uniform number,
+    instead of sum(min(p, q)) for speculative sampling's accept/resample rule: on Gemma-3-270M's own
+    truncations at T = 0.8, top-p 0.95 (HumanEval/0 and its solution) 0.535 against 0.551 per token with 15
+    of 18 layers, 0.819 against 0.848 with 17 (0.518 and 0.751 if x and y were drawn independently)."""
 
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)

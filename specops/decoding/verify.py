@@ -119,7 +119,8 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
     else:
         out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs,
                                                num_nodes=draft.num_nodes, replacement=draft.replacement,
-                                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=seeds,
+                                               temperature=params.temperature, top_k=params.top_k,
+                                               top_p=params.top_p, seed=seeds,
                                                offset=step, validate=False)
     size = tokens.shape[1]
     slots = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0)], dim=1)[:, :size]

@@ -139,8 +139,9 @@ def _chain_verify(run):
             for probs in (False, True):
                 b, k = 64, 4
                 q = _t(b, k, vocab) if probs else None
-                run(f"B={b} K={k} V={vocab} {dtype} q={probs}", chain_verify_triton, _t(b, k + 1, vocab, dtype=dtype),
-                    _t(b, k, dtype=torch.int64), q, _t(b, dtype=torch.int64), *_rows(b), 0)
+                run(f"B={b} K={k} V={vocab} {dtype} q={probs}", chain_verify_triton,
+                    _t(b, k + 1, vocab, dtype=dtype), _t(b, k, dtype=torch.int64), q,
+                    _t(b, dtype=torch.int64), *_rows(b), 0)
 
 
 def _tree_verify(run):
@@ -211,9 +212,10 @@ def _tree_attention(run):
     cases += [(torch.bfloat16, (4, 1, 256), True, 0.0), (torch.bfloat16, (4, 1, 256), False, 50.0)]
     for dtype, (heads, kv_heads, dim), sinks, softcap in cases:
         b, n, prefix = 4, 64, 4096
-        run(f"B={b} H={heads}/{kv_heads} D={dim} N={n} prefix={prefix} {dtype} sinks={sinks} softcap={softcap}",
-            tree_attention_triton, _t(b, heads, n, dim, dtype=dtype), _t(b, kv_heads, prefix + n, dim, dtype=dtype),
-            _t(b, kv_heads, prefix + n, dim, dtype=dtype), _t(b, n, (n + 31) // 32, dtype=torch.int32),
+        kv = (b, kv_heads, prefix + n, dim)
+        run(f"B={b} H={heads}/{kv_heads} D={dim} N={n} prefix={prefix} {dtype} sinks={sinks} "
+            f"softcap={softcap}", tree_attention_triton, _t(b, heads, n, dim, dtype=dtype),
+            _t(*kv, dtype=dtype), _t(*kv, dtype=dtype), _t(b, n, (n + 31) // 32, dtype=torch.int32),
             _t(b, prefix, dtype=torch.bool), dim ** -0.5, 0, softcap, _t(heads) if sinks else None)
 
 
@@ -223,8 +225,9 @@ def _skinny_linear(run):
     for dtype in _LOGITS:
         for rows in (1, 16):
             for bias in (False, True):
-                run(f"M={rows} N=2048 K=640 {dtype} bias={bias}", skinny_linear_triton, _t(rows, 640, dtype=dtype),
-                    _t(2048, 640, dtype=dtype), _t(2048, dtype=dtype) if bias else None)
+                run(f"M={rows} N=2048 K=640 {dtype} bias={bias}", skinny_linear_triton,
+                    _t(rows, 640, dtype=dtype), _t(2048, 640, dtype=dtype),
+                    _t(2048, dtype=dtype) if bias else None)
 
 
 def _quantized_linear(run):
@@ -237,8 +240,8 @@ def _quantized_linear(run):
     for dtype in _LOGITS:
         for name, (weight, scales, mins) in formats.items():
             for bias in (False, True):
-                run(f"M=4 N={n} K={k} {name} {dtype} bias={bias}", quantized_linear_triton, _t(4, k, dtype=dtype),
-                    weight, scales, mins, _t(n, dtype=dtype) if bias else None)
+                run(f"M=4 N={n} K={k} {name} {dtype} bias={bias}", quantized_linear_triton,
+                    _t(4, k, dtype=dtype), weight, scales, mins, _t(n, dtype=dtype) if bias else None)
 
 
 CASES = [_chain_verify, _tree_verify, _sample_without_replacement, _stochastic_beam_step, _vocab_project,
@@ -248,8 +251,8 @@ CASES = [_chain_verify, _tree_verify, _sample_without_replacement, _stochastic_b
 def kernels_launched() -> list[Launch]:
     """Every distinct launch the CASES make (the launchers run on meta tensors; nothing executes)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("compile_check: Triton's interpreter is on (TRITON_INTERPRET=1); kernels decorated "
-                           "under it cannot be compiled. Run it in a process without it.")
+        raise RuntimeError("compile_check: Triton's interpreter is on (TRITON_INTERPRET=1); kernels "
+                           "decorated under it cannot be compiled. Run it in a process without it.")
     launches: list[Launch] = []
 
     def run(case: str, launcher, *args):
@@ -300,7 +303,8 @@ def compile_launch(launch: Launch, capability: int) -> dict:
            "config": launch.config(), "target": f"sm_{capability}", "cases": len(launch.cases)}
     try:
         source = ASTSource(launch.kernel, launch.signature, launch.constexprs)
-        compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=dict(launch.options))
+        target = GPUTarget("cuda", capability, 32)
+        compiled = triton.compile(source, target=target, options=dict(launch.options))
     except Exception as error:  # noqa: BLE001  (a kernel that does not compile is the finding, not a crash)
         row.update(ok=False, error=f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:300]}")
         return row
@@ -342,8 +346,8 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         if "error" in row:
-            print(f"| {row['module']}.{row['kernel']} | {row['config']} | {row['target']} | does not compile: "
-                  f"{row['error']} | | | no |")
+            print(f"| {row['module']}.{row['kernel']} | {row['config']} | {row['target']} | "
+                  f"does not compile: {row['error']} | | | no |")
             continue
         print(f"| {row['module']}.{row['kernel']} | {row['config']} | {row['target']} | {row['registers']} | "
               f"{row['spill_bytes']} | {row['shared_bytes']} | {'yes' if row['fits'] else 'no'} |")
