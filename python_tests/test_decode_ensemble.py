@@ -803,3 +803,30 @@ def test_missing_member_tokenizer_message():
     with pytest.raises(ValueError, match=r"target\[0\] is a model object") as info:
         specops.decode(PROMPTS, target=[a, b], max_new_tokens=4)
     assert "drafter_tokenizer" not in str(info.value) and "tokenizer=[...]" in str(info.value), str(info.value)
+
+
+def test_ensemble_of_position_shifting_members_decodes_apart_with_member_calls():
+    """Members whose positions left padding would shift (BartForCausalLM takes no position_ids) decode a
+    ragged batch one request at a time: each row equals that prompt alone, and the forwards per member are
+    summed over the requests, not dropped."""
+    import transformers
+
+    def bart(seed):
+        torch.manual_seed(seed)
+        config = transformers.BartConfig(
+            vocab_size=BYTE_VOCAB, d_model=32, decoder_layers=2, decoder_attention_heads=2, encoder_layers=1,
+            encoder_attention_heads=2, decoder_ffn_dim=64, encoder_ffn_dim=64, max_position_embeddings=128,
+            is_decoder=True, is_encoder_decoder=False, pad_token_id=0, eos_token_id=EOS_ID, bos_token_id=2)
+        return transformers.BartForCausalLM(config).eval()
+
+    models, prompts = [bart(1), bart(2)], ["abcab", "the cat; the cat; ", "Hello"]
+
+    def run(prompt):
+        return specops.decode(prompt, target=models, tokenizer=[byte_tokenizer(), byte_tokenizer()],
+                              method="ensemble", max_new_tokens=6)
+
+    together = run(prompts)
+    alone = [run(p) for p in prompts]
+    assert together.tokens == [r.tokens for r in alone]
+    assert together.stats.member_calls == [sum(r.stats.member_calls[m] for r in alone) for m in range(2)]
+    assert together.stats.target_calls == sum(together.stats.member_calls)

@@ -327,6 +327,9 @@ def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, see
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 setattr(stats, name, getattr(stats, name) + value)
         stats.draft_lengths += part.draft_lengths
+        if part.member_calls is not None:  # an ensemble's forwards per member, summed over the requests
+            stats.member_calls = [a + b for a, b in zip(stats.member_calls or [0] * len(part.member_calls),
+                                                        part.member_calls)]
         stats.method = part.method
     return merged, stats
 
