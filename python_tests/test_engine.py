@@ -245,12 +245,26 @@ def test_extend_rereads_for_ragged_catch_up():
         assert torch.allclose(logits[b], fresh, atol=1e-5, rtol=1e-4), b
 
 
+def _tiny_dsa(index_topk: int):
+    """A tiny DeepSeek-V3.2 (sparse attention: an indexer with a key cache of its own beside the layer's)."""
+    import causal_lm_sweep
+
+    causal_lm_sweep.FIXES["deepseek_v32"] = {"index_topk": index_topk}
+    try:
+        return causal_lm_sweep.tiny("deepseek_v32", seed=11)
+    finally:
+        del causal_lm_sweep.FIXES["deepseek_v32"]
+
+
 @pytest.mark.parametrize("joining", ["prefilled", "longer", "empty"])
-def test_join_appends_rows_to_a_running_batch(joining):
+@pytest.mark.parametrize("kind", ["llama", "indexer"])
+def test_join_appends_rows_to_a_running_batch(joining, kind):
     """Requests joining a running batch (vLLM's continuous batching): rows read in a state of their own and
     joined after ragged steps and a rollback decode as if each row had run alone; a state that has read
-    nothing joins as rows that read their prompt with the next extend."""
-    model = tiny_llama(layers=2, seed=11)
+    nothing joins as rows that read their prompt with the next extend. "indexer": a sparse-attention model
+    whose indexer keeps keys of its own per slot (cut, compacted and joined with the layer's), its top-k
+    above every length here so that the check is exact arithmetic, not a tie-break."""
+    model = tiny_llama(layers=2, seed=11) if kind == "llama" else _tiny_dsa(64)
     lm = CausalLM(model)
     running = KVState(lm, 2)
     rows = [[5, 6, 7], [8, 9]]

@@ -345,6 +345,12 @@ def tree_support(lm, tokens: list[int]) -> str | None:
     lm.tree_kernel = False
     if not is_transformers_model(lm.model):
         return None  # the 4-D mask contract (module docstring)
+    if any(type(module).__name__.endswith("Indexer") for module in lm.model.modules()):
+        # DeepSeek sparse attention (DeepSeek V3.2, GLM-MoE-DSA): an indexer picks each query's top keys
+        # with the causal mask only, so a tree node could pick keys of other branches once the context is
+        # longer than its top-k (a short probe cannot see that).
+        return ("its sparse-attention indexer picks each query's keys without the tree's mask, so a node could "
+                "attend to other branches")
     known = _SUPPORT.get(lm.model) if weakly_keyed(lm.model) else None
     if known is None:
         pool = sorted(set(tokens))

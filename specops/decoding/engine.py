@@ -215,9 +215,19 @@ def _layers(cache) -> list:
 
 
 def _map_cache(cache, function) -> None:
-    """Replace every key and value tensor [B, H, L, D] of a transformers cache by function(tensor)."""
+    """Replace every key and value tensor [B, H, L, D] of a transformers cache by function(tensor), and
+    a sparse-attention indexer's keys [B, L, D] (`_indexer_keys`) alike."""
     for layer in _layers(cache):
         layer.keys, layer.values = function(layer.keys), function(layer.values)
+        if _indexer_keys(layer) is not None:
+            layer.indexer_keys = function(layer.indexer_keys.unsqueeze(1)).squeeze(1)
+
+
+def _indexer_keys(layer) -> torch.Tensor | None:
+    """The keys [B, L, D] a DeepSeek sparse-attention (DSA) indexer keeps beside the layer's cache, one per
+    slot like the layer's own keys (transformers' `update_indexer`), or None."""
+    keys = getattr(layer, "indexer_keys", None)
+    return keys if isinstance(keys, torch.Tensor) and keys.dim() == 3 and keys.numel() else None
 
 
 def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -268,6 +278,7 @@ def _compacting_layer():
 
     class CompactingLayer(DynamicLayer):
         pending: tuple[list[int], int] | None = None  # (row offsets, length): see _moved
+        indexer_keys: torch.Tensor | None = None  # a DSA indexer's keys [B, L, D], when the model has one
 
         def get_seq_length(self) -> int:
             return self.pending[1] if self.pending is not None else super().get_seq_length()
@@ -279,7 +290,19 @@ def _compacting_layer():
             self.pending = None
             self.keys = _moved(self.keys, offsets, length, key_states)
             self.values = _moved(self.values, offsets, length, value_states)
+            self._move_indexer(offsets, length)
             return self.keys, self.values
+
+        def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
+            """A sparse-attention indexer's keys [B, n, D] for the slots `update` just appended (DeepSeek
+            V3.2, GLM-MoE-DSA call it after `update`); returns all of them [B, L, D]."""
+            keys = self.indexer_keys
+            self.indexer_keys = indexer_key_states if keys is None else torch.cat([keys, indexer_key_states], 1)
+            return self.indexer_keys
+
+        def _move_indexer(self, offsets: list[int], length: int) -> None:
+            if _indexer_keys(self) is not None:
+                self.indexer_keys = _moved(self.indexer_keys.unsqueeze(1), offsets, length).squeeze(1)
 
         def settle(self) -> None:
             """Apply a pending compaction now (for a caller that appends to keys and values itself)."""
@@ -288,6 +311,7 @@ def _compacting_layer():
                 self.pending = None
                 self.keys = _moved(self.keys, offsets, length)
                 self.values = _moved(self.values, offsets, length)
+                self._move_indexer(offsets, length)
 
     _LAYER.append(CompactingLayer)
     return CompactingLayer
@@ -467,6 +491,13 @@ class KVState:
                     setattr(layer, name, torch.cat([
                         _widened(getattr(a, name) if a is not None else None, self.rows, like, length),
                         _widened(getattr(b, name) if b is not None else None, other.rows, like, length)]))
+                if _indexer_keys(layer) is not None:  # one head: widened as [B, 1, L, D]
+                    like = layer.indexer_keys.unsqueeze(1)
+                    parts = [_indexer_keys(x) if x is not None else None for x in (a, b)]
+                    layer.indexer_keys = torch.cat([
+                        _widened(None if parts[0] is None else parts[0].unsqueeze(1), self.rows, like, length),
+                        _widened(None if parts[1] is None else parts[1].unsqueeze(1), other.rows, like, length),
+                    ]).squeeze(1)
             self.cache = base
         self.mask = torch.cat([_widened(self.mask, 0, self.mask, length), _widened(other.mask, 0, other.mask, length)])
         self.tokens = torch.cat([_widened(self.tokens, 0, self.tokens, length),
@@ -500,6 +531,8 @@ class KVState:
                 layer.pending = (offsets, size)
             else:
                 layer.keys, layer.values = _moved(layer.keys, offsets, size), _moved(layer.values, offsets, size)
+                if _indexer_keys(layer) is not None:
+                    layer.indexer_keys = _moved(layer.indexer_keys.unsqueeze(1), offsets, size).squeeze(1)
 
 
 def _widened(t: torch.Tensor | None, rows: int, like: torch.Tensor, length: int) -> torch.Tensor:
