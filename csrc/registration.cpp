@@ -11,7 +11,8 @@ extern "C" PyObject* PyInit__C(void) {
 }
 
 TORCH_LIBRARY(specops, m) {
-  m.set_python_module("specops.ops");
+  // Each op's fake (meta) implementation lives in its family's module of specops/ops/.
+  m.set_python_module("specops.ops.sampling");
   // Chain speculative-sampling verification: accept drafts with min(1, p/q), then a recovered
   // token from norm(max(0, p - q)) or a bonus token from p. Returns (out_tokens, num_accepted).
   // offset is a SymInt so that torch.compile does not specialize (and recompile) on each step.
@@ -40,21 +41,25 @@ TORCH_LIBRARY(specops, m) {
       "stochastic_beam_step(Tensor logits, Tensor beam_log_probs, Tensor beam_scores, int beam_width, "
       "Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.set_python_module("specops.ops.ngram");
   // Context n-gram drafts: top k continuations of earlier matches of each row's last tokens.
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "
       "int width, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  m.set_python_module("specops.ops.sampling");
   // Heterogeneous drafters (TLI): the drafter's distribution restricted to the tokens it shares with
   // the target, renormalized, in target ids, and a draft sampled from it.
   // Returns (probs [N, target_vocab], tokens in target ids, tokens in drafter ids).
   m.def(
       "vocab_project(Tensor draft_logits, Tensor target_ids, int target_vocab, Tensor temperature, "
       "Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  m.set_python_module("specops.ops.ensemble");
   // The logits of an ensemble of models (speculative ensembles): mode 0 weighted, log sum_i w_i softmax(l_i);
   // mode 1 contrastive, (l_1 - max l_1) - mu (l_2 - max l_2) on the expert's tokens of probability at least
   // alpha times its largest (alpha 0: no cut). members [..., V] each; returns [..., V] float32.
   m.def("ensemble_logits(Tensor[] members, Tensor weights, int mode, float mu, float alpha, bool validate=True) "
         "-> Tensor");
+  m.set_python_module("specops.ops.linear");
   // A linear layer over the few rows a decoding forward carries: input [M, K] @ weight[N, K]^T + bias,
   // the weight read once whatever M is (BLAS re-reads it per few rows when M is small).
   m.def("skinny_linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
@@ -69,6 +74,7 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "llama_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor? attn_mask, Tensor[] norms, Tensor?[] linears, "
       "Tensor(a!)[] keys, Tensor(b!)[] values, int heads, int kv_heads, float eps, float scale) -> Tensor");
+  m.set_python_module("specops.ops.attention");
   // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
   // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.
   m.def(

@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
-from scipy import stats
+from stats_helpers import N_DRAWS, P_VALUE_MIN, chisquare_pvalue
 
 import specops
 from specops import reference
@@ -183,6 +183,7 @@ def _one_hot_chain_expected(hot: torch.Tensor, drafts: torch.Tensor, num_draft: 
     return outs, accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_probs_kind", ["none", "random", "one_hot_on_draft"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_one_hot_target(impl, draft_probs_kind):
@@ -213,6 +214,7 @@ def test_one_hot_target(impl, draft_probs_kind):
         assert_result(run_impl(impl, args, offset), *expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["top_k", "top_p", "minus_inf"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_draft_with_zero_target_probability_is_rejected(impl, how):
@@ -342,6 +344,7 @@ def test_cpp_matches_reference(dtype, with_probs):
         assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"case {i}: ")
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
 @pytest.mark.parametrize("dtype", LOGIT_DTYPES)
@@ -364,6 +367,7 @@ def test_triton_matches_reference_across_tiles(with_probs):
     assert_same(run_impl("triton", args, 2**32 + 9, block_v=32), run_impl("reference", args, 2**32 + 9))
 
 
+@pytest.mark.slow
 @needs_triton
 def test_triton_matches_reference_with_masked_tiles():
     # Whole -inf tiles (their max is -inf, their exp sum must count as 0) and a V that is not a
@@ -428,6 +432,7 @@ def test_drafts_past_num_draft_are_ignored(impl):
     assert_same(run_impl(impl, padded, 1), run_impl(impl, args, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_offsets_give_different_draws(impl):
     # Uniform p over 64 tokens, no drafts: two independent draws of a row agree with probability
@@ -444,26 +449,13 @@ def test_offsets_give_different_draws(impl):
 
 # ==== 3. Statistics ====
 #
-# N = 200,000 draws per test. A 1% absolute error moving mass between two tokens of probabilities
-# a + b <= 1 gives the chi-square statistic a noncentrality of N * 0.01**2 * (1/a + 1/b) >= 4e-4 * N
-# = 80, which the test at level 1e-3 detects with probability > 0.99998 for up to 9 degrees of
-# freedom (scipy.stats.ncx2). For a correct sampler the p-value is uniform, so a fixed seed fails
-# with probability 1e-3; the seeds below are fixed, so every run computes the same p-values.
-N_DRAWS = 200_000
-P_VALUE_MIN = 1e-3
+# N_DRAWS draws per test, P_VALUE_MIN and chisquare_pvalue: stats_helpers.py (the power of the test
+# there). The seeds below are fixed, so every run computes the same p-values.
 Z_MAX = 3.29  # two-sided normal test at level 1e-3
 
 TARGET_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, NEG_INF, 1.5])
 # q puts mass on token 6, where p = 0: such drafts must always be rejected.
 DRAFT_PROBS = torch.softmax(torch.tensor([0.0, 1.5, 0.5, 1.0, -1.0, 0.0, 0.5, -2.0]), -1)
-
-
-def chisquare_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness of fit of `tokens` to `probs` over the tokens with positive probability."""
-    counts = torch.bincount(tokens.cpu(), minlength=probs.numel()).double()
-    support = probs > 0
-    expected = probs[support] / probs[support].sum() * counts[support].sum()
-    return float(stats.chisquare(counts[support].numpy(), expected.numpy()).pvalue)
 
 
 def acceptance_z(accepted: torch.Tensor, rate: float) -> float:
@@ -687,6 +679,7 @@ ARG_NAMES = ["target_logits", "draft_tokens", "draft_probs", "num_draft", "tempe
              "seed"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", list(STRIDED_GAPS))
 @pytest.mark.parametrize("impl", KERNELS)
 def test_op_accepts_non_contiguous_inputs(impl, which):
@@ -801,14 +794,14 @@ def test_inputs_on_another_device_raise(device, name):
 def _check_draft_probs(check: str, inputs: dict) -> None:
     """chain_verify's value checks on `inputs`, by `check`: "op" is the public wrapper (on CPU the C++
     kernel's validation pass, on CUDA the wrapper's one-sync check); "one_sync_check" calls that check,
-    `specops.ops._check_values`, directly, so that it is tested on machines without a GPU too."""
+    `specops.ops.sampling._check_values`, directly, so that it is tested on machines without a GPU too."""
     if check == "op":
         specops.ops.chain_verify(**inputs)
     else:
         args = normalized_args(inputs["target_logits"], inputs["draft_tokens"], inputs["draft_probs"],
                                num_draft=inputs["num_draft"], temperature=inputs["temperature"],
                                top_k=inputs["top_k"], top_p=inputs["top_p"])
-        specops.ops._check_values(*[a.to(inputs["target_logits"].device) for a in args[:7]])
+        specops.ops.sampling._check_values(*[a.to(inputs["target_logits"].device) for a in args[:7]])
 
 
 DRAFT_PROBS_CHECKS = ["op", "one_sync_check"]

@@ -25,6 +25,7 @@ import torch
 from _triton import TRITON_DEVICE, triton, triton_launcher
 
 from specops import ops, reference
+from specops.ops._checks import _sampling_args
 from specops.quantization import pack
 
 NAN, INF = float("nan"), float("inf")
@@ -61,8 +62,8 @@ def cpu(result):
 
 def sampling(op: str, rows: int, temperature, top_k, top_p, seed, offset) -> tuple:
     """The per-row sampling arguments as the wrappers normalize them."""
-    return ops._sampling_args(op, "logits", torch.device("cpu"), rows, {}, temperature, top_k, top_p, seed,
-                              offset)
+    return _sampling_args(op, "logits", torch.device("cpu"), rows, {}, temperature, top_k, top_p, seed,
+                          offset)
 
 
 def equal(a, b) -> bool:
@@ -885,6 +886,7 @@ def outcomes():
     return _run_children(runnable)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.skipif(
     backend == "triton" and not TRITON_RUNS, reason="needs triton, and a GPU or TRITON_INTERPRET=1"))
     for name, (backend, _) in CASES.items()])
@@ -892,6 +894,7 @@ def test_case_in_a_child_process(name, outcomes):
     assert outcomes[name] == "ok", outcomes[name]
 
 
+@pytest.mark.slow
 def test_the_harness_reports_a_crash():
     """A case that kills its process (here an abort) fails alone; the cases after it still run."""
     got = _run_children(["chain_verify_empty_batch[cpp]", "_abort", "ensemble_logits_edges[cpp]"])

@@ -210,6 +210,7 @@ _TOLERANCE = {("cpp", torch.float32): 1e-5, ("triton", torch.float32): 1e-5,
 SETTINGS = [dict(), dict(window=6), dict(softcap=2.0), dict(sinks=True), dict(window=3, softcap=5.0, sinks=True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("setting", range(len(SETTINGS)), ids=["plain", "window", "softcap", "sinks", "all"])
@@ -341,8 +342,9 @@ def test_bad_mask_values():
 
 
 def test_value_checks_on_the_accelerator_path():
-    """ops.py checks the mask's values with one host sync where kernels cannot raise: the same messages."""
-    from specops.ops import _raise_first, _tree_mask_checks
+    """specops.ops checks the mask's values with one host sync where kernels cannot raise: the same messages."""
+    from specops.ops._checks import _raise_first
+    from specops.ops.attention import _tree_mask_checks
 
     mask = tree_words([[-1, 0, 0]], 3)
     _raise_first("tree_attention", _tree_mask_checks(mask, 3))  # a good mask passes

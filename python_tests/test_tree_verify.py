@@ -28,7 +28,8 @@ from scipy import stats
 
 import specops
 from specops import reference
-from specops.ops import _raise_first, _tree_verify_checks
+from specops.ops._checks import _raise_first
+from specops.ops.sampling import _tree_verify_checks
 
 tree_verify_triton = triton_launcher("tree_verify")
 
@@ -148,6 +149,7 @@ def test_greedy_follows_the_argmax_path(impl, dtype):
     assert accepted.tolist() == [3, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
 @pytest.mark.parametrize("replacement", [False, True])
 @pytest.mark.parametrize("impl", IMPLS)
@@ -192,6 +194,7 @@ def chain_case(gen: torch.Generator, batch: int, k: int, vocab: int, with_probs:
     return logits, q if with_probs else None, drafts, tokens, parents
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_chain_is_chain_verify(impl, with_probs):
@@ -239,6 +242,7 @@ def test_cpp_matches_reference(dtype, with_probs, replacement):
         assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"trial {trial}: ")
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("replacement", [False, True])
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])

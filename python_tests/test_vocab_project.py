@@ -135,6 +135,7 @@ def random_map(gen: torch.Generator, draft_vocab: int, target_vocab: int,
 
 # ==== 1. Exact: answers that do not depend on the random numbers ====
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_single_mapped_id_is_always_drafted(impl):
     # Drafter id 5 is the only one in the intersection (as target id 8): whatever the temperature,
@@ -180,6 +181,7 @@ def test_greedy_takes_the_first_argmax_inside_the_intersection(impl):
     assert torch.equal(result[0], torch.nn.functional.one_hot(result[1], 11).float())
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(*INTERPRETER_OVERFLOW_WARNINGS)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_sampled_rows_with_one_survivor_draft_the_argmax(impl):
@@ -506,6 +508,7 @@ def test_draft_statistics(device, setting):
     check_draws(draw(device, N_DRAWS, setting, wrapper=True), setting)
 
 
+@pytest.mark.slow
 @needs_triton
 def test_triton_draft_statistics():
     # In the interpreter (tens of ms a row) only a few draws: this catches gross errors and any
@@ -677,7 +680,7 @@ def test_accelerator_value_check_messages(case):
     args = normalized_args(inputs["draft_logits"], inputs["target_ids"], inputs["target_vocab"],
                            temperature=inputs["temperature"], top_k=inputs["top_k"], top_p=inputs["top_p"])
     with pytest.raises(ValueError, match=r"^vocab_project: .*" + pattern):
-        specops.ops._check_projection(*args[:6])
+        specops.ops.sampling._check_projection(*args[:6])
 
 
 @pytest.mark.parametrize("case", list(BAD_ARGUMENTS))

@@ -1,0 +1,119 @@
+"""Argument checks the op wrappers share: shapes, dtypes and devices without touching values, and the
+one-sync value checks for devices whose kernels cannot raise."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from specops._rows import per_row
+from specops._seeds import draw_seed, row_seeds
+
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# How far from 1 a used draft_probs row may sum with validate=True (reasons: chain_verify's docstring;
+# csrc/cpu/sampling.h holds the same kProbSumTolerance).
+_PROBS_SUM_TOLERANCE = 1e-3
+
+
+def _check_logits(op: str, name: str, value, dims: int, shape: str) -> None:
+    """`value` must be a `dims`-dimensional logits tensor (`shape` describes it) of a _LOGIT_DTYPES type."""
+    if not isinstance(value, torch.Tensor) or value.dim() != dims:
+        raise ValueError(f"{op}: {name} must be {shape} tensor")
+    if value.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, bfloat16 or float16, got {value.dtype}")
+
+
+def _check_tensor(op: str, name: str, value, shape: tuple[int, ...], shape_rule: str, dtype: torch.dtype) -> None:
+    """`value` must be a tensor of `shape` (the message says `shape_rule`) and `dtype`."""
+    if not isinstance(value, torch.Tensor) or value.shape != shape:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{op}: {name} must be {shape_rule}, got {got}")
+    if value.dtype != dtype:
+        raise TypeError(f"{op}: {name} must be {str(dtype).removeprefix('torch.')}, got {value.dtype}")
+
+
+def _check_int(op: str, name: str, value, low: int, high: int, rule: str) -> None:
+    """`value` must be an int (not a bool) in [low, high], which `rule` states: a ValueError naming it
+    otherwise. Checked here because the dispatcher rejects an int outside int64 as if it were no int
+    ("Expected a value of type 'int' ... found type 'int'")."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{op}: {name} must be {rule}, got {value!r}")
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensors: dict, temperature, top_k,
+                   top_p, seed, offset) -> tuple[torch.Tensor, ...]:
+    """The sampling arguments every stochastic op takes, checked (devices of all tensor arguments,
+    `tensors` included, and the offset) and normalized to per-row tensors on `device`."""
+    tensors = dict(tensors)
+    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {anchor} is on {device}")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
+    if not 0 <= offset < 2**63:
+        raise ValueError(f"{op}: offset must be in [0, 2**63), got {offset}")
+    return (per_row("temperature", temperature, rows, torch.float32, device),
+            per_row("top_k", top_k, rows, torch.int64, device),
+            per_row("top_p", top_p, rows, torch.float32, device),
+            row_seeds(draw_seed() if seed is None else seed, rows, device))
+
+
+def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Whether a valid draft (position < num_draft) lies outside [0, vocab); later positions are ignored."""
+    valid = torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < num_draft.unsqueeze(1)
+    return (valid & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()
+
+
+def _raise_first(op: str, checks: list[tuple[torch.Tensor, str | Callable[[], str]]]) -> None:
+    """Value checks for devices whose kernels cannot raise: the flags of all (flag, message) checks in
+    one host sync, then ValueError with the message of the first flag that is set (a callable message,
+    one that names where the problem is, is called only then)."""
+    flags = torch.stack([flag for flag, _ in checks]).tolist()
+    for flag, (_, message) in zip(flags, checks):
+        if flag:
+            raise ValueError(f"{op}: {message() if callable(message) else message}")
+
+
+def _nan_or_posinf(logits: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(logits).any() | torch.isposinf(logits).any()
+
+
+def _sampling_checks(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> list:
+    """The value checks of the per-row sampling arguments, for `_raise_first`."""
+    return [(((temperature < 0) | ~torch.isfinite(temperature)).any(), "temperature must be finite and >= 0"),
+            ((top_k < 0).any(), "top_k must be >= 0"),
+            (~((top_p > 0) & (top_p <= 1)).all(), "top_p must be in (0, 1]")]
+
+
+def _finite_positive(number) -> bool:
+    """Whether `number` is an int or float (not a bool) that is finite and > 0 as a float."""
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return False
+    try:
+        return 0 < float(number) < float("inf")
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
+def _check_linear_input(op: str, input: torch.Tensor) -> None:
+    """The input of skinny_linear / quantized_linear: float32 on the CPU, a logit dtype on accelerators."""
+    allowed = (torch.float32,) if input.device.type == "cpu" else _LOGIT_DTYPES
+    if input.dtype not in allowed:
+        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{op}: input on {input.device.type} must be {names}, got {input.dtype}")
+
+
+def _check_bias(op: str, bias, n: int) -> None:
+    if not isinstance(bias, torch.Tensor) or bias.shape != (n,):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"{op}: bias must be [N] = [{n}] or None, got {got}")

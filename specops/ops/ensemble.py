@@ -1,0 +1,93 @@
+"""ensemble_logits: the logits of an ensemble of models in one fused pass over the vocabulary."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specops.ops._checks import _LOGIT_DTYPES, _nan_or_posinf, _raise_first
+
+__all__ = ["ensemble_logits"]
+
+
+_ENSEMBLE_MODES = {"weighted": 0, "contrastive": 1}
+
+
+_WEIGHT_SUM_TOLERANCE = 1e-4  # csrc/cpu/ensemble_logits.cpp holds the same kWeightSumTolerance
+
+
+def ensemble_logits(members, weights=None, *, mode: str = "weighted", mu: float = 0.0, alpha: float = 0.0,
+                    validate: bool = True) -> torch.Tensor:
+    """The logits of an ensemble of models' next-token distributions, in one fused pass over the
+    vocabulary: what chain_verify, tree_verify or sampling then consume as one model's logits, so
+    temperature, top-k and top-p apply to the ensemble exactly as to a single model.
+
+    mode "weighted": log(sum_i weights[i] * softmax(members[i])), the mixture of the members' probabilities
+    (at temperature 0 a consumer takes the argmax of that mixture of temperature-1 distributions).
+    mode "contrastive" (two members, expert then amateur; weights unused): (l_e - max l_e) - mu * (l_a -
+    max l_a), contrastive decoding's score, restricted with alpha > 0 to the expert's plausible tokens
+    (probability at least alpha times its largest). A token a member cannot produce has logit -inf there
+    (a member with another vocabulary, projected: `vocab_project`'s intersection): the weighted ensemble
+    gives it only the other members' mass; the contrastive one excludes it, and a row where nothing is
+    left is the expert's plausible set alone.
+
+    Shape:
+        members: a list of M tensors [..., V] of one shape, float32, bfloat16 or float16, on one device.
+        weights: M non-negative numbers summing to 1 (a sequence or a tensor), for "weighted".
+        mu: >= 0; alpha: in [0, 1), 0 for no cut ("contrastive").
+        validate: on accelerators, also check the logits' values (NaN, +inf, a row with no finite
+            logit; one host sync). The CPU kernel always checks them: its passes read them anyway.
+
+    Returns [..., V] float32.
+    """
+    op = "ensemble_logits"
+    if mode not in _ENSEMBLE_MODES:
+        raise ValueError(f"{op}: mode must be 'weighted' or 'contrastive', got {mode!r}")
+    if not isinstance(members, (list, tuple)) or not members:
+        raise ValueError(f"{op}: members must be a non-empty list of logit tensors [..., V]")
+    count = len(members)
+    for i, m in enumerate(members):
+        if not isinstance(m, torch.Tensor) or m.dim() < 1 or m.shape[-1] < 1:
+            raise ValueError(f"{op}: members[{i}] must be a tensor [..., V] with V >= 1")
+        if m.dtype not in _LOGIT_DTYPES:
+            raise TypeError(f"{op}: members[{i}] must be float32, bfloat16 or float16, got {m.dtype}")
+        if m.shape != members[0].shape:
+            raise ValueError(f"{op}: members[{i}] has shape {tuple(m.shape)}, members[0] has {tuple(members[0].shape)}")
+        if m.device != members[0].device:
+            raise ValueError(f"{op}: members[{i}] is on {m.device} but members[0] is on {members[0].device}")
+    device = members[0].device
+    if mode == "weighted":
+        if weights is None:
+            raise ValueError(f"{op}: a weighted ensemble needs weights (one per member, summing to 1)")
+        values = weights.detach().cpu().double().reshape(-1).tolist() if isinstance(weights, torch.Tensor) else weights
+        if not isinstance(values, (list, tuple)) or len(values) != count or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) for w in values):
+            raise ValueError(f"{op}: weights must be {count} numbers (one per member), got {weights!r}")
+        if not all(math.isfinite(w) and w >= 0 for w in values):
+            raise ValueError(f"{op}: weights must be finite and >= 0, got {list(values)}")
+        if abs(sum(values) - 1) > _WEIGHT_SUM_TOLERANCE:
+            raise ValueError(f"{op}: weights must sum to 1, got {sum(values):.6g}")
+        weights = torch.tensor(values, dtype=torch.float32, device=device)
+    else:
+        if count != 2:
+            raise ValueError(f"{op}: a contrastive ensemble has exactly 2 members (expert, amateur), got {count}")
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu) or mu < 0:
+            raise ValueError(f"{op}: mu must be a finite number >= 0, got {mu!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
+            raise ValueError(f"{op}: alpha must be in [0, 1), got {alpha!r}")
+        weights = torch.empty(0, dtype=torch.float32, device=device)
+    if validate and device.type != "cpu":
+        checks = []
+        for i, m in enumerate(members):
+            x = m.float()
+            checks += [(_nan_or_posinf(x), f"members[{i}] contains NaN or +inf"),
+                       (~(x > float("-inf")).any(-1).all(), f"members[{i}] has a row with no finite logit")]
+        _raise_first(op, checks)
+    return torch.ops.specops.ensemble_logits(list(members), weights, _ENSEMBLE_MODES[mode], float(mu), float(alpha),
+                                             validate)
+
+
+@torch.library.register_fake("specops::ensemble_logits")
+def _ensemble_logits_fake(members, weights, mode, mu, alpha, validate=True):
+    return members[0].new_empty(members[0].shape, dtype=torch.float32)

@@ -1,0 +1,451 @@
+"""Verification and sampling ops: chain_verify, tree_verify, sample_without_replacement,
+stochastic_beam_step and vocab_project (temperature / top-k / top-p, per-row Philox seeds)."""
+
+from __future__ import annotations
+
+import torch
+
+from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _check_int, _check_logits, _check_tensor,
+                                 _ids_out_of_range, _nan_or_posinf, _raise_first, _sampling_args,
+                                 _sampling_checks)
+
+__all__ = ["chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify", "vocab_project"]
+
+
+def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
+    """chain_verify's value checks for devices whose kernels cannot raise: one host sync for all of them."""
+    batch, k1, vocab = target_logits.shape
+    logits = target_logits.float()
+    checks = [(_nan_or_posinf(logits), "target_logits contains NaN or +inf"),
+              (~(logits > float("-inf")).any(-1).all(), "target_logits has a row with no finite logit"),
+              (_ids_out_of_range(draft_tokens, num_draft, vocab), f"draft_tokens has ids outside [0, {vocab})"),
+              (((num_draft < 0) | (num_draft > k1 - 1)).any(), f"num_draft must be in [0, {k1 - 1}]"),
+              *_sampling_checks(temperature, top_k, top_p)]
+    if draft_probs is not None:
+        # float32 sums: torch's reductions are tree-shaped, ~1e-6 off at V = 262,144, far inside the tolerance.
+        sums = draft_probs.sum(-1)
+        used = torch.arange(k1 - 1, device=sums.device) < num_draft.unsqueeze(1)
+        unnormalized = used & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)
+
+        def unnormalized_row() -> str:
+            b, i = unnormalized.nonzero()[0].tolist()
+            return (f"draft_probs[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 "
+                    "(each used row must be a distribution)")
+        checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
+                   (unnormalized.any(), unnormalized_row)]
+    _raise_first("chain_verify", checks)
+
+
+def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                 draft_probs: torch.Tensor | None = None, *, num_draft: torch.Tensor | None = None,
+                 temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                 validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify a chain of K drafts per request in one fused pass (speculative sampling).
+
+    Accepts draft i with probability min(1, p(x)/q(x)); at the first rejection emits a recovered
+    token from norm(max(0, p - q)); if every valid draft is accepted emits a bonus token from p.
+    p = softmax(logits / T) after top-k then top-p filtering (ties at a threshold are kept).
+    Temperature 0 is greedy: accept while the draft is the target argmax (first index), then emit it;
+    so is a row whose largest logit / T overflows float32, to +inf or (every logit with it) to -inf, e.g.
+    T = 1e-45: the T -> 0 limit.
+    If a residual has no mass (p <= q everywhere, reachable only through round-off), the recovered
+    token is drawn from p instead, which is the distribution the residual converges to.
+
+    Shape:
+        target_logits: [B, K+1, V] float32, bfloat16 or float16. -inf marks impossible tokens.
+        draft_tokens: [B, K] int64; positions past num_draft are ignored (e.g. -1 padding).
+        draft_probs: [B, K, V] float32, the distribution each draft was sampled from; None for
+            deterministic drafters (q one-hot on the draft).
+        num_draft: [B] int64 in [0, K], valid drafts per row; default K.
+        temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
+        seed: int or [B] int64 per-request seeds (None draws one from torch's generator,
+            `specops._seeds.draw_seed`). An int gives row b the stream s + b * 0x9E3779B97F4A7C15
+            (`specops._seeds.row_seeds`); pass [B] seeds for results that do not depend on a
+            request's row.
+        offset: int counter, e.g. the decoding step; different offsets give independent draws.
+        validate: check every value (NaN / +inf logits, rows without a finite logit, NaN / inf /
+            negative draft probabilities, ids) wherever it lies, and that every used draft_probs row
+            (b, i < num_draft[b]; padding rows are not checked) sums to 1 within 1e-3. On CPU the
+            kernel does this in one extra pass; on accelerators it costs one host sync here. With
+            False, the CPU kernel still rejects bad logits in the rows it reads but skips the rest,
+            and GPU kernels trust the values. Shapes, dtypes, devices and scalar ranges are always
+            checked, and no kernel reads out of bounds either way.
+            The tolerance: a float32 distribution that was normalized in float32 sums to 1 within
+            its rounding, 2**-24 relative per entry plus the normalizer's error: ~1e-6 for pairwise
+            or tree summation over V = 262,144 terms; torch.softmax on CPU rows of that width sums
+            to within 2.6e-5 (measured, logits N(0, s^2), s from 0.01 to 10). The check's own sums
+            (float64 over 16-value float32 partials on CPU, torch's float32 tree reductions
+            elsewhere) add ~1e-6. 1e-3 is 40x above the worst of these, and 10x below a row off by
+            1%, the size of the bias it is there to catch (a missed renormalization after top-k /
+            top-p or a vocabulary cut); an unnormalized q biases both the acceptance test and the
+            recovered token. Probabilities rounded through bfloat16 (2**-9 per entry) can fail it:
+            normalize them in float32.
+
+    Returns:
+        out_tokens: [B, K+1] int64: accepted drafts, then the recovered or bonus token, then -1.
+        num_accepted: [B] int64.
+
+    Randomness: Philox4x32-10 keyed by the row's seed, counter (position, stream, offset), the same in
+    C++, Triton and `specops.reference`, so the same seeds give the same tokens on CPU and GPU.
+    """
+    _check_logits("chain_verify", "target_logits", target_logits, 3, "a [B, K+1, V]")
+    batch, k1, vocab = target_logits.shape
+    if k1 < 1 or vocab < 1:
+        raise ValueError(f"chain_verify: target_logits shape {tuple(target_logits.shape)} needs K+1 >= 1 and V >= 1")
+    device = target_logits.device
+    _check_tensor("chain_verify", "draft_tokens", draft_tokens, (batch, k1 - 1),
+                  f"[B, K] = [{batch}, {k1 - 1}] to match target_logits [B, K+1, V]", torch.int64)
+    tensors = {"draft_tokens": draft_tokens}
+    if draft_probs is not None:
+        _check_tensor("chain_verify", "draft_probs", draft_probs, (batch, k1 - 1, vocab),
+                      f"[B, K, V] = [{batch}, {k1 - 1}, {vocab}]", torch.float32)
+        tensors["draft_probs"] = draft_probs
+    if num_draft is None:
+        num_draft = torch.full((batch,), k1 - 1, dtype=torch.int64, device=device)
+    elif isinstance(num_draft, torch.Tensor):
+        if num_draft.dtype != torch.int64 or num_draft.shape != (batch,):
+            raise ValueError(f"chain_verify: num_draft must be a [{batch}] int64 tensor, got "
+                             f"{tuple(num_draft.shape)} {num_draft.dtype}")
+        tensors["num_draft"] = num_draft
+    else:
+        raise TypeError("chain_verify: num_draft must be a [B] int64 tensor or None")
+    temperature, top_k, top_p, seeds = _sampling_args("chain_verify", "target_logits", device, batch, tensors,
+                                                      temperature, top_k, top_p, seed, offset)
+    if validate and device.type != "cpu":
+        _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p)
+    return torch.ops.specops.chain_verify(
+        target_logits.contiguous(), draft_tokens.contiguous(),
+        None if draft_probs is None else draft_probs.contiguous(), num_draft.contiguous(),
+        temperature, top_k, top_p, seeds, offset, validate)
+
+
+@torch.library.register_fake("specops::chain_verify")
+def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p,
+                       seed, offset, validate=True):
+    batch, k1, _ = target_logits.shape
+    out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
+    num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)
+    return out_tokens, num_accepted
+
+
+def sample_without_replacement(logits: torch.Tensor, num_samples: int, *, temperature=1.0, top_k=0, top_p=1.0,
+                               seed=None, offset: int = 0,
+                               validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """num_samples distinct tokens per row, in the order drawn, from q = softmax(logits / T) after top-k
+    then top-p, and q itself: a draft tree's siblings for RSD-C (paper 003) and the draft_probs that
+    `tree_verify` needs for them (pass replacement=False there).
+
+    The draws are exactly sequential sampling without replacement (the distribution of Gumbel-top-k):
+    draw i comes from q with draws 0..i-1 removed, renormalized. Draws past the support of q are -1.
+    Temperature 0 is greedy: the num_samples largest logits (ties: lower index first), with a one-hot q
+    on the first argmax (such rows only make sense under a greedy target); so is a row whose largest
+    logit / T overflows float32 (to +inf or -inf: the T -> 0 limit, as chain_verify). For a drafter with
+    another vocabulary, pass log q of `vocab_project`'s q at T = 1.
+
+    Shape:
+        logits: [N, V] float32, bfloat16 or float16.
+        num_samples: int in [1, V].
+        temperature, top_p: float or [N] tensor. top_k: int or [N] tensor (0 = off).
+        seed, offset: as chain_verify; draw i uses position i of Philox stream 3, so it never shares
+            random numbers with chain_verify / tree_verify (streams 0, 1) or vocab_project (2).
+        validate: check the logits for NaN / +inf and rows without a finite value: one host sync here
+            on accelerators. The CPU kernel reads every row and always checks them.
+
+    Returns:
+        tokens: [N, num_samples] int64.
+        probs: [N, V] float32, q (each row sums to 1).
+    """
+    op = "sample_without_replacement"
+    _check_logits(op, "logits", logits, 2, "an [N, V]")
+    rows, vocab = logits.shape
+    if vocab < 1:
+        raise ValueError(f"{op}: logits has no columns")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= vocab:
+        raise ValueError(f"{op}: num_samples must be an int in [1, V = {vocab}], got {num_samples!r}")
+    temperature, top_k, top_p, seeds = _sampling_args(op, "logits", logits.device, rows, {}, temperature, top_k,
+                                                      top_p, seed, offset)
+    if validate and logits.device.type != "cpu":
+        x = logits.float()
+        _raise_first(op, [(_nan_or_posinf(x), "logits contains NaN or +inf"),
+                          (~(x > float("-inf")).any(-1).all(), "logits has a row with no finite value"),
+                          *_sampling_checks(temperature, top_k, top_p)])
+    return torch.ops.specops.sample_without_replacement(logits.contiguous(), num_samples, temperature, top_k, top_p,
+                                                        seeds, offset, validate)
+
+
+@torch.library.register_fake("specops::sample_without_replacement")
+def _sample_without_replacement_fake(logits, num_samples, temperature, top_k, top_p, seed, offset, validate=True):
+    rows, vocab = logits.shape
+    return (logits.new_empty((rows, num_samples), dtype=torch.int64),
+            logits.new_empty((rows, vocab), dtype=torch.float32))
+
+
+def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, beam_scores: torch.Tensor,
+                         beam_width: int, *, temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                         validate: bool = True) -> tuple[torch.Tensor, ...]:
+    """One level of Stochastic Beam Search (Kool et al. 2019), the proposal of RSD-S (paper 003): the
+    beam_width children with the largest truncated-Gumbel scores over all beams of each request, so that
+    the beams after L levels are L-token sequences drawn without replacement from the drafter.
+
+    Each live beam (log-probability phi and score G above -inf) draws up to beam_width distinct children
+    from q = softmax(logits / T) after top-k then top-p, as `sample_without_replacement` does with the
+    beam's seed; their scores descend from G in draw order as Gumbels conditioned on their maximum being G,
+    computed in the stable form -log(exp(-G) + exp(-g)) (no exp overflows, nothing cancels; paper 003's
+    printed Alg. 9 line 6 drops a sign). The beam_width best children over all beams are kept, best first;
+    the ones kept from one beam are always the first of its draws, in draw order, which is what
+    `tree_verify(..., replacement=False)` needs with probs as their draft_probs. Temperature 0 is
+    deterministic beam search: each beam's beam_width largest logits, scored phi + log_softmax(logits); so
+    is a beam whose largest logit / T overflows float32 (to +inf or -inf: the T -> 0 limit).
+    Semantics in full: `specops.reference.stochastic_beam_step`.
+
+    Shape:
+        logits: [B, W, V] float32, bfloat16 or float16: the drafter's logits after each beam's path. Rows of
+            beams that are not live are not read.
+        beam_log_probs, beam_scores: [B, W] float32: phi and G per beam; -inf in either marks no beam. The
+            first level is one beam per request with phi = G = 0.
+        beam_width: int in [1, V]: children kept per request (K).
+        temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
+        seed, offset: as chain_verify, per request; beam w draws with seed + w * 0x632BE59BD9B4E019 (mod
+            2**64), its tokens from Philox stream 3 (as sample_without_replacement) and its Gumbels from
+            stream 4.
+        validate: check the live beams' logits for NaN / +inf and rows without a finite value, and phi and
+            G for NaN / +inf: one host sync here on accelerators. The CPU kernel always checks.
+
+    Returns:
+        parents: [B, K] int64, the beam of each kept child, best score first; -1 past the children there are.
+        tokens: [B, K] int64 (-1 there). log_probs: [B, K] float32, phi + log q of the child (-inf there).
+        scores: [B, K] float32, the truncated Gumbel scores, descending (-inf there).
+        probs: [B, W, V] float32: each live beam's q (the draft_probs of its children), 0 for other beams.
+    """
+    op = "stochastic_beam_step"
+    _check_logits(op, "logits", logits, 3, "a [B, W, V]")
+    batch, beams, vocab = logits.shape
+    if beams < 1 or vocab < 1:
+        raise ValueError(f"{op}: logits shape {tuple(logits.shape)} needs W >= 1 and V >= 1")
+    for name, t in (("beam_log_probs", beam_log_probs), ("beam_scores", beam_scores)):
+        _check_tensor(op, name, t, (batch, beams), f"[B, W] = [{batch}, {beams}] to match logits", torch.float32)
+    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or not 1 <= beam_width <= vocab:
+        raise ValueError(f"{op}: beam_width must be an int in [1, V = {vocab}], got {beam_width!r}")
+    temperature, top_k, top_p, seeds = _sampling_args(
+        op, "logits", logits.device, batch, {"beam_log_probs": beam_log_probs, "beam_scores": beam_scores},
+        temperature, top_k, top_p, seed, offset)
+    if validate and logits.device.type != "cpu":
+        live = (beam_log_probs > float("-inf")) & (beam_scores > float("-inf"))
+        x = logits.float()
+        _raise_first(op, [(live[..., None].expand_as(x).logical_and(torch.isnan(x) | torch.isposinf(x)).any(),
+                           "logits of a live beam contains NaN or +inf"),
+                          ((live & ~(x > float("-inf")).any(-1)).any(), "logits of a live beam has no finite value"),
+                          (_nan_or_posinf(beam_log_probs) | _nan_or_posinf(beam_scores),
+                           "beam_log_probs and beam_scores must not hold NaN or +inf"),
+                          *_sampling_checks(temperature, top_k, top_p)])
+    return torch.ops.specops.stochastic_beam_step(logits.contiguous(), beam_log_probs.contiguous(),
+                                                  beam_scores.contiguous(), beam_width, temperature, top_k, top_p,
+                                                  seeds, offset, validate)
+
+
+@torch.library.register_fake("specops::stochastic_beam_step")
+def _stochastic_beam_step_fake(logits, beam_log_probs, beam_scores, beam_width, temperature, top_k, top_p, seed,
+                               offset, validate=True):
+    batch, beams, vocab = logits.shape
+    index = logits.new_empty((batch, beam_width), dtype=torch.int64)
+    score = logits.new_empty((batch, beam_width), dtype=torch.float32)
+    return (index, torch.empty_like(index), score, torch.empty_like(score),
+            logits.new_empty((batch, beams, vocab), dtype=torch.float32))
+
+
+def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                draft_probs: torch.Tensor | None = None, *, num_nodes: torch.Tensor | None = None,
+                replacement: bool = False, temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                validate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify a draft tree per request by recursive rejection sampling (RSD, Jeon et al. 2024; SpecInfer's
+    multi-step speculative sampling with `replacement=True`): the output follows the target exactly.
+
+    From the root, a node's children are tried in node order (the order they were drawn in): child x_i
+    is accepted with probability min(1, p_i(x_i) / q_i(x_i)) and the walk descends into it. On a
+    rejection p_{i+1} = norm(max(0, p_i - q_i)) and, for children drawn without replacement, q_{i+1} = q_i
+    without x_i, renormalized (i.i.d. children keep q). When no child is accepted, or at a leaf, a token
+    is emitted from the current p. p is softmax(logits / T) after top-k then top-p at that node; q is
+    draft_probs[b, n] for node n's children, or one-hot on each child (deterministic drafts: n-gram
+    rows, top-k trees). Temperature 0 is greedy: follow the child equal to the first argmax, emit the
+    argmax where none is (also where the largest logit / T overflows float32, as chain_verify). A residual
+    with no mass (round-off only) is kept as the previous p, chain_verify's policy. On a chain this is
+    chain_verify, with the same tokens for the same seeds.
+
+    Shape:
+        target_logits: [B, N, V] float32, bfloat16 or float16: row n is the target's logits after the
+            path to node n.
+        tokens: [B, N] int64: node 0 is the root (the last emitted token, not read), nodes 1.. drafts.
+        parents: [B, N] int64, parents[b, n] < n for 1 <= n < num_nodes[b] (parents[b, 0] is not read).
+        draft_probs: [B, N, V] float32 or None: the distribution node n's children were drawn from,
+            before any was removed.
+        num_nodes: [B] int64 in [1, N], valid nodes per request (default N); later nodes are ignored.
+        replacement: children drawn i.i.d. (True) or without replacement (False, RSD).
+        temperature, top_p: float or [B] tensor. top_k: int or [B] tensor (0 = off).
+        seed, offset: as chain_verify. Node c's acceptance test uses position c - 1 of the accept stream
+            and a token emitted at node n position n of the sample stream.
+        validate: check every value: NaN / +inf logits and rows without a finite logit, ids outside
+            [0, V), parents not before their children, draft_probs rows that are not finite and >= 0 or
+            (for nodes with children) do not sum to 1 within chain_verify's 1e-3, a child whose q is 0
+            (it could not have been drawn; without replacement this includes a repeated sibling).
+            On CPU the kernel checks; on accelerators it costs one host sync here. With False the values
+            are trusted, and no kernel reads out of bounds either way.
+
+    Returns:
+        out_tokens: [B, N] int64: accepted drafts along the path, then the emitted token, then -1.
+        out_nodes: [B, N] int64: the node of each accepted draft, -1 elsewhere.
+        num_accepted: [B] int64.
+    """
+    op = "tree_verify"
+    _check_logits(op, "target_logits", target_logits, 3, "a [B, N, V]")
+    batch, nodes, vocab = target_logits.shape
+    if nodes < 1 or vocab < 1:
+        raise ValueError(f"{op}: target_logits shape {tuple(target_logits.shape)} needs N >= 1 and V >= 1")
+    device = target_logits.device
+    for name, t in (("tokens", tokens), ("parents", parents)):
+        _check_tensor(op, name, t, (batch, nodes), f"[B, N] = [{batch}, {nodes}] to match target_logits", torch.int64)
+    tensors = {"tokens": tokens, "parents": parents}
+    if draft_probs is not None:
+        _check_tensor(op, "draft_probs", draft_probs, (batch, nodes, vocab), f"[B, N, V] = [{batch}, {nodes}, {vocab}]",
+                      torch.float32)
+        tensors["draft_probs"] = draft_probs
+    if num_nodes is None:
+        num_nodes = torch.full((batch,), nodes, dtype=torch.int64, device=device)
+    elif isinstance(num_nodes, torch.Tensor):
+        if num_nodes.dtype != torch.int64 or num_nodes.shape != (batch,):
+            raise ValueError(f"{op}: num_nodes must be a [{batch}] int64 tensor, got {tuple(num_nodes.shape)} "
+                             f"{num_nodes.dtype}")
+        tensors["num_nodes"] = num_nodes
+    else:
+        raise TypeError(f"{op}: num_nodes must be a [B] int64 tensor or None")
+    if not isinstance(replacement, bool):
+        raise TypeError(f"{op}: replacement must be a bool, got {type(replacement).__name__}")
+    temperature, top_k, top_p, seeds = _sampling_args(op, "target_logits", device, batch, tensors, temperature,
+                                                      top_k, top_p, seed, offset)
+    if validate and device.type != "cpu":
+        _raise_first(op, _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement)
+                     + _sampling_checks(temperature, top_k, top_p))
+    return torch.ops.specops.tree_verify(
+        target_logits.contiguous(), tokens.contiguous(), parents.contiguous(),
+        None if draft_probs is None else draft_probs.contiguous(), num_nodes.contiguous(), replacement,
+        temperature, top_k, top_p, seeds, offset, validate)
+
+
+def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement) -> list:
+    """tree_verify's value checks (the CPU kernel makes the same ones), for `_raise_first`."""
+    batch, nodes, vocab = target_logits.shape
+    index = torch.arange(nodes, device=target_logits.device)
+    valid = index < num_nodes.unsqueeze(1)  # [B, N]
+    drafts = valid & (index > 0)
+    logits = target_logits.float()
+    checks = [(((num_nodes < 1) | (num_nodes > nodes)).any(), f"num_nodes must be in [1, {nodes}]"),
+              ((valid & (torch.isnan(logits) | torch.isposinf(logits)).any(-1)).any(),
+               "target_logits contains NaN or +inf"),
+              ((valid & ~(logits > float("-inf")).any(-1)).any(), "target_logits has a row with no finite logit"),
+              ((drafts & ((tokens < 0) | (tokens >= vocab))).any(), f"tokens has draft ids outside [0, {vocab})"),
+              ((drafts & ((parents < 0) | (parents >= index))).any(),
+               "parents must satisfy 0 <= parents[b, n] < n for every valid node n >= 1")]
+    if draft_probs is not None:
+        parent = parents.clamp(0, nodes - 1).masked_fill(~drafts, 0)
+        has_children = torch.zeros(batch, nodes, dtype=torch.bool, device=target_logits.device)
+        has_children.scatter_(1, parent, drafts)
+        sums = draft_probs.sum(-1)
+        q_child = draft_probs.gather(1, parent.unsqueeze(-1).expand(batch, nodes, vocab))
+        q_child = q_child.gather(2, tokens.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
+        checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
+                   ((has_children & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)).any(),
+                    "draft_probs has a row of a node with children that does not sum to 1"),
+                   ((drafts & (q_child <= 0)).any(),
+                    "a child has q = 0 under its parent's draft_probs row (it could not have been drawn)")]
+        if not replacement:
+            same = (parent.unsqueeze(2) == parent.unsqueeze(1)) & (tokens.unsqueeze(2) == tokens.unsqueeze(1))
+            pairs = same & drafts.unsqueeze(2) & drafts.unsqueeze(1) & ~torch.eye(nodes, dtype=torch.bool,
+                                                                                   device=same.device)
+            checks.append((pairs.any(), "two siblings share a token although drawn without replacement"))
+    return checks
+
+
+@torch.library.register_fake("specops::tree_verify")
+def _tree_verify_fake(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k,
+                      top_p, seed, offset, validate=True):
+    batch, nodes, _ = target_logits.shape
+    return (target_logits.new_empty((batch, nodes), dtype=torch.int64),
+            target_logits.new_empty((batch, nodes), dtype=torch.int64),
+            target_logits.new_empty((batch,), dtype=torch.int64))
+
+
+def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_vocab: int, *, temperature=1.0,
+                  top_k=0, top_p=1.0, seed=None, offset: int = 0,
+                  validate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A heterogeneous drafter's distribution over the vocabulary it shares with the target, in target
+    ids, and one draft sampled from it (TLI, paper 000 Alg 4): the exact q that chain_verify needs.
+
+    Drafter ids outside the intersection (target_ids < 0) get probability 0; temperature, top-k and
+    top-p then act on the rest, which is renormalized. Temperature 0 is greedy: the first argmax inside
+    the intersection, with a one-hot q; so is a row whose largest logit / T overflows float32 (to +inf or
+    -inf: the T -> 0 limit). A map that sends every drafter id somewhere (the union of the
+    two vocabularies, paper 000 Alg 1) gives the drafter's unrestricted distribution.
+
+    Shape:
+        draft_logits: [N, V_d] float32, bfloat16 or float16 (rows past the tokenizer's vocabulary
+            included; map them to -1).
+        target_ids: [V_d] int64, the target id of each drafter id, -1 outside the intersection; the
+            mapped ids are distinct and in [0, target_vocab). `specops.vocab.VocabMap` builds it.
+        target_vocab: int in [1, 2**31), the width of the output distribution.
+        temperature, top_p: float or [N] tensor. top_k: int or [N] tensor (0 = off).
+        seed: int or [N] int64 per-row seeds (None draws one); offset: int counter (e.g. the step).
+        validate: check the values (NaN / +inf logits, rows with no finite logit inside the
+            intersection, ids out of range or repeated). On CPU the kernel does this as it goes; on
+            accelerators it costs one host sync here. With False no kernel reads out of bounds, but
+            bad values give unspecified results.
+
+    Returns:
+        probs: [N, target_vocab] float32, q in target ids (each row sums to 1).
+        tokens: [N] int64, the sampled drafts in target ids.
+        draft_tokens: [N] int64, the same drafts in drafter ids (what the drafter reads next).
+
+    Randomness: uniform(seed, offset, position 0, stream 2) of the Philox generator chain_verify uses
+    (streams 0 and 1), so a draft and its verification at the same offset draw independent numbers.
+    """
+    _check_logits("vocab_project", "draft_logits", draft_logits, 2, "an [N, V_d]")
+    rows, draft_vocab = draft_logits.shape
+    if draft_vocab < 1:
+        raise ValueError("vocab_project: draft_logits has no columns")
+    device = draft_logits.device
+    _check_tensor("vocab_project", "target_ids", target_ids, (draft_vocab,),
+                  f"[V_d] = [{draft_vocab}] to match draft_logits", torch.int64)
+    # Target ids are int32 in the kernels.
+    _check_int("vocab_project", "target_vocab", target_vocab, 1, 2**31 - 1, "an int >= 1 and < 2**31")
+    tensors = {"target_ids": target_ids}
+    temperature, top_k, top_p, seeds = _sampling_args("vocab_project", "draft_logits", device, rows, tensors,
+                                                      temperature, top_k, top_p, seed, offset)
+    if validate and device.type != "cpu":
+        _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p)
+    return torch.ops.specops.vocab_project(draft_logits.contiguous(), target_ids.contiguous(), target_vocab,
+                                           temperature, top_k, top_p, seeds, offset, validate)
+
+
+def _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p) -> None:
+    """vocab_project's value checks for devices whose kernels cannot raise: one host sync for all of them."""
+    logits = draft_logits.float()
+    inside = torch.where(target_ids >= 0, logits, float("-inf"))
+    # Ids are clamped before counting repeats: out-of-range ids must reach their own message.
+    in_range = (target_ids >= 0) & (target_ids < target_vocab)
+    uses = torch.zeros(target_vocab + 1, dtype=torch.int64, device=target_ids.device).scatter_add_(
+        0, torch.where(in_range, target_ids + 1, 0), torch.ones_like(target_ids))[1:]
+    _raise_first("vocab_project", [
+        (_nan_or_posinf(logits), "draft_logits contains NaN or +inf"),
+        (((target_ids < -1) | (target_ids >= target_vocab)).any(), f"target_ids must be -1 or in [0, {target_vocab})"),
+        (uses.gt(1).any(), "target_ids maps two drafter ids to the same target id"),
+        (~(inside > float("-inf")).any(-1).all(),
+         "draft_logits has a row with no finite logit inside the intersection (target_ids >= 0)"),
+        *_sampling_checks(temperature, top_k, top_p)])
+
+
+@torch.library.register_fake("specops::vocab_project")
+def _vocab_project_fake(draft_logits, target_ids, target_vocab, temperature, top_k, top_p, seed, offset,
+                        validate=True):
+    rows = draft_logits.shape[0]
+    probs = draft_logits.new_empty((rows, target_vocab), dtype=torch.float32)
+    tokens = draft_logits.new_empty((rows,), dtype=torch.int64)
+    draft_tokens = draft_logits.new_empty((rows,), dtype=torch.int64)
+    return probs, tokens, draft_tokens
