@@ -40,7 +40,7 @@ union; "all" adds it):
                      transformers' default max_matching_ngram_size 2: the draft is what followed the
                      first earlier occurrence of the last 2 (else 1) tokens
   specops ngram      [ngram] `specops.decode(method="ngram", num_draft_tokens="auto",
-                     ngram_tables=T)` (--ngram-tables, default "bigram")
+                     options={"tables": T})` (--ngram-tables, default "bigram")
   specops ngram k,w  [ngram] the same with a fixed draft shape, k rows of w tokens (--ngram-shape K,W)
   hf uag             [hf-uag] transformers universal assisted generation with the drafter SmolLM2-135M
                      and its own tokenizer (`assistant_model=..., tokenizer=..., assistant_tokenizer=...`,
@@ -392,7 +392,7 @@ class Bench:
 def _specops_kwargs(args) -> dict[str, dict]:
     """specops.decode arguments of sd, ngram, slem, tli and union with automatic draft sizes, by group."""
     kwargs = {"sd": {"method": "sd", "drafter": f"self:{args.early_exit}", "num_draft_tokens": "auto"},
-              "ngram": {"method": "ngram", "num_draft_tokens": "auto", "ngram_tables": args.ngram_tables}}
+              "ngram": {"method": "ngram", "num_draft_tokens": "auto", "options": {"tables": args.ngram_tables}}}
     for method in HETERO:
         kwargs[method] = {"method": method, "drafter": DRAFTER, "num_draft_tokens": "auto"}
     return kwargs
@@ -595,7 +595,7 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    from specops.decoding import NGRAM_TABLES
+    from specops.decoding.ngram import TABLES as NGRAM_TABLES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -625,7 +625,7 @@ def main() -> None:
     parser.add_argument("--beam-shape", type=_shape, default=(3, 2), metavar="W,L",
                         help="beams W and levels L for specops rsd-s (configs trees)")
     parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
-                        help="specops ngram_tables: model n-grams that fill rows the context does not")
+                        help="specops ngram's option tables: model n-grams that fill rows the context does not")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")

@@ -33,7 +33,7 @@ MAX_NEW = 10
 CASES = {
     "ar": dict(method="ar"),
     "sd": dict(method="sd", drafter="self:1", num_draft_tokens=3),
-    "ngram": dict(method="ngram", ngram_tables="none", num_draft_tokens=(2, 3)),
+    "ngram": dict(method="ngram", options={"tables": "none"}, num_draft_tokens=(2, 3)),
     "rsd-c": dict(method="rsd-c", drafter="self:1", num_draft_tokens=(2, 2)),
     "sampled": dict(method="sd", drafter="self:1", num_draft_tokens=3, temperature=1.0, seed=0),
 }
@@ -431,7 +431,8 @@ def check_type(model_type: str) -> dict:
     result["build"] = "ok"
     tok = byte_tokenizer()
     try:
-        from specops.decoding.engine import CausalLM, chain_support
+        from specops.decoding.engine import CausalLM
+        from specops.decoding.probe import chain_support
         result["rows apart"] = chain_support(CausalLM(model), list(range(2, 40))).ragged is not None
     except Exception:  # noqa: BLE001 - decode refuses such a model itself; the cases say how
         result["rows apart"] = None
@@ -626,7 +627,7 @@ def _cell(status: str | None) -> str:
 
 def markdown(results: dict[str, dict]) -> str:
     """The sweep as a markdown table: one row per type, one column per case, and whether its rows were
-    decoded apart (engine.chain_support: left padding shifts its positions)."""
+    decoded apart (probe.chain_support: left padding shifts its positions)."""
     header = ("| model type | class | rows | " + " | ".join(f"`{c}`" for c in CASES) + " |\n"
               + "|---|---|---|" + "---|" * len(CASES) + "\n")
     rows = []

@@ -15,7 +15,7 @@ For each architecture x method:
 
 Methods: "ar"; "sd" with drafter "self:1" (the target's first layer) and num_draft_tokens 3 or "auto",
 and with the target itself as its drafter ("sd-same": every draft accepted, the bonus-token path);
-"ngram" with ngram_tables="none" and num_draft_tokens (2, 3) (two rows of three tokens: a small draft
+"ngram" with options={"tables": "none"} and num_draft_tokens (2, 3) (two rows of three tokens: a small draft
 tree, whose forwards must attend through specops.ops.tree_attention, but on DENSE_TREES); "rsd-c",
 "rsd-s" and "specinfer" with drafter "self:1" and branching (2, 2) (drafter and target both score
 trees); "tli" and "slem" on PAIRS of
@@ -44,7 +44,7 @@ import torch
 
 import specops
 from arch_zoo import ARCHITECTURES
-from specops.decoding.attention import tree_support
+from specops.decoding.probe import tree_support
 from specops.decoding.engine import CausalLM
 from toy_models import EOS_ID, PAD_ID, TRANSFORMERS, byte_tokenizer, merged_byte_tokenizer
 
@@ -93,7 +93,7 @@ METHODS = {
     "sd-k3": dict(method="sd", drafter="self:1", num_draft_tokens=3),
     "sd-auto": dict(method="sd", drafter="self:1", num_draft_tokens="auto"),
     "sd-same": dict(method="sd", drafter="same", num_draft_tokens=3),  # the target object drafts for itself
-    "ngram": dict(method="ngram", ngram_tables="none", num_draft_tokens=(2, 3)),
+    "ngram": dict(method="ngram", options={"tables": "none"}, num_draft_tokens=(2, 3)),
     "rsd-c": dict(method="rsd-c", drafter="self:1", num_draft_tokens=(2, 2)),
     "rsd-s": dict(method="rsd-s", drafter="self:1", num_draft_tokens=(2, 2)),
     "specinfer": dict(method="specinfer", drafter="self:1", num_draft_tokens=(2, 2)),
@@ -304,6 +304,7 @@ def _check_sampled(first, second, vocab: int):
 ARCH_NAMES = list(ARCHITECTURES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_id", list(METHODS))
 @pytest.mark.parametrize("arch", ARCH_NAMES)
 def test_greedy_equals_generate(zoo, tokenizers, arch, method_id):
@@ -330,6 +331,7 @@ def test_greedy_equals_generate(zoo, tokenizers, arch, method_id):
 
 # ---- 2. sampled runs, same-vocabulary methods ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_id", SAMPLED_METHODS)
 @pytest.mark.parametrize("arch", ARCH_NAMES)
 def test_sampled_runs(zoo, tokenizers, arch, method_id):
@@ -358,6 +360,7 @@ def _pair(zoo, pair_id: str):
     return target, zoo.tokenizers[target_kind], drafter, zoo.tokenizers[drafter_kind]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(PAIR_METHODS))
 @pytest.mark.parametrize("pair_id", list(PAIRS))
 def test_greedy_pair_equals_generate(zoo, pair_id, method):
@@ -380,6 +383,7 @@ def test_greedy_pair_equals_generate(zoo, pair_id, method):
     assert result.stats.drafted > 0, f"{pair_id}, {method}: nothing was drafted"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(PAIR_METHODS))
 @pytest.mark.parametrize("pair_id", list(PAIRS))
 def test_sampled_pair_runs(zoo, pair_id, method):

@@ -21,16 +21,20 @@ import collections
 import random
 
 import pytest
-from scipy import stats as scipy_stats
 
 import specops
 from specops._cpu import auto_threads, decoding_threads
 from specops.decoding.draft_length import DraftLength
+from stats_helpers import (ALPHA, N_SEQUENCES, PROMPTS, STEP_COST, _fit, _simulate, _true_rate,
+                           assert_follows_target, check_stats, cpu_like)
+from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
+from stats_helpers import SD_STAT_NEW as STAT_NEW
+from stats_helpers import SD_STAT_PROMPTS as STAT_PROMPTS
+from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
 from toy_models import (EOS_ID, LETTERS, TableLM, byte_tokenizer, cycle_table, greedy_cycle, letter_tokenizer,
-                        random_table, sequence_distribution, tiny_gemma3, tiny_llama)
+                        sequence_distribution, tiny_gemma3, tiny_llama)
 
-# Ragged on purpose: 1 to 43 bytes, multi-byte UTF-8 included.
-PROMPTS = ["Hello world", "a", "The quick brown fox jumps over the lazy dog", "ünïcödé ✓ 42"]
+# PROMPTS (ragged, 1 to 43 bytes) and check_stats: stats_helpers.py.
 MAX_NEW = 20
 
 
@@ -58,28 +62,6 @@ def ar_reference(models, tok):
     return {name: specops.decode(PROMPTS, target=models[name], tokenizer=tok, method="ar",
                                  max_new_tokens=MAX_NEW).tokens
             for name in ("llama", "gemma")}
-
-
-def check_stats(result, method: str):
-    """Invariants every result's statistics satisfy."""
-    s = result.stats
-    tokens = result.tokens if result.tokens and isinstance(result.tokens[0], list) else [result.tokens]
-    assert s.new_tokens == sum(len(t) for t in tokens)
-    assert s.target_calls >= 1
-    assert 0 <= s.accepted <= s.drafted
-    assert s.seconds > 0
-    for part in (s.draft_seconds, s.verify_seconds, s.forward_seconds, s.other_seconds):
-        assert part >= 0
-    assert s.draft_seconds + s.verify_seconds <= s.seconds * 1.001 + 1e-6
-    assert s.forward_seconds <= s.seconds * 1.001 + 1e-6
-    assert 0 <= s.overhead_fraction <= 1
-    assert s.tokens_per_second == pytest.approx(s.new_tokens / s.seconds)
-    assert isinstance(s.summary(), str)
-    if method == "ar":
-        assert s.drafted == s.accepted == s.drafter_calls == 0
-    else:  # the drafter reads the prompt with its first draft: a request that never drafts never runs it
-        assert s.drafter_calls >= (1 if s.drafted else 0)
-        assert len(s.draft_lengths) == s.steps
 
 
 # ---- 1. greedy exactness ----
@@ -157,44 +139,12 @@ def test_greedy_sd_equals_ar_sliding_window(tok):
 
 # ---- 2. statistics: sampled sequences follow the target's distribution ----
 
-# The toy target and drafter: trigram tables over "abcd" with some exact zeros, in different places,
-# so drafts the target never produces occur (always rejected) and target tokens the drafter never
-# proposes occur (only reachable through the residual).
-TARGET_TABLE = random_table(1)
-DRAFTER_TABLE = random_table(2)
-STAT_NEW = 4  # new tokens per sequence: 4^4 = 256 joint outcomes (224 possible under the target)
-# Prompts of different lengths ending in the same two letters: one exact distribution, ragged padding.
-STAT_PROMPTS = ["ab", "cab", "dddab", "bab"]
-# Sequences drawn per check. The hardest 1% error to see in a chi-square on the joint distribution is
-# 1% of probability mass moved between the two most likely sequences (the noncentrality
-# N * 0.01^2 * (1/p1 + 1/p2) is smallest there); at N = 30000 a test at alpha = 1e-3 catches it
-# with power >= 0.99 (asserted in `_assert_powered`, and shown on real samples in
-# test_chisquare_can_fail).
-N_SEQUENCES = 30_000
-ALPHA = 1e-3
+# The toy pair (TARGET_TABLE, DRAFTER_TABLE), STAT_NEW, STAT_PROMPTS, N_SEQUENCES, ALPHA and the
+# chi-square (_assert_powered, _fit, assert_follows_target): stats_helpers.py.
 
 
 def _stat_prompts():
     return [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
-
-
-def _assert_powered(exact: dict[str, float]):
-    probs = sorted((p for p in exact.values() if p > 0), reverse=True)
-    df = len(probs) - 1
-    noncentrality = N_SEQUENCES * 0.01**2 * (1 / probs[0] + 1 / probs[1])
-    power = scipy_stats.ncx2.sf(scipy_stats.chi2.isf(ALPHA, df), df, noncentrality)
-    assert power >= 0.99, f"N = {N_SEQUENCES} cannot catch a 1% error (power {power:.3f})"
-
-
-def _fit(texts: list[str], exact: dict[str, float]) -> tuple[float, int]:
-    """(chi-square p-value over the possible sequences, number of impossible sequences drawn)."""
-    counts = collections.Counter(texts)
-    assert sum(counts.values()) == len(texts)
-    impossible = sum(n for seq, n in counts.items() if exact.get(seq, 0.0) == 0.0)
-    support = [seq for seq, p in exact.items() if p > 0]
-    observed = [counts[seq] for seq in support]
-    expected = [exact[seq] * sum(observed) for seq in support]
-    return float(scipy_stats.chisquare(observed, expected).pvalue), impossible
 
 
 _samples_cache: dict = {}
@@ -233,15 +183,7 @@ STAT_CASES = [
 ]
 
 
-def assert_follows_target(texts: list[str], temperature: float, top_k: int) -> None:
-    """Chi-square of sampled continuations against the exact sequence distribution of TARGET_TABLE."""
-    exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, temperature, top_k)
-    _assert_powered(exact)
-    pvalue, impossible = _fit(texts, exact)
-    assert impossible == 0, "sequences with probability 0 under the target were produced"
-    assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("method,k,temperature,top_k", STAT_CASES,
                          ids=[f"{m}-k{k}-T{t}-topk{tk}" for m, k, t, tk in STAT_CASES])
 def test_sampled_sequences_follow_target(method, k, temperature, top_k):
@@ -584,7 +526,7 @@ def test_not_a_model(tok):
 
 def test_drafter_with_other_vocabulary(llama, tok):
     other = TableLM(cycle_table())
-    with pytest.raises(ValueError, match=r"vocabulary differs.*method 'tli' \(sampling\), 'slem' \(greedy\)"):
+    with pytest.raises(ValueError, match=r"vocabulary differs.*another vocabulary: 'tli', 'union', 'slem', 'slrs'"):
         specops.decode("hi", target=llama, tokenizer=tok, drafter=other, drafter_tokenizer=letter_tokenizer(),
                        method="sd", max_new_tokens=2)
 
@@ -620,40 +562,11 @@ def test_unknown_embedded_model(tok):
 
 # ---- 5. the draft-length controller ----
 
-def cpu_like(n: int) -> float:
-    """Target forward over n tokens: 50 ms for one, growing linearly to 2.4x at n = 8."""
-    return 0.05 * (1 + 1.4 * (n - 1) / 7)
+# cpu_like, STEP_COST, _true_rate and _simulate: stats_helpers.py.
 
 
 def gpu_like(n: int) -> float:
     return 0.05
-
-
-STEP_COST = 0.002
-
-
-def _true_rate(cost, draft_cost: float, acceptance: float, k: int) -> float:
-    expected = (1 - acceptance ** (k + 1)) / (1 - acceptance)
-    return expected / (k * draft_cost + cost(k + 1) + STEP_COST)
-
-
-def _simulate(cost, draft_cost: float, acceptance: float, steps: int = 200, rows: int = 4, seed: int = 0):
-    """Run the controller against synthetic costs; each row accepts drafts independently with
-    probability `acceptance` until the first rejection. Returns the chosen K per step."""
-    rng = random.Random(seed)
-    controller = DraftLength("auto")
-    chosen = []
-    for _ in range(steps):
-        k = controller.choose()
-        chosen.append(k)
-        accepted = []
-        for _ in range(rows):
-            n = 0
-            while n < k and rng.random() < acceptance:
-                n += 1
-            accepted.append(n)
-        controller.observe(k, cost(k + 1), draft_cost if k else None, STEP_COST, accepted, [k] * rows)
-    return chosen
 
 
 @pytest.mark.parametrize("cost,draft_cost,acceptance,low,high", [
@@ -760,9 +673,12 @@ def test_command_line_checks_settings_before_loading(monkeypatch, capsys):
                           (["--target", "gemma-3-270m,smollm2-135m", "--ensemble", "weighted:0.4,0.4"], "sum"),
                           (["--ensemble", "weighted:0.5,0.5"], "several targets"),
                           (["--method", "ngram", "--drafter", "self:2"], "does not use a drafter"),
-                          (["--se-draws", "mixture"], "--se-draws is a setting of method se"),
+                          (["--se-draws", "mixture"], "options ['draws'] belong to se, and method 'auto' picks"),
                           (["--target", "gemma-3-270m,smollm2-135m", "--method", "ensemble", "--se-draws",
-                            "alternate"], "--se-draws is a setting of method se")]:
+                            "alternate"], "--se-draws is an option of method se, not ensemble"),
+                          (["--method", "ar", "--ngram-tables", "none"], "--ngram-tables is an option of method ngram"),
+                          (["--method", "slrs", "--drafter", "smollm2-135m", "--slrs-max-nodes", "0"],
+                           "option 'max_nodes' of method slrs must be an int >= 1")]:
         assert cli.main(["generate", "x", *argv]) == 2
         assert message in capsys.readouterr().err
     assert cli.main(["generate", "x", "--max-new-tokens", "0"]) == 0  # nothing to generate, nothing loads

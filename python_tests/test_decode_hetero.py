@@ -31,55 +31,25 @@ import torch
 
 import specops
 from specops import vocab as vocab_maps
-from test_decode import ALPHA, N_SEQUENCES, PROMPTS, _assert_powered, _fit, check_stats
+from stats_helpers import (ALPHA, CLOSE_TABLE, DRAFT_TO_TARGET, DRAFTER_TOKENS, MERGED_WORDS, N_SEQUENCES,
+                           PROMPTS, STAT_K, TARGET_TOKENS, _drafter_table, _exact, _pooled_fit, check_stats)
+from stats_helpers import TLI_STAT_NEW as STAT_NEW
+from stats_helpers import TLI_STAT_PROMPTS as STAT_PROMPTS
+from stats_helpers import TLI_TARGET_TABLE as TARGET_TABLE
 from toy_models import (BYTE_VOCAB, TableLM, byte_tokenizer, letter_tokenizer, merged_byte_tokenizer,
-                        random_table, tiny_llama, token_sequence_distribution, token_tokenizer)
+                        random_table, tiny_llama, token_tokenizer)
 
 decoding = importlib.import_module("specops.decoding")  # the package whose registry holds the methods
 
-TARGET_TOKENS = ["a", "b", "c", "d", "ab", "cd"]
-DRAFTER_TOKENS = ["a", "b", "c", "d", "ba", "ab", "abc"]
-# Each drafter id's target id (-1: drafter-only), what vocab_map must find.
-DRAFT_TO_TARGET = [TARGET_TOKENS.index(t) if t in TARGET_TOKENS else -1 for t in DRAFTER_TOKENS]
-
+# TARGET_TOKENS, DRAFTER_TOKENS and DRAFT_TO_TARGET (each drafter id's target id): stats_helpers.py.
 METHODS = ["tli", "union", "slem", "slrs"]
 
 
 pytestmark = pytest.mark.usefixtures("private_specops_cache")  # vocabulary maps: not the user's cache
 
 
-def _drafter_table(seed: int, mirror: float, target_table: torch.Tensor) -> torch.Tensor:
-    """A drafter table: `mirror` of the target's next-token distribution moved into drafter ids (where
-    the drafter's two previous tokens are target tokens too), plus 1 - mirror of a random table that
-    also drafts "ba" and "abc". mirror = 0 is unrelated to the target."""
-    n = len(DRAFTER_TOKENS)
-    random = random_table(seed, zeros=16, tokens=n)
-    mirrored = random.clone()
-    shared = [d for d in range(n) if DRAFT_TO_TARGET[d] >= 0]
-    start_t = len(TARGET_TOKENS)
-    for prev2 in range(n + 1):
-        for prev1 in range(n):
-            t2 = start_t if prev2 == n else DRAFT_TO_TARGET[prev2]
-            t1 = DRAFT_TO_TARGET[prev1]
-            if t2 < 0 or t1 < 0:
-                continue
-            row = torch.zeros(n + 1, dtype=torch.float64)
-            row[shared] = target_table[t2, t1, [DRAFT_TO_TARGET[d] for d in shared]]
-            if row.sum() > 0:
-                mirrored[prev2, prev1] = row / row.sum()
-    return mirror * mirrored + (1 - mirror) * random
-
-
-def _sharpened(table: torch.Tensor, power: float) -> torch.Tensor:
-    table = table**power
-    return table / table.sum(-1, keepdim=True)
-
-
-# Exact zeros in different places in the target and the drafter: drafts the target never emits, and
-# target tokens (besides the target-only "cd") the drafter never proposes. Squared, so the likeliest
-# 4-token continuations have probability > 1% (a 1% error can be moved between them, section 3).
-TARGET_TABLE = _sharpened(random_table(21, zeros=16, tokens=len(TARGET_TOKENS)), 2)
-CLOSE_TABLE = _drafter_table(22, 0.6, TARGET_TABLE)
+# The toy tables, with exact zeros in different places (TARGET_TABLE, and CLOSE_TABLE, a drafter close to
+# it): stats_helpers.py. UNRELATED_TABLE is a drafter unrelated to the target.
 UNRELATED_TABLE = _drafter_table(23, 0.0, TARGET_TABLE)
 
 
@@ -213,8 +183,8 @@ def test_greedy_equals_ar(toks, ar_greedy, method, k, drafter):
         assert 0 < result.stats.accepted < result.stats.drafted
 
 
-# Tiny random transformers models: a byte-level vocabulary against one with multi-byte tokens, both ways.
-MERGED_WORDS = ["Ġthe", "Ġqu", "Ġw", "he", "ll", "or", "ow", "Ã¼"]
+# Tiny random transformers models: a byte-level vocabulary against one with multi-byte tokens, both ways
+# (MERGED_WORDS: stats_helpers.py).
 
 
 def _multi_byte(model):
@@ -257,13 +227,7 @@ def test_greedy_equals_ar_tiny_llama(llamas, method, target, k):
 
 # ---- 3. statistics: sampled token sequences follow the target's distribution ----
 
-# Prompts ending in the same two target tokens (b, ab), of different lengths; the drafter reads them
-# differently ("bab" is ba·b for it), so its contexts vary while the target's exact distribution is one.
-STAT_PROMPTS = ["bab", "cbab", "ddbab", "dbab"]
-STAT_CONTEXT = [TARGET_TOKENS.index("b"), TARGET_TOKENS.index("ab")]
-STAT_NEW = 4  # 6^4 = 1296 target token sequences; a draft length of 2 makes chains of two drafts
-STAT_K = 2
-MIN_EXPECTED = 5  # sequences expected fewer times share one chi-square cell (Cochran's rule)
+# STAT_PROMPTS, STAT_NEW, STAT_K and the pooled chi-square (_exact, _pooled_fit): stats_helpers.py.
 
 _samples: dict = {}
 
@@ -280,20 +244,6 @@ def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: i
     return _samples[key]
 
 
-def _exact(temperature: float = 1.0, top_k: int = 0) -> dict:
-    return token_sequence_distribution(TARGET_TABLE, STAT_CONTEXT, STAT_NEW, temperature, top_k)
-
-
-def _pooled_fit(tokens: list[list[int]], exact: dict) -> tuple[float, int]:
-    """test_decode._fit after pooling the sequences expected < MIN_EXPECTED times into one cell; a
-    sequence of probability 0 stays itself, so it still counts as impossible."""
-    rare = {seq for seq, p in exact.items() if 0 < p * len(tokens) < MIN_EXPECTED}
-    pooled = {seq: p for seq, p in exact.items() if seq not in rare}
-    pooled["rare"] = sum(exact[seq] for seq in rare)
-    _assert_powered(pooled)
-    return _fit(["rare" if tuple(t) in rare else tuple(t) for t in tokens], pooled)
-
-
 STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 0, STAT_K),
               ("slrs", 1.0, 0, STAT_K), ("tli", 0.7, 3, STAT_K),
               # trees across the vocabularies, drawn from the intersection
@@ -301,6 +251,7 @@ STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 
               ("specinfer", 1.0, 0, (2, 2))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,temperature,top_k,k", STAT_CASES,
                          ids=[f"{m}-T{t}-topk{tk}-k{k}" for m, t, tk, k in STAT_CASES])
 def test_sampled_sequences_follow_target(toks, method, temperature, top_k, k):
@@ -407,11 +358,11 @@ def test_drafter_methods_need_a_drafter(toks):
 
 
 def test_slrs_max_nodes(toks):
-    """A step that would need more drafter positions than slrs_max_nodes raises, naming the bound
+    """A step that would need more drafter positions than options={"max_nodes": N} raises, naming the bound
     (target tokens "ab" and "cd" take two drafter positions: the drafter's "a", then "b" or "ba")."""
-    with pytest.raises(ValueError, match=r"slrs_max_nodes = 1\b"):
+    with pytest.raises(ValueError, match=r"max_nodes = 1\b"):
         _decode(GREEDY_PROMPTS, "slrs", toks, max_new_tokens=8, temperature=1.0, seed=3, num_draft_tokens=2,
-                slrs_max_nodes=1)
+                options={"max_nodes": 1})
 
 
 # ---- 6. EOS, stop strings and max_new_tokens, as "ar" does them ----

@@ -33,8 +33,10 @@ from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftSh
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
 from specops.decoding.tree import build_tree
-from test_decode import (ALPHA, N_SEQUENCES, STAT_NEW, STAT_PROMPTS, TARGET_TABLE, _fit,
-                         assert_follows_target)
+from stats_helpers import ALPHA, N_SEQUENCES, _fit, assert_follows_target
+from stats_helpers import SD_STAT_NEW as STAT_NEW
+from stats_helpers import SD_STAT_PROMPTS as STAT_PROMPTS
+from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
 from toy_models import (BOS_ID, BYTE_VOCAB, EOS_ID, LETTERS, START, TableLM, byte_tokenizer, cycle_table,
                         greedy_cycle, letter_tokenizer, sequence_distribution, tiny_gemma3, tiny_llama)
 
@@ -113,7 +115,7 @@ def _bounds(shape) -> tuple[int, int]:
 def test_greedy_ngram_equals_ar(targets, ar_reference, name, shape, tables):
     model, tok = targets[name]
     result = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW,
-                            num_draft_tokens=shape, ngram_tables=tables)
+                            num_draft_tokens=shape, options={"tables": tables})
     assert result.tokens == ar_reference[name].tokens
     assert result.text == ar_reference[name].text
     check_ngram_stats(result, *_bounds(shape))
@@ -168,7 +170,7 @@ def test_drafts_cut_target_calls(targets, tables):
     ar = specops.decode(prompts, target=model, tokenizer=tok, method="ar", max_new_tokens=new)
     assert ar.stats.target_calls == new
     result = specops.decode(prompts, target=model, tokenizer=tok, method="ngram", max_new_tokens=new,
-                            num_draft_tokens=(4, 4), ngram_tables=tables)
+                            num_draft_tokens=(4, 4), options={"tables": tables})
     assert result.tokens == ar.tokens
     assert result.stats.target_calls <= new - 4, result.stats.summary()
     assert result.stats.accepted >= 4
@@ -285,7 +287,7 @@ def _toy_decode(prompts, shape, tables, temperature, top_k, seed, max_new_tokens
         patch.setattr(model_ngrams, "bigram", lambda model, tokenizer, top, **kwargs: bigram)
         result = specops.decode(prompts, target=target, tokenizer=letter_tokenizer(), method="ngram",
                                 max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                seed=seed, num_draft_tokens=shape, ngram_tables=tables)
+                                seed=seed, num_draft_tokens=shape, options={"tables": tables})
     assert result.stats.target_calls == target.calls  # the model's real forward count
     return result
 
@@ -300,6 +302,7 @@ def _sample(shape, tables, temperature, top_k, seed=4321):
     return _samples_cache[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape,tables,temperature,top_k", NGRAM_STAT_CASES,
                          ids=[f"k{s[0]}w{s[1]}-{t}-T{temp}-topk{tk}" for s, t, temp, tk in NGRAM_STAT_CASES])
 def test_sampled_sequences_follow_target(shape, tables, temperature, top_k):
@@ -987,7 +990,7 @@ def test_ngram_tables_for_model_built_in_inference_mode(monkeypatch, tmp_path, t
         model = tiny_llama(layers=1, seed=8)
     ar = specops.decode(PROMPTS[:2], target=model, tokenizer=tok, method="ar", max_new_tokens=6)
     result = specops.decode(PROMPTS[:2], target=model, tokenizer=tok, method="ngram", max_new_tokens=6,
-                            ngram_tables=tables)
+                            options={"tables": tables})
     assert result.tokens == ar.tokens
 
 
@@ -1054,8 +1057,8 @@ def llama(targets):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(drafter="self:2"), "method 'ngram' does not use a drafter"),
-    (dict(ngram_tables="trigram"), "ngram_tables must be one of auto, bigram, unigram, none, got 'trigram'"),
-    (dict(ngram_tables=None), "ngram_tables must be one of"),
+    (dict(options={"tables": "trigram"}), "option 'tables' of method ngram must be one of auto, bigram, unigram, none, got 'trigram'"),
+    (dict(options={"tables": None}), "option 'tables' of method ngram must be one of"),
     (dict(num_draft_tokens=0), "num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1"),
     (dict(num_draft_tokens=(0, 3)), "num_draft_tokens for method 'ngram'"),
     (dict(num_draft_tokens=(2, 2, 2)), "num_draft_tokens for method 'ngram'"),

@@ -28,6 +28,7 @@ def gemma():
     return specops.models.load("gemma-3-270m", progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter, num_draft_tokens", [("self:12", "auto"), ("self:17", 3)])
 def test_greedy_sd_equals_ar_on_gemma(gemma, drafter, num_draft_tokens):
     model, tokenizer = gemma
@@ -42,6 +43,7 @@ def test_greedy_sd_equals_ar_on_gemma(gemma, drafter, num_draft_tokens):
     assert alone.tokens == ar.tokens[1]
 
 
+@pytest.mark.slow
 def test_sampled_sd_runs_on_gemma(gemma):
     model, tokenizer = gemma
     # A fixed draft length: "auto" follows measured timings, and the step boundaries pick the random numbers.
@@ -54,13 +56,14 @@ def test_sampled_sd_runs_on_gemma(gemma):
     assert result.stats.accepted > 0  # self:17 agrees with the target most of the time
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_draft_tokens", ["auto", (3, 3)])
 def test_greedy_ngram_equals_ar_on_gemma(gemma, num_draft_tokens):
     model, tokenizer = gemma
     ar = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method="ar", max_new_tokens=24)
     # Context n-grams only: the model bigram takes minutes to build on a CPU (tested on tiny models).
     ngram = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method="ngram", max_new_tokens=24,
-                           num_draft_tokens=num_draft_tokens, ngram_tables="none")
+                           num_draft_tokens=num_draft_tokens, options={"tables": "none"})
     assert ngram.tokens == ar.tokens
     assert ngram.stats.target_calls <= ar.stats.target_calls
 
@@ -69,6 +72,7 @@ def _hf_inputs(tokenizer, prompts):
     return tokenizer(prompts, return_tensors="pt", padding=True)  # the loader pads on the left
 
 
+@pytest.mark.slow
 def test_hf_generate_ngram_equals_plain_generate_on_gemma(gemma):
     """model.generate(custom_generate=specops.hf.generate) on a ragged batch of two: the same tensor as
     plain greedy generate(), prompt and padding included."""
@@ -104,6 +108,7 @@ def smollm2():
     return specops.models.load("smollm2-135m", progress=False)
 
 
+@pytest.mark.slow
 @needs_smollm2
 @pytest.mark.parametrize("method, num_draft_tokens", [("slem", 3), ("slem", "auto"), ("tli", 2)])
 def test_greedy_heterogeneous_equals_ar_on_real_pair(gemma, smollm2, method, num_draft_tokens):
@@ -122,6 +127,7 @@ def test_greedy_heterogeneous_equals_ar_on_real_pair(gemma, smollm2, method, num
         assert result.stats.target_calls < ar.stats.target_calls
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_hf_generate_heterogeneous_drafter_equals_plain_generate(gemma, smollm2):
     """The embedded drafter by name (its default int8 weights) and a drafter model object with its tokenizer,
@@ -141,6 +147,7 @@ def test_hf_generate_heterogeneous_drafter_equals_plain_generate(gemma, smollm2)
     assert 0 < stats.accepted < stats.drafted
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_sampled_tli_on_real_pair(gemma, smollm2):
     (model, tokenizer), (drafter, drafter_tokenizer) = gemma, smollm2
@@ -155,12 +162,13 @@ def test_sampled_tli_on_real_pair(gemma, smollm2):
 def test_slrs_refuses_long_tokens_on_real_pair(gemma, smollm2):
     """SmolLM2's tokens segment Gemma's token prefixes in far too many ways: exact psi is refused."""
     (model, tokenizer), (drafter, drafter_tokenizer) = gemma, smollm2
-    with pytest.raises(ValueError, match="slrs_max_nodes = 64"):
+    with pytest.raises(ValueError, match="max_nodes = 64"):
         specops.decode(PROMPTS[0], target=model, tokenizer=tokenizer, drafter=drafter,
                        drafter_tokenizer=drafter_tokenizer, method="slrs", max_new_tokens=4, temperature=1.0,
-                       slrs_max_nodes=64)
+                       options={"max_nodes": 64})
 
 
+@pytest.mark.slow
 @needs_smollm2
 @pytest.mark.parametrize("rule", [specops.WeightedEnsemble([0.5, 0.5]), specops.WeightedEnsemble([0.7, 0.3]),
                                   specops.ContrastiveEnsemble(0.1)], ids=["w55", "w73", "cd"])

@@ -23,7 +23,7 @@ import torch
 from toy_models import BYTE_VOCAB, TRANSFORMERS, TableLM, byte_tokenizer, random_table, tiny_gemma3, tiny_llama
 
 import specops
-from specops.decoding import attention, engine
+from specops.decoding import attention, engine, probe
 from specops.decoding.engine import PREFILL_CHUNK, CausalLM, KVState
 
 
@@ -73,7 +73,7 @@ def test_mask_memory_linear_in_context(tok, monkeypatch, method):
     if method == "sd":
         kwargs["drafter"] = "self:1"
     if method == "ngram":
-        kwargs["ngram_tables"] = "none"
+        kwargs["options"] = {"tables": "none"}
     peaks = {}
     for length in (1200, 2400):
         prompts = [_long_prompt(length), "short prompt"]
@@ -130,7 +130,7 @@ def test_lm_head_not_linear_decodes(tok):
     expected = specops.decode(["Hello", "a b c"], target=model, tokenizer=tok, method="ar", max_new_tokens=10).tokens
     wrapped = tiny_llama(layers=2, seed=8)
     wrapped.lm_head = _Head(wrapped.lm_head)
-    for method, extra in (("ar", {}), ("sd", {"drafter": "self:1"}), ("ngram", {"ngram_tables": "none"})):
+    for method, extra in (("ar", {}), ("sd", {"drafter": "self:1"}), ("ngram", {"options": {"tables": "none"}})):
         result = specops.decode(["Hello", "a b c"], target=wrapped, tokenizer=tok, method=method, max_new_tokens=10,
                                 **extra)
         assert result.tokens == expected, method
@@ -183,21 +183,12 @@ def test_deprecated_argument_names_fail_the_tests():
 
 # ---- 3. options ----
 
-def test_options_dict_equals_keywords(tok):
-    model = tiny_llama(layers=2, seed=2)
-    prompts = ["abab abab", "xyz xyz xy"]
-    kwargs = dict(target=model, tokenizer=tok, method="ngram", max_new_tokens=12, num_draft_tokens=(2, 3))
-    by_keyword = specops.decode(prompts, ngram_tables="none", **kwargs)
-    by_option = specops.decode(prompts, options={"tables": "none"}, **kwargs)
-    assert by_option.tokens == by_keyword.tokens
-    assert by_option.stats.drafted == by_keyword.stats.drafted
-
-
 @pytest.mark.parametrize("method,options,match", [
     ("ngram", {"tabels": "none"}, r"unknown option 'tabels' for method 'ngram'; it takes tables"),
     ("ar", {"tables": "none"}, r"unknown option 'tables' for method 'ar'; it takes none"),
     ("ngram", {"tables": "trigram"},
-     "ngram_tables must be one of auto, bigram, unigram, none, got 'trigram'"),
+     "option 'tables' of method ngram must be one of auto, bigram, unigram, none, got 'trigram'"),
+    ("auto", {"draws": "mixture"}, r"options \['draws'\] belong to se, and method 'auto' picks ar, ngram here"),
 ])
 def test_bad_options(tok, method, options, match):
     with pytest.raises(ValueError, match=match):
@@ -347,7 +338,7 @@ def test_causal_windows_cached_by_what_the_function_computes():
 
 def _ngram_greedy(model, tok, prompts):
     return specops.decode(prompts, method="ngram", target=model, tokenizer=tok, max_new_tokens=12,
-                          temperature=0.0, ngram_tables="none", num_draft_tokens=(2, 3))
+                          temperature=0.0, options={"tables": "none"}, num_draft_tokens=(2, 3))
 
 
 @pytest.mark.parametrize("build", [
@@ -364,7 +355,7 @@ def test_tree_forwards_use_the_kernel_or_the_dense_mask(tok, monkeypatch, build)
     model = build()
     want = specops.decode(prompts, method="ar", target=model, tokenizer=tok, max_new_tokens=12).tokens
     lm = CausalLM(model)
-    assert attention.tree_support(lm, list(range(3, 40))) is None and lm.tree_kernel
+    assert probe.tree_support(lm, list(range(3, 40))) is None and lm.tree_kernel
     result = _ngram_greedy(model, tok, prompts)
     assert result.tokens == want and result.stats.drafted > 0
     assert calls, "no tree forward reached specops.ops.tree_attention"
@@ -372,7 +363,7 @@ def test_tree_forwards_use_the_kernel_or_the_dense_mask(tok, monkeypatch, build)
     dense = build()  # a fresh model: support is probed once per model
     monkeypatch.setattr(attention, "_causal_window", lambda function, device: None)
     lm = CausalLM(dense)
-    assert attention.tree_support(lm, list(range(3, 40))) is None and not lm.tree_kernel
+    assert probe.tree_support(lm, list(range(3, 40))) is None and not lm.tree_kernel
     calls.clear()
     assert _ngram_greedy(dense, tok, prompts).tokens == want
     assert not calls

@@ -30,25 +30,25 @@ def _decode(method: str, seed: int, temperature: float = 1.0, top_p: float = 1.0
 @pytest.mark.parametrize("seed, temperature, top_p", [(123, 1.0, 1.0), (7, 0.8, 0.95), (2**63 - 1, 1.5, 0.9)])
 def test_sampled_ngram_equals_sampled_ar(shape, seed, temperature, top_p):
     ar = _decode("ar", seed, temperature, top_p)
-    ngram = _decode("ngram", seed, temperature, top_p, num_draft_tokens=shape, ngram_tables="none")
+    ngram = _decode("ngram", seed, temperature, top_p, num_draft_tokens=shape, options={"tables": "none"})
     assert ngram.tokens == ar.tokens
     if shape != "auto":  # auto follows timings: it may stop drafting, or have no draft rejected
         assert 0 < ngram.stats.accepted < ngram.stats.drafted  # accepted and rejected drafts: the check bites
 
 
 def test_the_same_seed_gives_the_same_text_twice_and_another_seed_other_text():
-    first = _decode("ngram", 11, ngram_tables="none")
-    assert _decode("ngram", 11, ngram_tables="none").tokens == first.tokens
-    assert _decode("ngram", 12, ngram_tables="none").tokens != first.tokens
+    first = _decode("ngram", 11, options={"tables": "none"})
+    assert _decode("ngram", 11, options={"tables": "none"}).tokens == first.tokens
+    assert _decode("ngram", 12, options={"tables": "none"}).tokens != first.tokens
 
 
 def test_a_request_alone_gets_the_text_it_gets_in_a_batch():
-    batch = _decode("ngram", 5, ngram_tables="none", num_draft_tokens=(2, 3))
+    batch = _decode("ngram", 5, options={"tables": "none"}, num_draft_tokens=(2, 3))
     seeds = row_seeds(5, len(PROMPTS), "cpu")
     for i, prompt in enumerate(PROMPTS):
         alone = specops.decode([prompt], target=TableLM(cycle_table()), tokenizer=letter_tokenizer(),
                                method="ngram", max_new_tokens=NEW, temperature=1.0, seed=seeds[i:i + 1],
-                               ngram_tables="none", num_draft_tokens=4)
+                               options={"tables": "none"}, num_draft_tokens=4)
         assert alone.tokens[0] == batch.tokens[i]
 
 

@@ -20,7 +20,7 @@ if torch.cuda.is_available() or _os.environ.get("TRITON_INTERPRET") == "1":
     from specops import kernels  # noqa: F401
 from specops import vocab
 from specops.decoding import DecodeResult, decode
-from specops.decoding.ensemble import ContrastiveEnsemble, WeightedEnsemble
+from specops.decoding.ensemble_lm import ContrastiveEnsemble, WeightedEnsemble
 from specops.decoding.stats import Stats
 from specops.quantization import QuantizedLinear, quantize
 

@@ -67,19 +67,20 @@ def _ensemble_rule(value: str):
     raise argparse.ArgumentTypeError(f"must be weighted:W1,W2,... or contrastive:MU[,ALPHA], got {value!r}")
 
 
+def _flag(method: str, option: str) -> str:
+    return f"--{method}-{option}".replace("_", "-")
+
+
 def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from specops.decoding import registry
+
     parser.add_argument("prompt", nargs="?",
                         help="the prompt; '-' or none reads it from stdin")
     parser.add_argument("--prompt-file", metavar="PATH", help="read the prompt from this file")
-    parser.add_argument("--method", choices=("auto", "ar", "sd", "tli", "union", "slem", "slrs", "ngram", "rsd-c",
-                                             "rsd-s", "specinfer", "ensemble", "se"),
-                        default="auto",
-                        help="decoding method: auto (with a drafter sd, or for another vocabulary tli when "
-                             "sampling and slem when greedy; else ar, or se for an ensemble), ar (autoregressive), "
-                             "sd (speculative decoding), tli / union / slem / slrs (a drafter with another "
-                             "vocabulary), ngram (drafts from the context and the model's own n-grams, no drafter), "
-                             "rsd-c / rsd-s / specinfer (draft trees from any drafter), ensemble / se (an ensemble "
-                             "of targets: every member scores every token / the members propose to each other)")
+    parser.add_argument("--method", choices=registry.NAMES, default="auto", metavar="{" + ",".join(registry.NAMES) + "}",
+                        help="decoding method: auto (picks one from what it is given: a drafter and its "
+                             "vocabulary, greedy or sampling, one target or several); "
+                             + "; ".join(f"{m.name}: {m.summary}" for m in registry.METHODS.values()))
     parser.add_argument("--target", default="gemma-3-270m",
                         help=f"target model, an embedded name ({_MODELS}); several, comma-separated, decode from "
                              "their ensemble (--ensemble)")
@@ -90,8 +91,6 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="drafter: an embedded model name (its vocabulary may differ from the target's; it runs "
                              "with its default low-precision weights, or name them: smollm2-135m:int8, :int4, :bf16, "
                              ":float32), or 'self:N' (the target's first N layers); none means autoregressive decoding")
-    parser.add_argument("--slrs-max-nodes", type=int, default=256,
-                        help="slrs: most drafter positions one step may score before it refuses")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 keeps all")
@@ -101,15 +100,12 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="drafts per step: auto (chosen from measured costs), an integer, for ngram K,W "
                              "(K rows of W tokens), for rsd-c / specinfer B1,B2,... (children per node per level), "
                              "for rsd-s W,L (beams, levels)")
-    parser.add_argument("--ngram-tables", choices=("auto", "bigram", "unigram", "none"), default="auto",
-                        help="ngram: model-derived n-grams for rows the context cannot fill; bigram is "
-                             "computed once per model (7 to 25 minutes for gemma-3-270m on two CPU cores, "
-                             "seconds on a GPU, with a progress bar) and cached; auto uses it when cached or "
-                             "quick to build, else the context alone")
-    parser.add_argument("--se-draws", choices=("auto", "alternate", "mixture"), default="auto",
-                        help="se: mixture draws the member of each token by its weight, then the token from it "
-                             "(exact for a weighted ensemble at temperature 1 without top-k / top-p, where auto "
-                             "uses it); alternate: the members propose to each other and the ensemble verifies")
+    for method in registry.METHODS.values():  # each method's options, from the registry: --METHOD-OPTION
+        for option, default in method.options.items():
+            parser.add_argument(_flag(method.name, option), type=type(default), default=argparse.SUPPRESS,
+                                dest=f"option:{method.name}:{option}", choices=method.option_choices.get(option),
+                                metavar=None if option in method.option_choices else option.upper(),
+                                help=f"{method.name}: {method.option_help.get(option, option)} (default: {default})")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="stop when this text appears (repeatable); it is not printed")
     parser.add_argument("--threads", type=_threads, default="auto", metavar="{auto,N}",
@@ -119,9 +115,9 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                              "other busy processes slow decoding down many times over")
     parser.add_argument("--echo", action="store_true", help="print the prompt before the generated text")
     parser.add_argument("--compare", action="store_true",
-                        help="also decode with method ar (ensemble for several targets) and the same settings; "
-                             "print the speedup (tok/s "
-                             "ratio) and, when greedy, whether the outputs are identical")
+                        help="also decode without speculation (ar, or ensemble for several targets) and the same "
+                             "settings; print the speedup (tok/s ratio) and, when greedy, whether the outputs are "
+                             "identical")
     return parser
 
 
@@ -192,17 +188,20 @@ def _check(args, names: list[str]) -> None:
     check_arguments(target=names if len(names) > 1 else names[0], drafter=args.drafter, method=args.method,
                     max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, num_draft_tokens=args.num_draft_tokens, stop=args.stop,
-                    ngram_tables=args.ngram_tables, slrs_max_nodes=args.slrs_max_nodes,
                     ensemble=_ensemble(args), options=_options(args))
 
 
 def _options(args) -> dict | None:
-    """Method options the flags set: se's draws, when not its default."""
-    if args.se_draws == "auto":
-        return None
-    if args.method not in ("se", "auto") or args.ensemble is None and "," not in args.target:
-        raise ValueError("--se-draws is a setting of method se (an ensemble: --target NAME1,NAME2)")
-    return {"draws": args.se_draws}
+    """The method options the --METHOD-OPTION flags set (None when none is): for --method auto, whatever
+    method auto picks must take them (decode checks)."""
+    options = {}
+    for key, value in vars(args).items():
+        if key.startswith("option:"):
+            _, method, option = key.split(":")
+            if args.method not in ("auto", method):
+                raise ValueError(f"{_flag(method, option)} is an option of method {method}, not {args.method}")
+            options[option] = value
+    return options or None
 
 
 def _ensemble(args):
@@ -240,8 +239,7 @@ def _generate(args) -> int:
     settings = dict(target=target, tokenizer=tokenizer, ensemble=ensemble, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, stop=args.stop)
     method = dict(drafter=drafter, drafter_tokenizer=drafter_tokenizer, method=args.method,
-                  num_draft_tokens=args.num_draft_tokens, ngram_tables=args.ngram_tables,
-                  slrs_max_nodes=args.slrs_max_nodes, options=_options(args))
+                  num_draft_tokens=args.num_draft_tokens, options=_options(args))
     if args.compare:  # the first forwards of a process are slow: keep them out of both timings
         specops.decode(prompt, **method, **{**settings, "max_new_tokens": min(4, args.max_new_tokens)})
     if args.echo:
@@ -252,7 +250,9 @@ def _generate(args) -> int:
     chosen = f"auto chose {result.stats.method}; " if args.method == "auto" else ""
     print(chosen + result.stats.summary(), file=sys.stderr, flush=True)
     if args.compare:
-        plain = "ensemble" if len(names) > 1 else "ar"
+        from specops.decoding import registry
+
+        plain = registry.plain(ensemble=len(names) > 1).name
         baseline = specops.decode(prompt, method=plain, **settings)
         print(baseline.stats.summary(), file=sys.stderr)  # it starts with the method's name
         ratio = (result.stats.tokens_per_second / baseline.stats.tokens_per_second

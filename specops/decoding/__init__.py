@@ -11,7 +11,6 @@ drafter). "auto" picks "sd" for a drafter with the target's vocabulary, "tli" (s
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -19,17 +18,16 @@ import torch
 from specops._cpu import decoding_threads
 from specops._seeds import draw_seed, row_seeds
 from specops.decoding import registry
-from specops.decoding.attention import tree_support
 from specops.decoding.batch import Batch
-from specops.decoding.engine import CausalLM, chain_support
-from specops.decoding.ensemble import ENSEMBLES, EnsembleLM, WeightedEnsemble, member_vocab
+from specops.decoding.engine import CausalLM
+from specops.decoding.ensemble_lm import ENSEMBLES, EnsembleLM, WeightedEnsemble, member_vocab
 from specops.decoding.loop import run
-from specops.decoding.ngram import TABLES as NGRAM_TABLES
+from specops.decoding.probe import chain_support, tree_support
 from specops.decoding.self_draft import SelfDraftError, truncated
 from specops.decoding.stats import Stats
 from specops.decoding.step import SamplingParams, Setup
 
-__all__ = ["METHODS", "NGRAM_TABLES", "DecodeResult", "check_arguments", "decode"]
+__all__ = ["METHODS", "DecodeResult", "check_arguments", "decode"]
 
 METHODS = registry.NAMES
 
@@ -100,7 +98,7 @@ def _check_self_drafter(drafter) -> None:
 def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: list[int],
                    need_tokenizer: bool = True):
     """(drafter model, its tokenizer, why a self:N drafter cannot run or None). ids: prompt tokens for the
-    probe (engine.chain_support)."""
+    probe (probe.chain_support)."""
     if not (isinstance(drafter, str) and drafter.startswith("self:")):
         return (*_resolve_model(drafter, drafter_tokenizer, "drafter", need_tokenizer), None)
     layers = int(drafter[len("self:"):])
@@ -121,7 +119,7 @@ def _drafter_model(drafter, drafter_tokenizer, target_model, tokenizer, ids: lis
 
 def _prompt_rows(prompts, tokenizer) -> list[list[int]]:
     """The prompts' target token ids (checked against the model's vocabulary and context before anything
-    runs; the probes of engine.chain_support and attention.tree_support feed the model these ids)."""
+    runs; the probes of probe.chain_support and probe.tree_support feed the model these ids)."""
     if not isinstance(prompts[0], str):
         return [list(row) for row in prompts]
     return [list(tokenizer(p)["input_ids"]) for p in prompts]
@@ -145,7 +143,7 @@ def _working(lm, ids: list[int], self_draft: bool | None = None) -> str:
 
 
 def _refuse_cache(lm, ids: list[int], target=None) -> bool:
-    """Raise for a model that specops cannot decode with a KV cache (engine.chain_support; every member of an
+    """Raise for a model that specops cannot decode with a KV cache (probe.chain_support; every member of an
     ensemble; a drafter, `target` given, need only run); else whether rows of a batch change each other's
     logits, so that they must be decoded apart."""
     apart = False
@@ -211,14 +209,20 @@ def _ensemble_lm(members, rule, prompts: list[str] | list[list[int]]) -> tuple[E
     return EnsembleLM(lms, vocabs, encoded, rule), first_tokenizer
 
 
-def _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer, drafter_tokenizer):
+def _resolved(method, same, temperature, members, drafter_lm, trees: bool):
+    return registry.resolve(method, drafter=drafter_lm is not None, same_vocabulary=same, greedy=temperature == 0,
+                            ensemble=members is not None, trees=trees)
+
+
+def _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer, drafter_tokenizer,
+            trees: bool = True):
     """The method `method` stands for with these models, after every check that needs no prompt."""
-    chosen = registry.resolve(method, drafter=drafter_lm is not None, same_vocabulary=same,
-                              greedy=temperature == 0, ensemble=members is not None)
+    chosen = _resolved(method, same, temperature, members, drafter_lm, trees)
     if chosen.drafter == "same" and not same:
+        takes = ", ".join(repr(m.name) for m in registry.METHODS.values() if m.drafter == "any")
         raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
-                         "needs the same vocabulary; use method 'tli' (sampling), 'slem' (greedy), 'slrs' or "
-                         "'union' for a drafter with another vocabulary (or 'auto')")
+                         f"needs the same vocabulary; methods for a drafter with another vocabulary: {takes} "
+                         "(or 'auto')")
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
     if chosen.drafter == "same" and drafter_lm.vocab_size != target_lm.vocab_size:
@@ -234,7 +238,7 @@ def _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer
 
 
 def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> None:
-    """Methods that score draft trees need a model that takes them exactly (attention.tree_support)."""
+    """Methods that score draft trees need a model that takes them exactly (probe.tree_support)."""
     reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
     if reason is not None:
         working = _working(lm, [t for row in rows for t in row]) if role == "target" else ", ".join(
@@ -246,7 +250,7 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None, options: dict | None = None,
-           ngram_tables: str = "auto", slrs_max_nodes: int = 256, ensemble=None) -> DecodeResult:
+           ensemble=None) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     Returns a DecodeResult:
@@ -278,7 +282,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         cached or estimated to build within a minute, else the context alone);
       - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step;
       - "se": {"draws": "auto" | "alternate" | "mixture"}.
-    ngram_tables and slrs_max_nodes are the same settings as keywords. seed: the same seed gives the same
+    With "auto", options are checked against the method it picks. seed: the same seed gives the same
     text. Chain methods ("ar", "ngram", "slem", "sd", "tli", "union") draw each token with random numbers
     keyed by the seed, the request and the token's position alone and accept a draft when it equals that
     token ("sd", "tli" and "union" draw their drafts from the drafter with the same numbers, so they are
@@ -293,7 +297,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     Ensembles: target=[m1, m2, ...] with tokenizer=[t1, t2, ...] (None for embedded names) decodes from the
     ensemble `ensemble` defines: specops.WeightedEnsemble(weights) (the default: equal weights) or
     specops.ContrastiveEnsemble(mu, alpha=None). The first member's tokenizer gives the output tokens;
-    members with another vocabulary contribute through the shared tokens (specops.decoding.ensemble).
+    members with another vocabulary contribute through the shared tokens (specops.decoding.ensemble_lm).
 
     Raises ValueError before decoding for a combination it cannot decode exactly (for example a method
     that scores draft trees with a model whose attention cannot take them), naming what works instead.
@@ -308,8 +312,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
                            drafter_tokenizer=drafter_tokenizer, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_k=top_k, top_p=top_p,
                            num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, stream=stream,
-                           options=options, ngram_tables=ngram_tables,
-                           slrs_max_nodes=slrs_max_nodes, ensemble=ensemble)
+                           options=options, ensemble=ensemble)
     texts = batch.texts()
     tokens = batch.generated
     return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)
@@ -349,8 +352,7 @@ def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, see
 
 def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=None, max_new_tokens: int = 128,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, num_draft_tokens="auto",
-                    stop=None, stream=None, options: dict | None = None, ensemble=None,
-                    ngram_tables: str = "auto", slrs_max_nodes: int = 256):
+                    stop=None, stream=None, options: dict | None = None, ensemble=None):
     """Every check of `decode`'s arguments that needs no model: raises ValueError / TypeError before
     anything is loaded (the command line calls it first). Returns (stop strings, ensemble members and
     rule, or None, None)."""
@@ -365,6 +367,15 @@ def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=Non
     registry.check_draft_setting(method, num_draft_tokens)
     _check_self_drafter(drafter)
     members, rule = _ensemble_members(target, tokenizer, ensemble)
+    if method == "auto" and isinstance(options, dict) and options:
+        # Options are a method's: some method auto can pick here must take them (checked again once it has).
+        picks = {m.name: m for m in (registry.resolve(
+            "auto", drafter=drafter is not None, same_vocabulary=same, greedy=temperature == 0,
+            ensemble=members is not None, trees=trees) for same in (True, False) for trees in (True, False))}
+        if not any(set(options) <= set(m.options) for m in picks.values()):
+            owners = [m.name for m in registry.METHODS.values() if set(options) & set(m.options)]
+            raise ValueError(f"decode: options {sorted(options)} belong to {', '.join(owners) or 'no method'}, and "
+                             f"method 'auto' picks {', '.join(sorted(picks))} here")
     if method != "auto":
         chosen = registry.METHODS[method]
         if members is None and chosen.ensemble == "only":
@@ -377,14 +388,13 @@ def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=Non
         if drafter is None and chosen.drafter != "none":
             raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or "
                              "'self:N')")
-        registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
-                                                 "slrs_max_nodes": slrs_max_nodes})
+        registry.check_options(chosen, options)
     return stops, members, rule
 
 
 def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, max_new_tokens, temperature,
-            top_k, top_p, num_draft_tokens, seed, stop, stream, options, ngram_tables="auto",
-            slrs_max_nodes=256, ensemble=None, eos_ids=None, stop_when=None, on_tokens=None):
+            top_k, top_p, num_draft_tokens, seed, stop, stream, options, ensemble=None, eos_ids=None,
+            stop_when=None, on_tokens=None):
     """`decode` for prompts given as strings or as the target's token ids (then the tokenizers may be None
     where nothing needs text: a drafter model object without one shares the target's vocabulary). eos_ids
     replaces the model's and tokenizer's EOS ids; stop_when / on_tokens: see `Batch`. Returns the
@@ -394,8 +404,7 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     stops, members, rule = check_arguments(
         target=target, drafter=drafter, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens, stop=stop,
-        stream=stream, options=options, ensemble=ensemble, ngram_tables=ngram_tables,
-        slrs_max_nodes=slrs_max_nodes)
+        stream=stream, options=options, ensemble=ensemble)
     if members is not None:
         target_lm, tokenizer = _ensemble_lm(members, rule, prompts)
         target_model = target_lm.members[0].model
@@ -421,11 +430,12 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
                              "needs the target's too: pass the target's tokenizer")
     same = drafter_model is not None and _same_vocabulary(tokenizer, drafter_tokenizer)
     drafter_lm = CausalLM(drafter_model, "drafter") if drafter_model is not None else None
-    # "auto" without a drafter drafts n-grams where the target scores draft trees exactly, else plainly:
-    # decided once the prompts are encoded. Every other method is known now, and checked before any prompt is.
-    plain_auto = method == "auto" and drafter_model is None and members is None
-    chosen = None if plain_auto else _chosen(method, same, temperature, members, target_lm, drafter_lm,
-                                             tokenizer, drafter_tokenizer)
+    # What "auto" picks may depend on whether the target scores draft trees exactly, which is probed once the
+    # prompts are encoded; every other choice is known now, and checked before any prompt is.
+    trees_decide = _resolved(method, same, temperature, members, drafter_lm, True) is not _resolved(
+        method, same, temperature, members, drafter_lm, False)
+    chosen = None if trees_decide else _chosen(method, same, temperature, members, target_lm, drafter_lm,
+                                               tokenizer, drafter_tokenizer)
     if drafter_lm is not None and not isinstance(drafter, str):
         _refuse_cache(drafter_lm, ids if same else list(range(min(drafter_lm.vocab_size, 64))), target_lm)
     if apart and len(prompts) > 1:
@@ -438,12 +448,11 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream,
                   _eos_ids(target_model, tokenizer) if eos_ids is None else set(eos_ids),
                   stop_when=stop_when, on_tokens=on_tokens)
-    if plain_auto:
+    if trees_decide:
         trees = tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None
-        chosen = _chosen("ngram" if trees else "ar", same, temperature, members, target_lm, drafter_lm,
-                         tokenizer, drafter_tokenizer)
-    settings = registry.check_options(chosen, options, {"ngram_tables": ngram_tables,
-                                                        "slrs_max_nodes": slrs_max_nodes})
+        chosen = _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer, drafter_tokenizer,
+                         trees)
+    settings = registry.check_options(chosen, options)
     _refuse_trees(chosen, "target", target_lm, batch.prompt_rows)
     if "drafter" in chosen.trees:
         _refuse_trees(chosen, "drafter", drafter_lm, batch.encode(drafter_tokenizer))
@@ -454,16 +463,5 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
     with torch.inference_mode(), decoding_threads(target_lm.device):  # measures the load: before the clock
-        start = time.perf_counter()
-        if max_new_tokens > 0:
-            run(target_lm, batch, params, seeds, stats, proposer)
-        stats.seconds = time.perf_counter() - start
-    stats.new_tokens = sum(len(t) for t in batch.generated)
-    stats.target_calls = target_lm.calls
-    stats.drafter_calls = drafter_lm.calls if drafter_lm else 0
-    stats.forward_seconds = target_lm.seconds + (drafter_lm.seconds if drafter_lm else 0.0)
-    if members is not None:
-        stats.member_calls = [lm.calls for lm in target_lm.members]
-    stats.method = chosen.name
-    stats.requests = len(prompts)
+        run(target_lm, batch, params, seeds, stats, proposer, chosen.name)
     return batch, stats

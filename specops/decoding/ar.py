@@ -3,18 +3,12 @@ speculative method is measured against, on the same loop and engine."""
 
 from __future__ import annotations
 
-import torch
-
-from specops.decoding.step import Method, Proposal, Proposer, Setup
-
-
-class Autoregressive(Proposer):
-    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
-        return Proposal.empty(budget.shape[0], budget.device)
+from specops.decoding.step import Method, NoDrafts, Proposer, Setup
 
 
 def _make(setup: Setup) -> Proposer:
-    return Autoregressive()
+    return NoDrafts()
 
 
-METHODS = [Method("ar", "autoregressive decoding, the baseline", _make)]
+METHODS = [Method("ar", "autoregressive decoding, the baseline", _make, plain=True,
+                  auto=lambda given: not given.drafter and not given.ensemble and not given.trees)]

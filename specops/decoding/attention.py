@@ -16,7 +16,7 @@ and switches the model's configs to it for the duration of the call:
 
 So whatever windows, soft-caps or sinks a model defines stay the model's own. A model whose attention
 does not go through the registry (ALiBi models build their biases from the 2-D mask, GPT-Neo keeps its
-own local-attention buffer) cannot take trees exactly; `tree_support` finds that out once per model, by
+own local-attention buffer) cannot take trees exactly; `probe.tree_support` finds that out once per model, by
 a forward that must reach the registered functions in every layer and reproduce the logits of the same
 paths run as chains, and decoding refuses such a model before it starts.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeMask", "close_logits", "pack_rows", "tree_forward", "tree_support", "weakly_keyed"]
+__all__ = ["TreeMask", "pack_rows", "tree_forward", "weakly_keyed"]
 
 NAME = "specops_tree"
 _ACTIVE = threading.local()
@@ -332,35 +332,6 @@ def tree_forward(model, tree: TreeMask):
         _ACTIVE.tree = None
 
 
-_SUPPORT: weakref.WeakKeyDictionary[object, tuple[str | None, bool]] = weakref.WeakKeyDictionary()
-
-
-def tree_support(lm, tokens: list[int]) -> str | None:
-    """None if draft trees are exact on `lm` (a CausalLM), else the reason they are not; probed once per
-    model, with ids from `tokens` (ones its tokenizer produces): a ragged batch of two prompts, a branching
-    tree per row, every node's logits compared with the same root-to-node path decoded as a plain chain
-    from scratch. Sets lm.tree_kernel: whether its layers attend through specops.ops.tree_attention (every
-    layer's mask is causal with at most a window, and the probe passes that way) or through the model's
-    own attention with a dense mask."""
-    lm.tree_kernel = False
-    if not is_transformers_model(lm.model):
-        return None  # the 4-D mask contract (module docstring)
-    if any(type(module).__name__.endswith("Indexer") for module in lm.model.modules()):
-        # DeepSeek sparse attention (DeepSeek V3.2, GLM-MoE-DSA): an indexer picks each query's top keys
-        # with the causal mask only, so a tree node could pick keys of other branches once the context is
-        # longer than its top-k (a short probe cannot see that).
-        return ("its sparse-attention indexer picks each query's keys without the tree's mask, so a node could "
-                "attend to other branches")
-    known = _SUPPORT.get(lm.model) if weakly_keyed(lm.model) else None
-    if known is None:
-        pool = sorted(set(tokens))
-        known = (None, True) if _probe(lm, pool, kernel=True) is None else (_probe(lm, pool, kernel=False), False)
-        if weakly_keyed(lm.model):
-            _SUPPORT[lm.model] = known
-    reason, lm.tree_kernel = known
-    return reason
-
-
 def weakly_keyed(model) -> bool:
     """Whether `model` can key a weakref.WeakKeyDictionary (a probe's verdict is kept per model)."""
     try:
@@ -368,69 +339,3 @@ def weakly_keyed(model) -> bool:
         return True
     except TypeError:
         return False
-
-
-def _probe(model_lm, pool: list[int], kernel: bool) -> str | None:
-    from specops.decoding.engine import CausalLM, KVState
-
-    lm = CausalLM(model_lm.model, model_lm.name)  # its own call counters
-    lm.tree_kernel = kernel
-    token = lambda i: pool[(7 * i) % len(pool)]
-    prompts = [[token(i) for i in range(5)], [token(i + 11) for i in range(3)]]
-    # Per row: root, two children of the root, a grandchild under the first child; row 1 has no
-    # grandchild (a padding node).
-    parents = [[-1, 0, 0, 1], [-1, 0, 0, -1]]
-    nodes = [[token(20), token(21), token(22), token(23)], [token(30), token(31), token(32), token(0)]]
-    depth = torch.tensor([[0, 1, 1, 2], [0, 1, 1, 0]])
-    valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    visible = torch.zeros(2, 4, 4, dtype=torch.bool)
-    for b in range(2):
-        for i in range(4):
-            j = i
-            while j >= 0 and valid[b, i]:
-                visible[b, i, j] = True
-                j = parents[b][j]
-        visible[b, 3, 3] = True
-    device = lm.device
-    try:
-        with torch.inference_mode():
-            state = KVState(lm, 2)
-            state.prefill(prompts)
-            tree = state.append_tree(torch.tensor(nodes, device=device), valid.to(device), depth.to(device),
-                                     visible.to(device))
-            checks = state.last_tree
-            if checks.mask_calls == 0 or checks.attention_calls != lm.attention_layers:
-                return (f"its attention does not go through transformers' attention registry in every layer "
-                        f"({checks.attention_calls} of {lm.attention_layers} layers did)")
-            if kernel and checks.kernel_calls != lm.attention_layers:
-                return f"tree_attention cannot reproduce its masks ({checks.kernel_calls} of its layers' can)"
-            # Every node's root-to-node path as a chain from scratch, all in one left-padded batch.
-            cases, chains = [], []
-            for b in range(2):
-                for i in range(4):
-                    if valid[b, i]:
-                        path, j = [], i
-                        while j >= 0:
-                            path.append(nodes[b][j])
-                            j = parents[b][j]
-                        cases.append((b, i))
-                        chains.append(prompts[b] + path[::-1])
-            want = KVState(lm, len(chains)).prefill(chains)
-            tolerance = 1e-3 if lm.dtype == torch.float32 else 3e-2
-            if not all(close_logits(want[n], tree[b, i], tolerance) for n, (b, i) in enumerate(cases)):
-                return ("its logits for a draft tree differ from the same paths decoded as chains (its attention "
-                        "or positions do not follow the mask and position ids specops passes)")
-    except Exception as error:  # a model that cannot take the tree at all
-        return f"a tree forward fails ({type(error).__name__}: {error})"
-    return None
-
-
-def close_logits(want: torch.Tensor, got: torch.Tensor, tolerance: float) -> bool:
-    """Equal up to `tolerance` of the largest finite logit (summation order differs between a tree and a
-    chain forward: about 1e-6 of the scale in float32; a wrong mask or position moves logits by a large
-    fraction of it); -inf (impossible tokens) must match exactly."""
-    finite = torch.isfinite(want)
-    if not torch.equal(finite, torch.isfinite(got)) or not bool(finite.any()):
-        return bool(torch.equal(want, got))
-    scale = want[finite].abs().max().clamp(min=1e-6)
-    return bool((want[finite] - got[finite]).abs().max() <= tolerance * scale)

@@ -176,3 +176,9 @@ class TextCrossing:
             data = self.vmap.target.token_bytes[t] if 0 <= t < self.vmap.target.size else None
             out.extend((self.to_drafter(data) if data else []) or [self.stand_in])
         return out
+
+
+def intersection(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: int, device) -> DraftVocab:
+    """The drafter restricted to the tokens both vocabularies share, verified in the target's vocabulary
+    (TLI's crossing; also how an ensemble member of another vocabulary reads the ensemble's tokens)."""
+    return DraftVocab(vmap.projection(drafter_rows).to(device), target_rows, target_rows, text.tokens_to_drafter)

@@ -20,23 +20,25 @@ import inspect
 import time
 import weakref
 from contextlib import nullcontext
-from typing import NamedTuple
 
 import torch
 
-from specops.decoding.attention import TreeMask, close_logits, is_transformers_model, tree_forward, weakly_keyed
+from specops.decoding.attention import TreeMask, is_transformers_model, tree_forward, weakly_keyed
 from specops.decoding.cpu_forward import CpuForward
 from specops.decoding.hf_compat import cache_argument
 from specops.decoding.llama_forward import LlamaForward
 
-__all__ = ["PREFILL_CHUNK", "CausalLM", "ChainSupport", "KVState", "chain_support"]
+__all__ = ["OWN_POSITIONS", "PREFILL_CHUNK", "CausalLM", "KVState"]
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward
 _CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length",
                    "n_ctx")
 # Layer types (config.layer_types) that carry a recurrent state, which no KV cache rollback can cut back.
 # Other types, attention of any kind (full, sliding, chunked, indexed / sparse, compressed), are decided by
-# what the model does: engine.chain_support decodes, rolls back and compares before any prompt is decoded.
+# what the model does: probe.chain_support decodes, rolls back and compares before any prompt is decoded.
+# Models whose positions follow another rule than the token count (probe.chain_support found that passing
+# position ids breaks them): they get none and compute their own.
+OWN_POSITIONS: weakref.WeakSet = weakref.WeakSet()
 _RECURRENT_LAYERS = ("linear_attention", "hybrid", "hybrid_sliding", "conv", "mamba", "mamba2", "recurrent",
                      "rwkv", "ssm")
 
@@ -114,14 +116,13 @@ class CausalLM:
         self.attention_layers = layers if isinstance(layers, int) else None
         accepted = inspect.signature(model.forward).parameters
         self.takes = {name for name in ("position_ids", "cache_position", "logits_to_keep") if name in accepted}
-        known = _CHAINS.get(model) if weakly_keyed(model) else None
-        if known is not None and not known.positions:
-            self.takes.discard("position_ids")  # chain_support: the model computes its own
+        if weakly_keyed(model) and model in OWN_POSITIONS:
+            self.takes.discard("position_ids")  # probe.chain_support: the model computes its own
         self.cache_argument = cache_argument(model)
         self.transformers = is_transformers_model(model)
         self._cpu_forward: CpuForward | None | bool = False  # probed on first use
         self._llama_forward: LlamaForward | None | bool = False
-        self.tree_kernel = False  # tree forwards through specops.ops.tree_attention (attention.tree_support)
+        self.tree_kernel = False  # tree forwards through specops.ops.tree_attention (probe.tree_support)
         self.calls = 0
         self.seconds = 0.0
         self.log: list[tuple[int, float]] = []  # (tokens fed, seconds) of each forward since the last clear
@@ -549,90 +550,6 @@ def _widened(t: torch.Tensor | None, rows: int, like: torch.Tensor, length: int)
     shape = list(t.shape)
     shape[dim] = missing
     return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class ChainSupport(NamedTuple):
-    """What `chain_support` found: cache, why `lm` cannot be decoded with a KV cache; ragged, why rows of
-    a batch change each other's logits (None where nothing is wrong); runs, whether its cached forwards at
-    least run (a drafter need not be exact, only run); positions, whether the model is given position
-    ids: a model whose positions follow another rule than the token count (RoBERTa-style decoders count
-    from padding_idx + 1) is exact only when left to compute its own, so it gets none."""
-
-    cache: str | None
-    ragged: str | None
-    runs: bool
-    positions: bool = True  # whether to pass position ids (False: the model's own rule reproduces its forward)
-
-
-_CHAINS: weakref.WeakKeyDictionary[object, ChainSupport] = weakref.WeakKeyDictionary()
-
-
-def chain_support(lm: CausalLM, tokens: list[int]) -> ChainSupport:
-    """How exactly `lm` decodes chains with specops' KV cache; probed once per model with ids from `tokens`.
-
-    The probe decodes short chains through KVState, as the loop does (a prefill, an appended token, a
-    rejected token rolled back and another appended), one row alone and then two ragged rows, and
-    compares every logit with the model's own forward over the whole sequence without a cache. A model
-    whose forward takes no KV cache, or ignores the one it is given, fails alone; one that takes its
-    positions from the cache length instead of the position ids (learned absolute positions in the
-    decoder halves of encoder-decoder families, some older models) fails only ragged: left padding
-    shifts its positions, so its rows must be decoded apart."""
-    if not is_transformers_model(lm.model):
-        return ChainSupport(None, None, True)  # the position-id and 2-D mask contract (module docstring)
-    weak = weakly_keyed(lm.model)
-    known = _CHAINS.get(lm.model) if weak else None
-    if known is None:
-        pool = sorted(set(tokens))
-        probe = CausalLM(lm.model, lm.name)  # its own call counters
-        alone, runs = _chain_probe(probe, pool, ragged=False)
-        positions = True
-        if alone is not None and runs and "position_ids" in probe.takes:
-            probe.takes.discard("position_ids")  # its own position rule, if that reproduces its forward
-            if _chain_probe(probe, pool, ragged=False)[0] is None:
-                alone, positions = None, False
-            else:
-                probe.takes.add("position_ids")
-        known = ChainSupport(alone, None if alone else _chain_probe(probe, pool, ragged=True)[0], runs, positions)
-        if weak:
-            _CHAINS[lm.model] = known
-    return known
-
-
-def _chain_probe(lm: CausalLM, pool: list[int], ragged: bool) -> tuple[str | None, bool]:
-    """(what is wrong, whether the forwards ran)."""
-    token = lambda i: pool[(7 * i) % len(pool)]  # noqa: E731
-    rows = [[token(i) for i in range(5)], [token(i + 11) for i in range(2)]][:2 if ragged else 1]
-    b = len(rows)
-    tolerance = 1e-3 if lm.dtype == torch.float32 else 3e-2
-
-    def whole(row: list[int]) -> torch.Tensor:
-        ids = torch.tensor([row], device=lm.device)
-        return lm.model(input_ids=ids, use_cache=False).logits[0, -1].float()
-
-    def differs(logits: torch.Tensor) -> bool:
-        return not all(close_logits(whole(row), logits[i], tolerance) for i, row in enumerate(rows))
-
-    try:
-        with torch.inference_mode():
-            state = KVState(lm, b)
-            if differs(state.prefill(rows)):
-                return "its logits after a prompt differ from its forward over the same tokens without a cache", True
-            rejected = [token(20 + i) for i in range(b)]
-            state.append(torch.tensor([rejected], device=lm.device).T)
-            # Row 0 rejects its token, the others keep theirs: ragged rows after the rollback.
-            state.drop_last(torch.tensor([1] + [0] * (b - 1)))
-            rows = [row + ([rejected[i]] if i else []) for i, row in enumerate(rows)]
-            nxt = [token(30 + i) for i in range(b)]
-            logits = state.append(torch.tensor([nxt], device=lm.device).T)[:, -1]
-            rows = [row + [nxt[i]] for i, row in enumerate(rows)]
-            if differs(logits):
-                return ("its logits with a KV cache differ from its forward over the whole sequence without one"
-                        if not ragged else "left padding changes its logits (it does not take its positions "
-                        "from the position ids and mask specops passes)"), True
-    except Exception as error:  # noqa: BLE001 - any failure is the answer
-        first = str(error).splitlines()[0][:200] if str(error) else ""
-        return f"its forward with a KV cache fails ({type(error).__name__}: {first})", False
-    return None, True
 
 
 def _left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:

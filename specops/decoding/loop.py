@@ -31,11 +31,28 @@ def _per_draft_seconds(drafters: tuple[CausalLM, ...]) -> float | None:
 
 
 def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor, stats: Stats,
-        proposer: Proposer) -> None:
-    """Decode every request of `batch` to the end with `proposer`'s drafts, filling `stats`."""
+        proposer: Proposer, method: str) -> None:
+    """Decode every request of `batch` to the end with `proposer`'s drafts (method `method`), filling
+    `stats`: the only clock and counters of a decode call."""
+    start = time.perf_counter()
+    drafters = tuple(proposer.drafters)
+    stats.method, stats.requests = method, batch.rows
+    if batch.max_new_tokens > 0:
+        _decode(target, batch, params, seeds, stats, proposer, drafters)
+    stats.seconds = time.perf_counter() - start
+    stats.new_tokens = sum(len(t) for t in batch.generated)
+    stats.target_calls = target.calls
+    stats.drafter_calls = sum(lm.calls for lm in drafters)
+    stats.forward_seconds = target.seconds + sum(lm.seconds for lm in drafters)
+    members = getattr(target, "members", None)
+    if members is not None:  # an ensemble of targets: each member's forwards
+        stats.member_calls = [lm.calls for lm in members]
+
+
+def _decode(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Tensor, stats: Stats,
+            proposer: Proposer, drafters: tuple[CausalLM, ...]) -> None:
     device = target.device
     verify = proposer.verifier if callable(proposer.verifier) else VERIFIERS[proposer.verifier]
-    drafters = tuple(proposer.drafters)
     start = time.perf_counter()
     state = target.new_state(batch.rows) if hasattr(target, "new_state") else KVState(target, batch.rows)
     logits = state.prefill(batch.prompt_rows)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 
 from specops.decoding.draft_length import DraftLength
-from specops.decoding.step import Method
+from specops.decoding.step import Given, Method
 
-__all__ = ["METHODS", "NAMES", "check_draft_setting", "check_options", "resolve"]
+__all__ = ["METHODS", "NAMES", "check_draft_setting", "check_options", "plain", "resolve"]
 
 # Method modules, in the order methods are listed to users ("auto" comes first).
 _MODULES = ("ar", "sd", "tli", "slem", "slrs", "ngram", "rsd", "ensemble", "se")
@@ -30,17 +30,19 @@ METHODS: dict[str, Method] = _load()
 NAMES = ("auto", *METHODS)
 
 
-def resolve(name: str, *, drafter: bool, same_vocabulary: bool, greedy: bool, ensemble: bool = False) -> Method:
-    """The method `name` stands for: "auto" picks sd for a drafter with the target's vocabulary, tli
-    (sampling) or slem (greedy) for one with another vocabulary (with an ensemble of targets: sd, or tli
-    for either mode), and without a drafter se for an ensemble. (For one target without a drafter, decode
-    picks ngram where the target scores draft trees exactly, else ar: that needs the prompts.)"""
-    if name == "auto":
-        if not drafter:
-            name = "se" if ensemble else "ar"
-        else:
-            name = "sd" if same_vocabulary else "tli" if ensemble or not greedy else "slem"
-    return METHODS[name]
+def resolve(name: str, *, drafter: bool, same_vocabulary: bool, greedy: bool, ensemble: bool = False,
+            trees: bool = True) -> Method:
+    """The method `name` stands for: itself, or for "auto" the first method whose `auto` rule picks it
+    for what is given (trees: whether the target scores draft trees exactly)."""
+    if name != "auto":
+        return METHODS[name]
+    given = Given(drafter, same_vocabulary, greedy, ensemble, trees)
+    return next(m for m in METHODS.values() if m.auto is not None and m.auto(given))
+
+
+def plain(ensemble: bool) -> Method:
+    """The method without speculation, the baseline of the others: for one target or for an ensemble."""
+    return next(m for m in METHODS.values() if m.plain and (m.ensemble == "only") == ensemble)
 
 
 def check_draft_setting(name: str, setting) -> None:
@@ -51,8 +53,8 @@ def check_draft_setting(name: str, setting) -> None:
         DraftLength(setting)  # raises for anything but "auto" or an int >= 1
 
 
-def check_options(method: Method, options: dict | None, legacy: dict) -> dict:
-    """The method's options: its defaults, then the decode() keywords that set one, then `options`."""
+def check_options(method: Method, options: dict | None) -> dict:
+    """The method's options: its defaults, updated by `options` (checked)."""
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"decode: options must be a dict of {method.name!r}'s options, got {type(options).__name__}")
     given = dict(options or {})
@@ -60,10 +62,7 @@ def check_options(method: Method, options: dict | None, legacy: dict) -> dict:
     if unknown:
         takes = f"it takes {', '.join(sorted(method.options))}" if method.options else "it takes none"
         raise ValueError(f"decode: unknown option {unknown[0]!r} for method {method.name!r}; {takes}")
-    merged = dict(method.options)
-    for keyword, option in method.legacy.items():
-        merged[option] = legacy[keyword]
-    merged.update(given)
+    merged = {**method.options, **given}
     if method.check is not None:
         method.check(merged)
     return merged

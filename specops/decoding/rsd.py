@@ -35,10 +35,9 @@ import torch
 from specops import ops
 from specops import vocab as vocab_maps
 from specops._seeds import beam_seeds
-from specops.decoding.crossing import DraftVocab, TextCrossing
+from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
-from specops.decoding.tli import intersection
 from specops.decoding.tree import tree_from_parents
 from specops.decoding.tree_shape import TreeShape
 

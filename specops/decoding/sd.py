@@ -17,4 +17,4 @@ def _make(setup: Setup) -> Proposer:
 
 
 METHODS = [Method("sd", "speculative decoding with a drafter of the target's vocabulary", _make, drafter="same",
-                  ensemble="yes")]
+                  ensemble="yes", auto=lambda given: given.drafter and given.same_vocabulary)]

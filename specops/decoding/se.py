@@ -44,7 +44,7 @@ import torch
 
 from specops import ops
 from specops.decoding.crossing import DraftVocab
-from specops.decoding.ensemble import WeightedEnsemble
+from specops.decoding.ensemble_lm import WeightedEnsemble
 from specops.decoding.step import Method, Proposal, Proposer, Setup
 from specops.decoding.verify import Verified, sample
 from specops.reference import uniform
@@ -256,4 +256,10 @@ def _make(setup: Setup) -> Proposer:
 METHODS = [Method("se", "speculative ensemble: the members propose to each other, verified against the "
                   "ensemble (a weighted ensemble at T=1: each token from one member chosen by its weight)",
                   _make, ensemble="only", options={"draws": "auto"}, check=_check_options,
+                  option_help={"draws": "mixture draws the member of each token by its weight, then the token from "
+                                        "it (exact for a weighted ensemble at temperature 1 without top-k / top-p, "
+                                        "where auto uses it); alternate: the members propose to each other and the "
+                                        "ensemble verifies"},
+                  option_choices={"draws": ("auto", "alternate", "mixture")},
+                  auto=lambda given: not given.drafter and given.ensemble,
                   draft_setting=_check_setting)]

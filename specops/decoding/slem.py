@@ -80,4 +80,6 @@ def _make(setup: Setup) -> Proposer:
 
 
 METHODS = [Method("slem", "a drafter with another vocabulary drafts text, re-encoded for the target; exact match",
-                  _make, drafter="any", tokenizers=vocab_maps.vocab_map)]
+                  _make, drafter="any", tokenizers=vocab_maps.vocab_map,
+                  auto=lambda given: (given.drafter and not given.same_vocabulary and given.greedy
+                                      and not given.ensemble))]

@@ -159,10 +159,10 @@ class _Enumerator:
                 self.expanded[row] += 1
                 if self.expanded[row] > self.max_nodes:
                     raise ValueError(
-                        f"decode: slrs needs more than slrs_max_nodes = {self.max_nodes} drafter positions in "
+                        f"decode: slrs needs more than max_nodes = {self.max_nodes} drafter positions in "
                         "one step to compute the proposal probabilities exactly; the drafter's tokens are too "
                         "long or too many relative to the target's (paper 000, Lemma 3.1). Use 'tli' or 'slem', "
-                        "a drafter with shorter tokens, a smaller top_k, or raise slrs_max_nodes")
+                        "a drafter with shorter tokens, a smaller top_k, or raise options={'max_nodes': ...}")
             unscored = [(row, node) for row, node, _, _ in frontier if node.q is None]
             if unscored:
                 self._score(unscored)
@@ -275,7 +275,7 @@ class StringSampler(DrafterProposer):
 def _check(options: dict) -> None:
     value = options["max_nodes"]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"decode: slrs_max_nodes must be an int >= 1, got {value!r}")
+        raise ValueError(f"decode: option 'max_nodes' of method slrs must be an int >= 1, got {value!r}")
 
 
 def _make(setup: Setup) -> Proposer:
@@ -284,4 +284,5 @@ def _make(setup: Setup) -> Proposer:
 
 METHODS = [Method("slrs", "string-level rejection sampling for drafters with short tokens (exact)", _make,
                   drafter="any", tokenizers=vocab_maps.vocab_map, trees=("drafter",), options={"max_nodes": 256},
-                  check=_check, legacy={"slrs_max_nodes": "max_nodes"})]
+                  check=_check,
+                  option_help={"max_nodes": "most drafter positions one step may score before it refuses"})]

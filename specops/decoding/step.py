@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Method", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "TreeDraft", "draft_offset"]
+__all__ = ["Given", "Method", "NoDrafts", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "TreeDraft",
+           "draft_offset"]
 
 _DRAFT_BITS = 32  # random-number offsets of drafts: step << 32 | draft index
 
@@ -138,16 +139,38 @@ class Proposer:
 
 
 @dataclass(frozen=True)
+class Given:
+    """What method "auto" decides from: a drafter or none, whether it shares the target's vocabulary,
+    greedy or sampled, an ensemble of targets or one, and whether the target scores draft trees exactly."""
+
+    drafter: bool
+    same_vocabulary: bool
+    greedy: bool
+    ensemble: bool
+    trees: bool
+
+
+class NoDrafts(Proposer):
+    """Plain decoding: every step proposes nothing, so the target emits one token per request ("ar", and
+    "ensemble" over an ensemble of targets)."""
+
+    def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        return Proposal.empty(budget.shape[0], budget.device)
+
+
+@dataclass(frozen=True)
 class Method:
     """name: what decode(method=...) says. drafter: "none" (no drafter), "same" (a drafter with the
     target's vocabulary) or "any" (any vocabulary). trees: the roles ("target", "drafter") whose model
-    scores draft trees. options: option name -> default; check(options) raises ValueError for bad
-    values. legacy: decode() keywords that set an option (keyword -> option name). draft_setting:
+    scores draft trees. options: option name -> default; option_help: option name -> what it does (the
+    command line's help); option_choices: option name -> its values, where they are few; check(options) raises ValueError for bad values. draft_setting:
     validates num_draft_tokens (default: "auto" or an int >= 1). tokenizers(target_tokenizer,
     drafter_tokenizer) checks what the tokenizers alone decide (a vocabulary map), before any prompt is
     encoded. ensemble: "no" (a single target), "yes" (a single target or an ensemble, verified against
     the ensemble) or "only" (an ensemble of targets). make(setup) builds the proposer, before decoding
-    starts."""
+    starts. auto(given): whether method "auto" picks this method for what it is `Given` (the first entry
+    that says so wins). plain: the method without speculation that the others are compared with (one for
+    a single target, one for an ensemble)."""
 
     name: str
     summary: str
@@ -156,7 +179,10 @@ class Method:
     trees: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
     check: Callable[[dict], None] | None = None
-    legacy: dict = field(default_factory=dict)
+    option_help: dict = field(default_factory=dict)
+    option_choices: dict = field(default_factory=dict)
     draft_setting: Callable[[object], None] | None = None
     tokenizers: Callable[[object, object], None] | None = None
     ensemble: str = "no"
+    auto: Callable[[Given], bool] | None = None
+    plain: bool = False

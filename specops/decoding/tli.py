@@ -15,15 +15,10 @@ drafter through the intersection, or, outside it, as the drafter's encoding of t
 from __future__ import annotations
 
 from specops import vocab as vocab_maps
-from specops.decoding.crossing import DraftVocab, TextCrossing
+from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
 from specops.decoding.drafter import TokenDrafter
 from specops.decoding.step import Method, Proposer, Setup
 from specops.vocab import VocabMap
-
-
-def intersection(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: int, device) -> DraftVocab:
-    """TLI: drafts only from the intersection, verified in the target's vocabulary."""
-    return DraftVocab(vmap.projection(drafter_rows).to(device), target_rows, target_rows, text.tokens_to_drafter)
 
 
 def union(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: int, device) -> DraftVocab:
@@ -47,7 +42,8 @@ def _maker(crossing):
 METHODS = [
     Method("tli", "a drafter with another vocabulary, drafting from the tokens both vocabularies share",
            _maker(lambda *args: intersection(*args)), drafter="any", tokenizers=vocab_maps.vocab_map,
-           ensemble="yes"),
+           ensemble="yes", auto=lambda given: (given.drafter and not given.same_vocabulary
+                                               and (given.ensemble or not given.greedy))),
     Method("union", "TLI's baseline: the drafter's whole vocabulary, its own tokens always rejected",
            _maker(lambda *args: union(*args)), drafter="any", tokenizers=vocab_maps.vocab_map,
            ensemble="yes"),

@@ -1,0 +1,101 @@
+"""The shape of the package, checked: decoding methods are siblings (no method module imports another), the
+front door and the command line know no method by name (they ask the registry), and no import cycle
+exists anywhere in specops/ (imports inside functions included)."""
+
+import ast
+import re
+from pathlib import Path
+
+from specops.decoding import registry
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specops"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every specops module `name` imports, at any depth of its code."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specops"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                out.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names if alias.name.startswith("specops"))
+    return {m for m in out if m in modules and m != name}
+
+
+def test_methods_import_no_other_method():
+    modules = _modules()
+    methods = {f"specops.decoding.{m}" for m in registry._MODULES}
+    for method in methods:
+        others = _imports(method, modules[method], modules) & (methods - {method})
+        assert not others, f"{method} imports the method module(s) {sorted(others)}"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (module -> modules it imports), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [nxt])
+                if found:
+                    return found
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    cycle = _cycle({name: _imports(name, path, modules) for name, path in modules.items()})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_a_cycle_is_found():
+    """The cycle check can fail: a two-module cycle written to a scratch package is reported."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder) / "specops"
+        root.mkdir()
+        (root / "__init__.py").write_text("")
+        (root / "a.py").write_text("def f():\n    from specops import b\n")
+        (root / "b.py").write_text("from specops.a import f\n")
+        modules = {"specops": root / "__init__.py", "specops.a": root / "a.py", "specops.b": root / "b.py"}
+        graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+        assert _cycle(graph) == ["specops.a", "specops.b", "specops.a"]
+
+
+def test_front_door_and_command_line_name_no_method():
+    """decode() and the command line take every method from the registry: no method's name appears in
+    their code as a string (docstrings and help text aside)."""
+    names = set(registry.METHODS)
+    for path in (PACKAGE / "decoding" / "__init__.py", PACKAGE / "cli.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        named = [node.value for node in ast.walk(tree)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                 and node.value in names]
+        assert not named, f"{path.name} names methods {named}"
+    assert re.search(r"choices=registry\.NAMES", (PACKAGE / "cli.py").read_text(encoding="utf-8"))
