@@ -22,20 +22,12 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 
-def import_specops(attempts: int = 10, wait_s: float = 15.0):
-    """specops, retrying while another engineer's half-written file breaks the import."""
-    for attempt in range(attempts):
-        try:
-            import specops
-            import specops.reference  # noqa: F401
-            return specops
-        except Exception as error:  # noqa: BLE001 - any failure of a file mid-edit looks different
-            if attempt == attempts - 1:
-                raise
-            print(f"import specops failed ({error!r}); retrying in {wait_s:.0f} s", file=sys.stderr)
-            for name in [m for m in sys.modules if m.startswith("specops") and m != "specops._C"]:
-                del sys.modules[name]
-            time.sleep(wait_s)
+def import_specops():
+    """specops, with its reference ops loaded (every kernel benchmark compares against them)."""
+    import specops
+    import specops.reference  # noqa: F401
+
+    return specops
 
 
 def bench_parser(doc: str, op: str, quick_help: str) -> argparse.ArgumentParser:

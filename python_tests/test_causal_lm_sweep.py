@@ -23,6 +23,7 @@ def results():
     return sweep.sweep(TYPES, workers=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", TYPES)
 def test_exact_or_refused(results, model_type):
     result = results[model_type]

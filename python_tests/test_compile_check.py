@@ -26,6 +26,7 @@ def _child(code: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_every_kernel_a_launcher_launches_is_compiled():
     """The cases reach every kernel that a module in specops/kernels launches (`name[grid](...)`): a new
     kernel, or a launcher branch that starts launching another, without a case here fails."""
@@ -40,6 +41,7 @@ print(json.dumps({"missing": sorted(map(list, defined - launched)), "defined": l
     assert found["defined"] >= 19 and not found["missing"], found
 
 
+@pytest.mark.slow
 def test_each_kernel_compiles_for_hopper():
     """One configuration per kernel (its largest case) compiles for sm_90, within 255 registers and the
     shared memory of a block. Spills are reported, not failed: the table in docs/gpu.md lists them."""

@@ -260,6 +260,7 @@ STAT_CASES = [
      ("se-mixture", "w3", 1.0, 0, "auto"), ("sd", "w2", 1.0, 0, 2), ("tli", "w3", 1.0, 0, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,rule,temperature,top_k,k", STAT_CASES,
                          ids=[f"{m}-{r}-T{t}-topk{tk}-k{k}" for m, r, t, tk, k in STAT_CASES])
 def test_sampled_sequences_follow_ensemble(method, rule, temperature, top_k, k):
@@ -277,6 +278,7 @@ def test_sampled_top_p_follows_ensemble():
     assert_follows(result.tokens, letter_exact("w2", 0.8, top_p=0.8))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["se", "se-mixture", "ensemble"])
 def test_sampled_with_eos_follows_ensemble(method):
     """The first member's EOS ends requests at different steps (rows leave the batch: every member's cache
@@ -373,6 +375,7 @@ HETERO_CASES = [("se", "auto", False), ("se-alternate", "auto", False), ("se", 2
                 ("se", "auto", True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,k,contrastive", HETERO_CASES,
                          ids=[f"{m}-k{k}-{'contrastive' if c else 'weighted'}" for m, k, c in HETERO_CASES])
 def test_hetero_sampled_sequences_follow_ensemble(hetero_toks, method, k, contrastive):
@@ -388,6 +391,7 @@ def test_hetero_sampled_sequences_follow_ensemble(hetero_toks, method, k, contra
         assert result.stats.drafted == 0
 
 
+@pytest.mark.slow
 def test_hetero_mixture_draws_catching_up_follow_ensemble(hetero_toks):
     """Mixture draws in batches of 2: a member no request chose sits a step out and then reads the
     tokens it missed (each as its own tokens, across vocabularies) in one forward; the continuations
@@ -489,6 +493,7 @@ def reference_greedy(models, ensemble, prompt: str, tok, new: int) -> list[int]:
     return ids[len(tok(prompt)["input_ids"]):]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(GREEDY_CASES)), ids=[f"{c}-{e}" for c, e in GREEDY_CASES])
 def test_greedy_se_equals_ensemble(member_models, index):
     """Greedy "ensemble" equals the reference; "se" (gamma 1, 2, and one per member), "auto" and "sd" (a

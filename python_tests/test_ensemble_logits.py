@@ -357,6 +357,7 @@ TRITON_CASES = [(1, 16), (15, 16), (16, 16), (17, 16), (100, 64), (1000, 64), (1
 TRITON_SHAPES = [(2,), (1, 2), (2, 1, 2)]
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("vocab,block_v", TRITON_CASES)
 def test_triton_weighted_matches_reference(vocab, block_v):
@@ -732,6 +733,7 @@ assert all(row["ok"] for row in rows), [row.get("error") for row in rows]
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(triton_launcher("ensemble_logits") is None, reason="needs triton")
 def test_kernel_compiles_for_hopper_and_ampere():
     """Both modes, at every shape and dtype compile_check launches them with (through the launcher),

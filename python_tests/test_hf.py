@@ -175,6 +175,7 @@ class Recorder(BaseStreamer):
 
 # ---- 1. greedy identity ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_id", list(GREEDY_METHODS))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_equals_generate(zoo, batch, drafter, arch, method_id):
@@ -694,6 +695,7 @@ def _sample(model, case_id: str, use_specops: bool = True) -> tuple[list[tuple],
     return _samples[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", STAT_CASES, ids=[c[0] for c in STAT_CASES])
 def test_sampled_distribution(small, case):
     case_id, kwargs, new, temperature, top_k, top_p = case

@@ -43,16 +43,11 @@ from specops import models, reference
 from specops.decoding.cpu_forward import CpuForward
 from specops.decoding.draft_length import DraftLength
 from specops.quantization import QuantizedLinear, pack, quantize, weights_of
-from test_decode import (ALPHA, N_SEQUENCES, PROMPTS, STAT_NEW, _fit, _simulate, _true_rate,
-                         assert_follows_target, cpu_like)
-from test_decode import DRAFTER_TABLE as SD_DRAFTER_TABLE
-from test_decode import STAT_PROMPTS as SD_STAT_PROMPTS
-from test_decode import TARGET_TABLE as SD_TARGET_TABLE
-from test_decode_hetero import (CLOSE_TABLE, DRAFTER_TOKENS, MERGED_WORDS, STAT_K, TARGET_TOKENS, _exact,
-                                _pooled_fit)
-from test_decode_hetero import STAT_NEW as TLI_STAT_NEW
-from test_decode_hetero import STAT_PROMPTS as TLI_STAT_PROMPTS
-from test_decode_hetero import TARGET_TABLE as TLI_TARGET_TABLE
+from stats_helpers import (ALPHA, CLOSE_TABLE, DRAFTER_TOKENS, MERGED_WORDS, N_SEQUENCES, PROMPTS,
+                           SD_DRAFTER_TABLE, SD_STAT_PROMPTS, SD_TARGET_TABLE, STAT_K, TARGET_TOKENS,
+                           TLI_STAT_NEW, TLI_STAT_PROMPTS, TLI_TARGET_TABLE, _exact, _fit, _pooled_fit,
+                           _simulate, _true_rate, assert_follows_target, cpu_like)
+from stats_helpers import SD_STAT_NEW as STAT_NEW
 from toy_models import (BYTE_VOCAB, TableLM, byte_tokenizer, letter_tokenizer, merged_byte_tokenizer,
                         sequence_distribution, tiny_gemma3, tiny_llama, token_tokenizer)
 
@@ -566,12 +561,14 @@ def tli_samples():
     return result
 
 
+@pytest.mark.slow
 def test_sampled_sd_with_int4_drafter_follows_target(sd_samples):
     result, _ = sd_samples
     assert_follows_target(result.text, 1.0, 0)
     assert 0 < result.stats.accepted < result.stats.drafted
 
 
+@pytest.mark.slow
 def test_sampled_tli_with_int4_drafter_follows_target(tli_samples):
     pvalue, impossible = _pooled_fit(tli_samples.tokens, _exact())
     assert impossible == 0, "sequences with probability 0 under the target were produced"

@@ -63,6 +63,7 @@ def _uses_vllm(code: str) -> bool:
     return re.search(r"^\s*(from|import) vllm\b", code, re.M) is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page, line, code", _blocks(),
                          ids=[f"{page}:{line}" + ("-vllm" if _uses_vllm(code) else "")
                               for page, line, code in _blocks()])

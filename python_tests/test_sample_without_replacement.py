@@ -119,6 +119,7 @@ def test_cpp_matches_reference(dtype):
         assert_agree(run_impl("cpp", args, trial), run_impl("reference", args, trial), f"V {vocab}: ")
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("dtype", LOGIT_DTYPES)
 def test_triton_matches_reference(dtype):
@@ -139,6 +140,7 @@ def test_wrapper_matches_reference(device):
                  reference.sample_without_replacement(logits, k, temperature, top_k, top_p, seed, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 def test_offsets_give_other_draws(impl):
     gen = torch.Generator().manual_seed(40)
@@ -211,6 +213,7 @@ def draw(device: str, k: int, temperature: float, top_k: int, top_p: float, seed
     return tokens.cpu(), probs.cpu()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(STAT_CASES))
 def test_draws_follow_sampling_without_replacement(device, case):
     k, temperature, top_k, top_p = STAT_CASES[case]

@@ -171,6 +171,7 @@ def test_cpp_matches_reference(k, bias):
             assert_within_products(run_impl("cpp", x, w, b), x, w, b)
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("k", [1, 15, 16, 33, 80])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
-from test_chain_verify import N_DRAWS, P_VALUE_MIN, chisquare_pvalue
+from stats_helpers import N_DRAWS, P_VALUE_MIN, chisquare_pvalue
 
 import specops
 from specops import reference
@@ -210,6 +210,7 @@ def test_dead_beams_give_no_children(impl):
     assert not probs[0, 0].any() and not probs[0, 2].any() and not probs[1].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_children_are_prefixes_of_each_beams_draws(impl):
     # Kept children from beam w: the first of sample_without_replacement's draws with beam_seeds' key, in
@@ -240,6 +241,7 @@ def test_cpp_matches_reference(dtype):
                      f"shape {(batch, beams, vocab)}: ")
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("dtype", LOGIT_DTYPES)
 def test_triton_matches_reference(dtype):
@@ -292,6 +294,7 @@ def test_requests_do_not_depend_on_their_batch(impl):
     assert_agree(alone, tuple(t[2:3] for t in whole))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 def test_offsets_give_other_children(impl):
     logits = torch.randn(16, 2, 20, generator=torch.Generator().manual_seed(40))

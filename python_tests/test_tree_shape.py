@@ -12,7 +12,8 @@ import torch
 import specops
 from specops.decoding.rsd import _path
 from specops.decoding.tree_shape import TreeShape, nodes
-from test_decode import DRAFTER_TABLE, TARGET_TABLE
+from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
+from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
 from toy_models import TableLM, letter_tokenizer
 
 

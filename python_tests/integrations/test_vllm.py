@@ -20,7 +20,6 @@ Every engine runs in a process of its own (vllm_runner.py).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
