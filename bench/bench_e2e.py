@@ -654,7 +654,8 @@ def main() -> None:
 
         bench_ensemble.run(argparse.Namespace(
             prompts=args.prompts, first=args.first, new_tokens=args.new_tokens, modes=",".join(modes),
-            pairs="hetero,same", rules="w55,w73,cd", early_exit=args.early_exit, threads=args.threads,
+            pairs="hetero,same", rules="w55,w73,cd", methods="all", early_exit=args.early_exit,
+            threads=args.threads,
             seed=args.seed, device=args.device, csv=args.csv))
         return
     args.configs = list(GROUPS) if _names(args.configs) == ["all"] else _names(args.configs)
