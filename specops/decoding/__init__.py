@@ -25,7 +25,7 @@ from specops.decoding.loop import run
 from specops.decoding.probe import chain_support, tree_support
 from specops.decoding.self_draft import SelfDraftError, truncated
 from specops.decoding.stats import Stats
-from specops.decoding.step import SamplingParams, Setup
+from specops.decoding.step import Drafter, SamplingParams, Setup
 
 __all__ = ["METHODS", "DecodeResult", "check_arguments", "decode"]
 
@@ -135,8 +135,8 @@ def _working(lm, ids: list[int], self_draft: bool | None = None) -> str:
         self_draft = (not isinstance(lm, CausalLM)
                       or _drafter_model("self:1", None, lm.model, None, ids)[2] is None)
     fit = [m for m in registry.METHODS.values() if m.ensemble != "only" and (trees or "target" not in m.trees)]
-    alone = [m.name for m in fit if m.drafter == "none"]
-    drafted = [m.name for m in fit if m.drafter != "none"]
+    alone = [m.name for m in fit if m.drafter == Drafter.NONE]
+    drafted = [m.name for m in fit if m.drafter != Drafter.NONE]
     if self_draft:
         return ", ".join(alone + drafted)
     return f"{', '.join(alone)}; with a drafter other than self:N also {', '.join(drafted)}"
@@ -218,14 +218,14 @@ def _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer
             trees: bool = True):
     """The method `method` stands for with these models, after every check that needs no prompt."""
     chosen = _resolved(method, same, temperature, members, drafter_lm, trees)
-    if chosen.drafter == "same" and not same:
-        takes = ", ".join(repr(m.name) for m in registry.METHODS.values() if m.drafter == "any")
+    if chosen.drafter == Drafter.SAME_VOCABULARY and not same:
+        takes = ", ".join(repr(m.name) for m in registry.METHODS.values() if m.drafter == Drafter.ANY_VOCABULARY)
         raise ValueError(f"decode: the drafter's vocabulary differs from the target's, and method {chosen.name!r} "
                          f"needs the same vocabulary; methods for a drafter with another vocabulary: {takes} "
                          "(or 'auto')")
     if drafter_lm is not None and drafter_lm.device != target_lm.device:
         raise ValueError(f"decode: target is on {target_lm.device} but drafter is on {drafter_lm.device}")
-    if chosen.drafter == "same" and drafter_lm.vocab_size != target_lm.vocab_size:
+    if chosen.drafter == Drafter.SAME_VOCABULARY and drafter_lm.vocab_size != target_lm.vocab_size:
         raise ValueError(f"decode: the drafter's LM head has {drafter_lm.vocab_size} outputs but the target's "
                          f"has {target_lm.vocab_size}; method {chosen.name!r} needs the same vocabulary")
     if chosen.tokenizers is not None:
@@ -383,9 +383,9 @@ def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=Non
         if members is not None and chosen.ensemble == "no":
             takes = ", ".join(m.name for m in registry.METHODS.values() if m.ensemble != "no")
             raise ValueError(f"decode: method {method!r} does not take an ensemble of targets; methods that do: {takes}")
-        if drafter is not None and chosen.drafter == "none":
+        if drafter is not None and chosen.drafter == Drafter.NONE:
             raise ValueError(f"decode: method {method!r} does not use a drafter")
-        if drafter is None and chosen.drafter != "none":
+        if drafter is None and chosen.drafter != Drafter.NONE:
             raise ValueError(f"decode: method {method!r} needs a drafter (a model, an embedded model name or "
                              "'self:N')")
         registry.check_options(chosen, options)

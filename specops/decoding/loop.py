@@ -98,7 +98,8 @@ def _decode(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch
         stats.draft_lengths.append(verified.size)
         step_seconds = time.perf_counter() - step_start
         forwards = target.seconds + sum(lm.seconds for lm in drafters) - forwards_before
-        proposer.accept(StepResult(emitted, accepted, num_draft, {requests[r] for r in finished}, verified.size,
-                                   target_seconds, _per_draft_seconds(drafters), step_seconds,
-                                   step_seconds - forwards, verified.accepted))
+        proposer.accept(StepResult(
+            emitted=emitted, accepted=accepted, num_draft=num_draft, finished={requests[r] for r in finished},
+            size=verified.size, target_seconds=target_seconds, drafter_seconds=_per_draft_seconds(drafters),
+            step_seconds=step_seconds, outside_seconds=step_seconds - forwards, accepted_tensor=verified.accepted))
         step += 1

@@ -37,7 +37,7 @@ from specops import vocab as vocab_maps
 from specops._seeds import beam_seeds
 from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
 from specops.decoding.drafter import DrafterProposer
-from specops.decoding.step import Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
+from specops.decoding.step import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
 from specops.decoding.tree_shape import TreeShape
 
@@ -311,12 +311,12 @@ def _beams(setup: Setup) -> TreeDrafter:
 
 METHODS = [
     Method("rsd-c", "draft trees of constant branching, siblings drawn without replacement, verified by "
-           "recursive rejection sampling (RSD-C)", _branching(False), drafter="any", trees=("target", "drafter"),
+           "recursive rejection sampling (RSD-C)", _branching(False), drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
            draft_setting=check_branching),
     Method("rsd-s", "draft trees of W sequences drawn without replacement by Stochastic Beam Search, verified "
-           "by recursive rejection sampling (RSD-S)", _beams, drafter="any", trees=("target", "drafter"),
+           "by recursive rejection sampling (RSD-S)", _beams, drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
            draft_setting=check_beams),
     Method("specinfer", "draft trees of constant branching with i.i.d. siblings (SpecInfer), verified by "
-           "recursive rejection sampling", _branching(True), drafter="any", trees=("target", "drafter"),
+           "recursive rejection sampling", _branching(True), drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
            draft_setting=check_branching),
 ]

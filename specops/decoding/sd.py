@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specops.decoding.crossing import DraftVocab
 from specops.decoding.drafter import TokenDrafter
-from specops.decoding.step import Method, Proposer, Setup
+from specops.decoding.step import Drafter, Method, Proposer, Setup
 
 
 def _make(setup: Setup) -> Proposer:
@@ -16,5 +16,5 @@ def _make(setup: Setup) -> Proposer:
     return TokenDrafter(setup, vocab, [list(p) for p in setup.batch.prompt_rows])
 
 
-METHODS = [Method("sd", "speculative decoding with a drafter of the target's vocabulary", _make, drafter="same",
+METHODS = [Method("sd", "speculative decoding with a drafter of the target's vocabulary", _make, drafter=Drafter.SAME_VOCABULARY,
                   ensemble="yes", auto=lambda given: given.drafter and given.same_vocabulary)]

@@ -20,7 +20,7 @@ import torch
 from specops import vocab as vocab_maps
 from specops.decoding.crossing import DraftVocab, TextCrossing
 from specops.decoding.drafter import DrafterProposer
-from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult
+from specops.decoding.step import Drafter, Method, Proposal, Proposer, Setup, StepResult
 
 _HISTORY = 16  # target tokens kept per request for the look-behind
 
@@ -80,6 +80,6 @@ def _make(setup: Setup) -> Proposer:
 
 
 METHODS = [Method("slem", "a drafter with another vocabulary drafts text, re-encoded for the target; exact match",
-                  _make, drafter="any", tokenizers=vocab_maps.vocab_map,
+                  _make, drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
                   auto=lambda given: (given.drafter and not given.same_vocabulary and given.greedy
                                       and not given.ensemble))]

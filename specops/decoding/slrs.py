@@ -30,7 +30,8 @@ from specops import vocab as vocab_maps
 from specops.decoding.crossing import TextCrossing, matched
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.engine import KVState
-from specops.decoding.step import Method, Proposal, Proposer, SamplingParams, Setup, StepResult, draft_offset
+from specops.decoding.step import (Drafter, Method, Proposal, Proposer, SamplingParams, Setup, StepResult,
+                                   draft_offset)
 from specops.vocab import VocabMap
 
 
@@ -283,6 +284,6 @@ def _make(setup: Setup) -> Proposer:
 
 
 METHODS = [Method("slrs", "string-level rejection sampling for drafters with short tokens (exact)", _make,
-                  drafter="any", tokenizers=vocab_maps.vocab_map, trees=("drafter",), options={"max_nodes": 256},
+                  drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map, trees=("drafter",), options={"max_nodes": 256},
                   check=_check,
                   option_help={"max_nodes": "most drafter positions one step may score before it refuses"})]

@@ -9,12 +9,13 @@ everything else: it runs the target, verifies, emits, times and counts.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Given", "Method", "NoDrafts", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "TreeDraft",
+__all__ = ["Drafter", "Given", "Method", "NoDrafts", "Proposal", "Proposer", "SamplingParams", "Setup", "StepResult", "TreeDraft",
            "draft_offset"]
 
 _DRAFT_BITS = 32  # random-number offsets of drafts: step << 32 | draft index
@@ -97,7 +98,7 @@ class Proposal:
                    torch.zeros(rows, dtype=torch.long, device=device), size=0)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepResult:
     """What a step did, for the proposer: per running request the tokens emitted (the accepted drafts
     and one more token from the target, before any cut at EOS or a stop string) and the drafts
@@ -138,6 +139,15 @@ class Proposer:
         """Keep only these rows (finished requests leave the batch)."""
 
 
+class Drafter(str, enum.Enum):
+    """What drafter a method takes: none, one with the target's vocabulary (or `self:N`), or one with any
+    vocabulary."""
+
+    NONE = "none"
+    SAME_VOCABULARY = "same"
+    ANY_VOCABULARY = "any"
+
+
 @dataclass(frozen=True)
 class Given:
     """What method "auto" decides from: a drafter or none, whether it shares the target's vocabulary,
@@ -160,8 +170,8 @@ class NoDrafts(Proposer):
 
 @dataclass(frozen=True)
 class Method:
-    """name: what decode(method=...) says. drafter: "none" (no drafter), "same" (a drafter with the
-    target's vocabulary) or "any" (any vocabulary). trees: the roles ("target", "drafter") whose model
+    """name: what decode(method=...) says. drafter: the drafter it takes (`Drafter`: none, one with the
+    target's vocabulary, or one with any vocabulary). trees: the roles ("target", "drafter") whose model
     scores draft trees. options: option name -> default; option_help: option name -> what it does (the
     command line's help); option_choices: option name -> its values, where they are few; check(options) raises ValueError for bad values. draft_setting:
     validates num_draft_tokens (default: "auto" or an int >= 1). tokenizers(target_tokenizer,
@@ -175,7 +185,7 @@ class Method:
     name: str
     summary: str
     make: Callable[[Setup], Proposer]
-    drafter: str = "none"
+    drafter: Drafter = Drafter.NONE
     trees: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
     check: Callable[[dict], None] | None = None

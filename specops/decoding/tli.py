@@ -17,7 +17,7 @@ from __future__ import annotations
 from specops import vocab as vocab_maps
 from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
 from specops.decoding.drafter import TokenDrafter
-from specops.decoding.step import Method, Proposer, Setup
+from specops.decoding.step import Drafter, Method, Proposer, Setup
 from specops.vocab import VocabMap
 
 
@@ -41,10 +41,10 @@ def _maker(crossing):
 
 METHODS = [
     Method("tli", "a drafter with another vocabulary, drafting from the tokens both vocabularies share",
-           _maker(lambda *args: intersection(*args)), drafter="any", tokenizers=vocab_maps.vocab_map,
+           _maker(lambda *args: intersection(*args)), drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
            ensemble="yes", auto=lambda given: (given.drafter and not given.same_vocabulary
                                                and (given.ensemble or not given.greedy))),
     Method("union", "TLI's baseline: the drafter's whole vocabulary, its own tokens always rejected",
-           _maker(lambda *args: union(*args)), drafter="any", tokenizers=vocab_maps.vocab_map,
+           _maker(lambda *args: union(*args)), drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
            ensemble="yes"),
 ]
