@@ -132,12 +132,12 @@ fi
 
 # ---- 4. the ops' tests on CUDA ----
 md "" "## 4. The ops' tests on CUDA"
-op_tests=(python_tests/test_chain_verify.py python_tests/test_tree_verify.py python_tests/test_tree_attention.py
+op_tests=(python_tests/test_chain_verify.py python_tests/test_block_verify.py python_tests/test_tree_verify.py python_tests/test_tree_attention.py
           python_tests/test_sample_without_replacement.py python_tests/test_stochastic_beam_step.py
           python_tests/test_vocab_project.py python_tests/test_ensemble_logits.py python_tests/test_ngram_match.py
           python_tests/test_quantized_linear.py python_tests/test_skinny_linear.py python_tests/test_llama_layers.py)
 # The cases that run a Triton kernel or the CUDA device, without the long statistical ones.
-selection="(triton or cuda) and not follows_target and not follows_joint and not draws_follow and not statistics"
+selection="(triton or cuda) and not follows_target and not follow_the_target and not follows_joint and not draws_follow and not statistics"
 if [ "$cuda" -eq 1 ]; then
     # One step per op, so that a run cut short still has every op it reached.
     for file in "${op_tests[@]}"; do
@@ -177,6 +177,17 @@ for file in bench/bench_chain_verify.py bench/bench_tree_verify.py bench/bench_t
     grep -v -E '^\[[0-9]+/[0-9]+\] ' "$report_dir/$name.log" | tail -n 60 >>"$report"
     md '```'
 done
+
+# Block verification at issue 34's shapes (V = 262,144, K = 4, B = 1 and 64), beside token-level verification.
+if [ "$cuda" -eq 1 ]; then
+    md "" "#### bench_chain_verify, block verification at V = 262,144"
+    run_step "bench_chain_verify_block" 30 "$report_dir/bench_chain_verify_block.log" "$python" \
+        bench/bench_chain_verify.py --device cuda --quick --cases 1x4x262144,64x4x262144 \
+        --csv "$report_dir/bench_chain_verify_block_cuda.csv"
+    md '```'
+    grep -v -E '^\[[0-9]+/[0-9]+\] ' "$report_dir/bench_chain_verify_block.log" | tail -n 30 >>"$report"
+    md '```'
+fi
 
 # ---- 6. end to end ----
 md "" "## 6. End to end: ar and ngram on Gemma-3-270M, greedy"

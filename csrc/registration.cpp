@@ -14,13 +14,14 @@ TORCH_LIBRARY(specops, m) {
   // Each op's fake (meta) implementation lives in its family's module of specops/ops/.
   m.set_python_module("specops.ops.sampling");
   // Chain speculative-sampling verification: accept drafts with min(1, p/q), then a recovered
-  // token from norm(max(0, p - q)) or a bonus token from p. Returns (out_tokens, num_accepted).
+  // token from norm(max(0, p - q)) or a bonus token from p; scheme "block" decides the accepted prefix
+  // jointly (block verification). Returns (out_tokens, num_accepted).
   // offset is a SymInt so that torch.compile does not specialize (and recompile) on each step.
   // validate: check every value where that needs no host sync (CPU); accelerators check in Python.
   m.def(
       "chain_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
       "Tensor num_draft, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, "
-      "SymInt offset, bool validate=True) -> (Tensor, Tensor)");
+      "SymInt offset, bool validate=True, str scheme=\"token\") -> (Tensor, Tensor)");
   // Recursive rejection sampling over a draft tree (RSD; SpecInfer's with replacement=True): children
   // tried in node order, residual target and (without replacement) renormalized draft after each
   // rejection, a token from the current target where no child is accepted.

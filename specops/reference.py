@@ -118,7 +118,8 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                  num_draft: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, seed: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 top_p: torch.Tensor, seed: torch.Tensor, offset: int,
+                 scheme: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative-sampling verification of a chain of drafts (Leviathan et al. 2023, Chen et al. 2023).
 
     Row b, draft position j < num_draft[b]: accept draft x with u * q(x) < p(x), u = uniform(seed[b],
@@ -131,6 +132,8 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
     Shapes: target_logits [B, K+1, V]; draft_tokens [B, K] int64; draft_probs [B, K, V] float32 or
     None (one-hot on the draft); num_draft, top_k, seed [B] int64; temperature, top_p [B] float32.
     Returns out_tokens [B, K+1] int64 (-1 padded) and num_accepted [B] int64.
+
+    scheme "block" verifies the chain jointly instead (`_block_verify_row`); greedy rows are the same.
     """
     batch, k1, vocab = target_logits.shape
     device = target_logits.device
@@ -141,6 +144,11 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
         greedy = float(temperature[b]) == 0.0
         rows = filter_logits(target_logits[b, : n + 1], temperature[b].expand(n + 1),
                              top_k[b].expand(n + 1), top_p[b].expand(n + 1))
+        if scheme == "block" and not greedy:
+            j = _block_verify_row(target_logits[b], rows, draft_tokens[b], draft_probs[b] if draft_probs is not None
+                                  else None, n, temperature[b], seed[b], offset, out[b])
+            num_accepted[b] = j
+            continue
         for j in range(n + 1):
             x = rows[j]
             draft = int(draft_tokens[b, j]) if j < n else -1
@@ -172,6 +180,111 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_
             break
         num_accepted[b] = j
     return out, num_accepted
+
+
+def _target_row(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """p of one position: softmax of the filtered row x, or a point mass on the first argmax of the raw
+    logits where logits / T overflows (the T -> 0 limit)."""
+    if _overflows(raw.float(), temperature):
+        p = torch.zeros_like(x)
+        p[int(torch.argmax(raw.float()))] = 1.0
+        return p
+    return torch.softmax(x, dim=-1)
+
+
+def block_weights(p_draft: list[float], q_draft: list[float]) -> list[float]:
+    """Block verification's weights W_0 = 1, W_k = min(1, W_{k-1} p(x_k) / q(x_k)) (float64) for drafts
+    x_1..x_n with target and draft probabilities p(x_k), q(x_k) (float32 values): W_k is the largest
+    probability with which the first k drafts can be kept. W_k = 1 where W_{k-1} p >= q (also q = 0)."""
+    weights = [1.0]
+    for p, q in zip(p_draft, q_draft):
+        w = weights[-1] * float(p)
+        weights.append(1.0 if w >= float(q) else w / float(q))
+    return weights
+
+
+def _block_verify_row(raw: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor, probs: torch.Tensor | None,
+                      n: int, temperature: torch.Tensor, seed: torch.Tensor, offset: int, out: torch.Tensor) -> int:
+    """Block verification of one request's chain (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh,
+    "Block Verification Accelerates Speculative Decoding", ICLR 2025, arXiv 2403.10444, Alg. 2), derived in
+    docs/verification.md. With W_k from `block_weights`, the residual after keeping k drafts is
+    r_k = max(0, W_k p_k - q_k) at position k < n (float32: fl(W_k) * p - q), and W_n p_n for all n kept;
+    its mass is S_k (float64; S_n = W_n). Keeping exactly k drafts has conditional probability
+    h_k = S_k / (S_k + 1 - W_k) given that no longer prefix was kept: walking k = n, n-1, ..., 1, keep k
+    when u_k * (S_k + 1 - W_k) < S_k with u_k = uniform(seed, offset, k - 1, STREAM_ACCEPT) (at k = n:
+    u_n < W_n); otherwise keep none. Then emit a token from norm(r_k) at position k by inverse CDF with
+    uniform(seed, offset, k, STREAM_SAMPLE), from p_k if r_k has no mass. p at a position whose logits / T
+    overflow is a point mass on the argmax. Rows past the first W_k = 0 are never read (h is 0 there).
+    Writes out[:k+1] and returns k."""
+    p_rows = [_target_row(raw[j], rows[j], temperature) for j in range(n + 1)]
+    q_rows = []
+    for j in range(n):
+        if probs is not None:
+            q_rows.append(probs[j].float())
+        else:
+            q = torch.zeros_like(p_rows[j])
+            q[int(drafts[j])] = 1.0
+            q_rows.append(q)
+    ids = [int(drafts[j]) for j in range(n)]
+    weights = block_weights([float(p_rows[j][ids[j]]) for j in range(n)], [float(q_rows[j][ids[j]]) for j in range(n)])
+
+    def residual(k: int) -> torch.Tensor:
+        if k == n:
+            return p_rows[n]
+        return torch.clamp(torch.tensor(weights[k], dtype=torch.float32) * p_rows[k] - q_rows[k], min=0.0)
+
+    kept = 0
+    for k in range(n, 0, -1):
+        w = weights[k]
+        u = float(uniform(seed, offset, k - 1, STREAM_ACCEPT))
+        if k == n:
+            if u < w:
+                kept = k
+                break
+            continue
+        if w == 0.0:
+            continue
+        s = float(residual(k).to(torch.float64).sum())
+        if u * (s + 1.0 - w) < s:
+            kept = k
+            break
+    r = residual(kept)
+    weights_k = r if kept == n or float(r.to(torch.float64).sum()) > 0 else p_rows[kept]
+    out[:kept] = drafts[:kept]
+    out[kept] = _inverse_cdf(weights_k, uniform(seed, offset, kept, STREAM_SAMPLE))
+    return kept
+
+
+def expected_accepted(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, scheme: str = "token") -> torch.Tensor:
+    """E[num_accepted | drafts] of chain_verify for each of N chains, exactly (float64): p [N, K+1, V] the
+    target's distributions at the K+1 positions (after temperature and filtering), q [N, K, V] the drafts'
+    distributions, drafts [N, K]. "token": sum_k prod_{j <= k} min(1, p_j(x_j) / q_j(x_j)); "block":
+    sum_k k P(k kept) with the keep probabilities h_k of `_block_verify_row`. Averaged over chains drawn
+    from q, the difference is what block verification gains (never negative in expectation over drafts)."""
+    n, k1, _ = p.shape
+    k = k1 - 1
+    p, q = p.double(), q.double()
+    p_d = p[:, :k].gather(-1, drafts[..., None])[..., 0]
+    q_d = q.gather(-1, drafts[..., None])[..., 0]
+    if scheme == "token":
+        return torch.cumprod(torch.clamp(p_d / q_d, max=1.0), 1).sum(1)
+    weights = [torch.ones(n, dtype=torch.float64, device=p.device)]
+    for j in range(k):
+        pw = weights[-1] * p_d[:, j]
+        weights.append(torch.where(pw >= q_d[:, j], 1.0, pw / q_d[:, j].clamp(min=1e-300)))
+    w = torch.stack(weights, 1)  # [N, K+1]
+    mass = torch.clamp(w[:, :k, None] * p[:, :k] - q, min=0.0).sum(-1)  # S_k for k < K
+    expected = torch.zeros(n, dtype=torch.float64, device=p.device)
+    stay = torch.ones(n, dtype=torch.float64, device=p.device)
+    for j in range(k, 0, -1):
+        if j == k:
+            h = w[:, k]
+        else:
+            denominator = mass[:, j] + 1.0 - w[:, j]
+            h = torch.where(denominator > 0, mass[:, j] / denominator.clamp(min=1e-300), 0.0)
+        expected += stay * h * j
+        stay = stay * (1.0 - h)
+    return expected
 
 
 # ngram_match ranks a continuation by one int64 key: (level << 56) | (count << 28) | recency, so

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "sampling.h"
@@ -96,12 +97,130 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
   }
 }
 
+// Block verification of one request (scheme "block"; Sun et al., ICLR 2025, arXiv 2403.10444; semantics:
+// specops.reference._block_verify_row). A forward pass over the drafts gives the weights W_k; the walk then
+// goes back from the longest prefix and computes a residual's mass only at the positions it reaches, so a
+// chain kept whole reads each row once for its softmax normalizer, as token-level verification does.
+// Greedy requests (T = 0) go through verify_row.
+int64_t verify_row_block(const float* logits, const int64_t* drafts, const float* probs, float* row_max,
+                         int64_t vocab, const RowParams& rp, uint64_t offset, bool split, int64_t* out,
+                         std::vector<float>& weights, std::vector<float>& scratch) {
+  const float t = rp.temperature;
+  const int64_t n = rp.num_draft;
+  const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
+  std::vector<double> chunk_sums(static_cast<size_t>(num_chunks));
+  struct Stats {
+    float m = 0.0f, thr = -kInf, inv_z = 1.0f;
+    int64_t point = -1;  // >= 0: logits / T overflows and p is a point mass there
+    bool ready = false;
+  };
+  std::vector<Stats> stats(static_cast<size_t>(n + 1));
+  const auto row_stats = [&](int64_t j) -> const Stats& {
+    Stats& s = stats[static_cast<size_t>(j)];
+    if (s.ready) return s;
+    const float* logit = logits + j * vocab;
+    if (std::isnan(row_max[j])) row_max[j] = checked_row_max("chain_verify", logit, vocab, rp.index, j);
+    s.m = row_max[j] / t;
+    s.ready = true;
+    if (std::isinf(s.m)) {
+      s.point = passes().find_first(logit, vocab, row_max[j]);
+      return s;
+    }
+    const bool filtered = (rp.top_k > 0 && rp.top_k < vocab) || rp.top_p < 1.0f;
+    s.thr = filtered ? filter_threshold(logit, vocab, t, s.m, rp.top_k, rp.top_p, scratch) : -kInf;
+    for_each_chunk(num_chunks, split, [&](int64_t c) {
+      const int64_t begin = c * kChunk;
+      chunk_sums[c] = passes().sum_exp(logit + begin, std::min(kChunk, vocab - begin), t, s.m, s.thr);
+    });
+    double z = 0.0;
+    for (double v : chunk_sums) z += v;
+    s.inv_z = static_cast<float>(1.0 / z);
+    return s;
+  };
+  const auto p_at = [&](int64_t j, int64_t token) -> float {
+    const Stats& s = row_stats(j);
+    if (s.point >= 0) return token == s.point ? 1.0f : 0.0f;
+    return kept_weight(logits[j * vocab + token], t, s.m, s.thr) * s.inv_z;
+  };
+  // weights <- max(0, W p_j - q_j) (w_scale = W; q = 0 at the bonus position j = n); returns its mass.
+  const auto fill_residual = [&](int64_t j, double w_scale, bool subtract_q) -> double {
+    const Stats& s = row_stats(j);
+    const float* logit = logits + j * vocab;
+    const float* q = subtract_q && probs != nullptr ? probs + j * vocab : nullptr;
+    const float scale = static_cast<float>(w_scale);
+    if (s.point >= 0) {
+      std::fill(weights.begin(), weights.end(), 0.0f);
+      std::fill(chunk_sums.begin(), chunk_sums.end(), 0.0);
+      float v = scale - (q != nullptr ? q[s.point] : (subtract_q && drafts[j] == s.point ? 1.0f : 0.0f));
+      weights[s.point] = v > 0.0f ? v : 0.0f;
+      chunk_sums[s.point / kChunk] = weights[s.point];
+    } else {
+      const float inv_z = s.inv_z * scale;
+      for_each_chunk(num_chunks, split, [&](int64_t c) {
+        const int64_t begin = c * kChunk, len = std::min(kChunk, vocab - begin);
+        chunk_sums[c] = passes().fill_weights(logit + begin, q == nullptr ? nullptr : q + begin, len, t, s.m,
+                                              inv_z, s.thr, weights.data() + begin);
+      });
+      if (subtract_q && probs == nullptr) {  // one-hot q: W p(d) <= 1, so the residual is 0 at the draft
+        chunk_sums[drafts[j] / kChunk] -= weights[drafts[j]];
+        weights[drafts[j]] = 0.0f;
+      }
+    }
+    double total = 0.0;
+    for (double v : chunk_sums) total += v;
+    return total;
+  };
+
+  // Forward: W_0 = 1, W_k = min(1, W_{k-1} p(x_k) / q(x_k)); past the first W_k = 0 nothing can be kept.
+  std::vector<double> w(static_cast<size_t>(n + 1), 1.0);
+  int64_t top = n;
+  for (int64_t k = 1; k <= n; ++k) {
+    const int64_t d = drafts[k - 1];
+    const double pw = w[k - 1] * static_cast<double>(p_at(k - 1, d));
+    const double q = probs != nullptr ? static_cast<double>(probs[(k - 1) * vocab + d]) : 1.0;
+    w[k] = pw >= q ? 1.0 : pw / q;
+    if (w[k] == 0.0) {
+      top = k - 1;
+      break;
+    }
+  }
+  // Backward: keep k drafts when u_k (S_k + 1 - W_k) < S_k (u_n < W_n at the end of the chain).
+  int64_t kept = 0;
+  double mass = -1.0;  // the residual in `weights` belongs to position `kept` once mass >= 0
+  for (int64_t k = top; k >= 1; --k) {
+    const double u = uniform(rp.seed, offset, k - 1, kStreamAccept);
+    if (k == n) {
+      if (u < w[k]) {
+        kept = k;
+        break;
+      }
+      continue;
+    }
+    const double s = fill_residual(k, w[k], true);
+    if (u * (s + 1.0 - w[k]) < s) {
+      kept = k;
+      mass = s;
+      break;
+    }
+  }
+  if (kept == n) {
+    mass = fill_residual(n, 1.0, false);
+  } else if (mass < 0.0) {  // kept == 0: the token-level residual max(0, p - q) at the first position
+    mass = fill_residual(0, 1.0, true);
+  }
+  if (!(mass > 0.0)) fill_residual(kept, 1.0, false);  // no residual mass (round-off): p instead
+  for (int64_t j = 0; j < kept; ++j) out[j] = drafts[j];
+  out[kept] = inverse_cdf(weights.data(), chunk_sums, vocab, uniform(rp.seed, offset, kept, kStreamSample));
+  return kept;
+}
+
 std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_logits,
                                                     const at::Tensor& draft_tokens,
                                                     const std::optional<at::Tensor>& draft_probs,
                                                     const at::Tensor& num_draft, const at::Tensor& temperature,
                                                     const at::Tensor& top_k, const at::Tensor& top_p,
-                                                    const at::Tensor& seed, int64_t offset, bool validate) {
+                                                    const at::Tensor& seed, int64_t offset, bool validate,
+                                                    c10::string_view scheme) {
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "chain_verify: target_logits must be [B, K+1, V]");
   const int64_t batch = target_logits.size(0), k1 = target_logits.size(1), vocab = target_logits.size(2);
   TORCH_CHECK_VALUE(k1 >= 1 && vocab >= 1, "chain_verify: target_logits needs K+1 >= 1 and V >= 1");
@@ -113,6 +232,9 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   check_per_row("chain_verify", {&temperature, &top_p}, batch, at::kFloat,
                 "temperature and top_p must be [B] float32");
   TORCH_CHECK_VALUE(offset >= 0, "chain_verify: offset must be >= 0");
+  TORCH_CHECK_VALUE(scheme == "token" || scheme == "block", "chain_verify: scheme must be 'token' or 'block', got '",
+                    std::string(scheme), "'");
+  const bool block = scheme == "block";
   check_logit_dtype("chain_verify", "target_logits", target_logits);
   const at::Tensor logits = target_logits.to(at::kFloat).contiguous();
   const at::Tensor drafts = draft_tokens.contiguous();
@@ -186,10 +308,11 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
     for (int64_t b = begin; b < end; ++b) {
       const RowParams rp{b, nd_p[b], sampling.temperature[b], sampling.top_k[b], sampling.top_p[b],
                          sampling.seed[b]};
-      acc_p[b] = verify_row(logit_p + b * k1 * vocab, draft_p + b * (k1 - 1),
-                            prob_p == nullptr ? nullptr : prob_p + b * (k1 - 1) * vocab,
-                            row_max.data() + b * k1, vocab, rp, static_cast<uint64_t>(offset), split,
-                            out_p + b * k1, weights, scratch);
+      const auto verify = block && rp.temperature > 0.0f ? verify_row_block : verify_row;
+      acc_p[b] = verify(logit_p + b * k1 * vocab, draft_p + b * (k1 - 1),
+                        prob_p == nullptr ? nullptr : prob_p + b * (k1 - 1) * vocab,
+                        row_max.data() + b * k1, vocab, rp, static_cast<uint64_t>(offset), split,
+                        out_p + b * k1, weights, scratch);
     }
   };
   if (split) {

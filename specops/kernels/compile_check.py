@@ -137,11 +137,12 @@ def _chain_verify(run):
     for vocab in _VOCABS:
         for dtype in _LOGITS:
             for probs in (False, True):
-                b, k = 64, 4
-                q = _t(b, k, vocab) if probs else None
-                run(f"B={b} K={k} V={vocab} {dtype} q={probs}", chain_verify_triton,
-                    _t(b, k + 1, vocab, dtype=dtype), _t(b, k, dtype=torch.int64), q,
-                    _t(b, dtype=torch.int64), *_rows(b), 0)
+                for scheme in ("token", "block"):
+                    b, k = 64, 4
+                    q = _t(b, k, vocab) if probs else None
+                    run(f"B={b} K={k} V={vocab} {dtype} q={probs} {scheme}", chain_verify_triton,
+                        _t(b, k + 1, vocab, dtype=dtype), _t(b, k, dtype=torch.int64), q,
+                        _t(b, dtype=torch.int64), *_rows(b), 0, scheme=scheme)
 
 
 def _tree_verify(run):
@@ -255,9 +256,9 @@ def kernels_launched() -> list[Launch]:
                            "decorated under it cannot be compiled. Run it in a process without it.")
     launches: list[Launch] = []
 
-    def run(case: str, launcher, *args):
+    def run(case: str, launcher, *args, **kwargs):
         with _recording(launches, f"{launcher.__name__}: {case}"):
-            launcher(*args)
+            launcher(*args, **kwargs)
 
     for cases in CASES:
         cases(run)

@@ -9,7 +9,10 @@ from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _check_int, _check_logits
                                  _ids_out_of_range, _nan_or_posinf, _raise_first, _sampling_args,
                                  _sampling_checks)
 
-__all__ = ["chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify", "vocab_project"]
+__all__ = ["CHAIN_SCHEMES", "chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify",
+           "vocab_project"]
+
+CHAIN_SCHEMES = ("token", "block")  # chain_verify's verification schemes
 
 
 def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
@@ -39,7 +42,7 @@ def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperatu
 def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                  draft_probs: torch.Tensor | None = None, *, num_draft: torch.Tensor | None = None,
                  temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
-                 validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 validate: bool = True, scheme: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a chain of K drafts per request in one fused pass (speculative sampling).
 
     Accepts draft i with probability min(1, p(x)/q(x)); at the first rejection emits a recovered
@@ -63,6 +66,16 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
             (`specops._seeds.row_seeds`); pass [B] seeds for results that do not depend on a
             request's row.
         offset: int counter, e.g. the decoding step; different offsets give independent draws.
+        scheme: "token" (the rule above: each draft tested on its own) or "block": block verification
+            (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025, arXiv
+            2403.10444), which decides the accepted prefix from the whole chain at once. With
+            W_0 = 1 and W_k = min(1, W_{k-1} p(x_k) / q(x_k)), it keeps k drafts with probability
+            h_k = S_k / (S_k + 1 - W_k) given that no longer prefix was kept (walking from k = K down;
+            h_K = W_K), where S_k is the mass of the residual max(0, W_k p_{k+1} - q_{k+1}) at the next
+            position, and emits the next token from that residual (from p after all K). Lossless like
+            "token", never fewer accepted drafts in expectation, and optimal among verifiers that see
+            the same p and q; with one-hot q (deterministic drafts) its expectation equals "token"'s.
+            Greedy rows (T = 0) are the same in both. The derivation: docs/verification.md.
         validate: check every value (NaN / +inf logits, rows without a finite logit, NaN / inf /
             negative draft probabilities, ids) wherever it lies, and that every used draft_probs row
             (b, i < num_draft[b]; padding rows are not checked) sums to 1 within 1e-3. On CPU the
@@ -109,6 +122,8 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         tensors["num_draft"] = num_draft
     else:
         raise TypeError("chain_verify: num_draft must be a [B] int64 tensor or None")
+    if scheme not in CHAIN_SCHEMES:
+        raise ValueError(f"chain_verify: scheme must be one of {', '.join(map(repr, CHAIN_SCHEMES))}, got {scheme!r}")
     temperature, top_k, top_p, seeds = _sampling_args("chain_verify", "target_logits", device, batch, tensors,
                                                       temperature, top_k, top_p, seed, offset)
     if validate and device.type != "cpu":
@@ -116,12 +131,12 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     return torch.ops.specops.chain_verify(
         target_logits.contiguous(), draft_tokens.contiguous(),
         None if draft_probs is None else draft_probs.contiguous(), num_draft.contiguous(),
-        temperature, top_k, top_p, seeds, offset, validate)
+        temperature, top_k, top_p, seeds, offset, validate, scheme)
 
 
 @torch.library.register_fake("specops::chain_verify")
 def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p,
-                       seed, offset, validate=True):
+                       seed, offset, validate=True, scheme="token"):
     batch, k1, _ = target_logits.shape
     out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)
