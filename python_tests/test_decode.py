@@ -157,8 +157,11 @@ def _sample(method: str, k, temperature: float = 1.0, top_k: int = 0, target_tab
     if key not in _samples_cache:
         tok = letter_tokenizer()
         kwargs = {}
+        if "+" in method:  # "sd+block": sd with option scheme "block"
+            method, scheme = method.split("+")
+            kwargs["options"] = {"scheme": scheme}
         if method in ("sd", "rsd-c", "rsd-s", "specinfer"):
-            kwargs = dict(drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, num_draft_tokens=k)
+            kwargs.update(drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, num_draft_tokens=k)
         result = specops.decode(_stat_prompts(), target=TableLM(target_table), tokenizer=tok, method=method,
                                 max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k, seed=seed,
                                 **kwargs)
@@ -172,6 +175,10 @@ STAT_CASES = [
     ("sd", 1, 1.0, 0),
     ("sd", 2, 1.0, 0),  # 2 is the longest chain 4 new tokens allow (the first comes from the prefill)
     ("sd", 2, 0.7, 3),
+    # Drafts drawn from q, verified token by token and by block verification (option "scheme").
+    ("sd+token", 2, 1.0, 0),
+    ("sd+block", 2, 1.0, 0),
+    ("sd+block", 2, 0.7, 3),
     # Draft trees from the drafter, verified by recursive rejection sampling: siblings drawn without
     # replacement (RSD-C) and i.i.d. (SpecInfer); (3,) is one level of three siblings.
     ("rsd-c", (2, 2), 1.0, 0),
@@ -198,6 +205,14 @@ def test_rsd_accepts_more_than_specinfer():
     already rejected, so RSD-C accepts more drafts per target call than SpecInfer's i.i.d. siblings."""
     rsd, specinfer = _sample("rsd-c", (2, 2)).stats, _sample("specinfer", (2, 2)).stats
     assert rsd.accepted / rsd.target_calls > 1.02 * specinfer.accepted / specinfer.target_calls
+
+
+@pytest.mark.slow
+def test_block_verification_keeps_more_drafts():
+    """Same drafts' law, same toy pair: block verification keeps more drafts per target call than token-level
+    verification (and this pair's gap is large enough to see at N_SEQUENCES requests)."""
+    block, token = _sample("sd+block", 2).stats, _sample("sd+token", 2).stats
+    assert block.accepted / block.target_calls > token.accepted / token.target_calls
 
 
 def test_sampled_sd_with_plain_steps_follows_target(monkeypatch):

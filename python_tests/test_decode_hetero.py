@@ -237,8 +237,9 @@ def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: i
     key = (method, temperature, top_k, seed, k)
     if key not in _samples:
         prompts = [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
-        result = _decode(prompts, method, toks, max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k,
-                         seed=seed, num_draft_tokens=k)
+        name, _, scheme = method.partition("+")  # "tli+block": tli with option scheme "block"
+        result = _decode(prompts, name, toks, max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k,
+                         seed=seed, num_draft_tokens=k, options={"scheme": scheme} if scheme else None)
         assert all(len(t) == STAT_NEW for t in result.tokens)
         _samples[key] = result
     return _samples[key]
@@ -246,6 +247,8 @@ def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: i
 
 STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 0, STAT_K),
               ("slrs", 1.0, 0, STAT_K), ("tli", 0.7, 3, STAT_K),
+              # drafts from q, verified by speculative sampling token by token, and by block verification
+              ("tli+token", 1.0, 0, STAT_K), ("tli+block", 0.7, 3, STAT_K), ("union+block", 1.0, 0, STAT_K),
               # trees across the vocabularies, drawn from the intersection
               ("rsd-c", 1.0, 0, (2, 2)), ("rsd-s", 1.0, 0, (2, 2)), ("rsd-s", 0.7, 3, (3, 2)),
               ("specinfer", 1.0, 0, (2, 2))]

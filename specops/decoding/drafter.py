@@ -14,7 +14,26 @@ from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, Proposer, Setup, StepResult
 from specops.decoding.verify import positional
 
-__all__ = ["DrafterProposer", "TokenDrafter"]
+__all__ = ["SCHEMES", "DrafterProposer", "TokenDrafter", "scheme_option"]
+
+# How TokenDrafter's sampled drafts are drawn and verified (option "scheme" of sd, tli and union).
+SCHEMES = ("positional", "token", "block")
+_SCHEME_HELP = ("how sampled drafts are verified: positional draws each draft with the target's own random "
+                "number at its position and keeps it when it is the target's token (the text is sampled ar's "
+                "for the same seed); token draws drafts from q and verifies them with speculative sampling "
+                "token by token; block verifies the same drafts jointly (block verification: never fewer "
+                "drafts kept, docs/verification.md). Greedy decoding is the same in all three")
+
+
+def _check_scheme(options: dict) -> None:
+    if options["scheme"] not in SCHEMES:
+        raise ValueError(f"decode: scheme must be one of {', '.join(SCHEMES)}, got {options['scheme']!r}")
+
+
+def scheme_option(default: str = "positional") -> dict:
+    """The Method fields of the "scheme" option, for the methods whose proposer is TokenDrafter."""
+    return {"options": {"scheme": default}, "check": _check_scheme, "option_help": {"scheme": _SCHEME_HELP},
+            "option_choices": {"scheme": SCHEMES}}
 
 
 class DrafterProposer(Proposer):
@@ -81,11 +100,16 @@ class TokenDrafter(DrafterProposer):
     draft is accepted with probability P(x = y) for x ~ q and y ~ p coupled through one uniform number,
     instead of sum(min(p, q)) for speculative sampling's accept/resample rule: on Gemma-3-270M's own
     truncations at T = 0.8, top-p 0.95 (HumanEval/0 and its solution) 0.535 against 0.551 per token with 15
-    of 18 layers, 0.819 against 0.848 with 17 (0.518 and 0.751 if x and y were drawn independently)."""
+    of 18 layers, 0.819 against 0.848 with 17 (0.518 and 0.751 if x and y were drawn independently).
+
+    Option "scheme" (`SCHEMES`): "positional" is the above; "token" and "block" draw the drafts from q with
+    the drafter's own random numbers and hand q to `chain_verify` with that scheme (block verification keeps
+    more drafts than either, but the text then depends on the draft lengths)."""
 
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)
         self.vocab = vocab
+        self.scheme = setup.options.get("scheme", "positional")
         self.drafted = None
         # The sequence position of each request's first draft: its prompt, then the token the prompt's
         # logits gave (the last emitted token, which the target reads with the drafts).
@@ -102,10 +126,12 @@ class TokenDrafter(DrafterProposer):
             return Proposal.empty(rows, device)
         drafts = torch.empty(rows, k, dtype=torch.long, device=device)
         drafted = torch.empty(rows, k, dtype=torch.long, device=device)
+        with_q = not self.params.greedy and self.scheme != "positional"
+        probs = [None] * k
 
         def draw(logits, i):
-            if self.params.greedy:
-                drafts[:, i], drafted[:, i], _ = self.vocab.draft(logits, self.params, self.seeds, step, i)
+            if self.params.greedy or with_q:  # from q with the drafter's own random numbers
+                drafts[:, i], drafted[:, i], probs[i] = self.vocab.draft(logits, self.params, self.seeds, step, i)
             else:  # from q with the key of the target's token at the same position (class docstring)
                 where = (self.position + i).to(self.seeds.device)[:, None]
                 projected = self.vocab.project(logits)[:, None, :]
@@ -115,6 +141,9 @@ class TokenDrafter(DrafterProposer):
 
         self.run(k, draw)
         self.drafted = drafted
+        if with_q:
+            return Proposal(drafts, num_draft, torch.stack(probs, 1), width=self.vocab.width, size=k,
+                            scheme=self.scheme)
         return Proposal(drafts, num_draft, None, width=self.vocab.width, size=k)
 
     def advance(self, result: StepResult) -> None:

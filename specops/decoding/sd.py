@@ -6,7 +6,7 @@ output equals greedy decoding, sampled output follows the target's distribution.
 from __future__ import annotations
 
 from specops.decoding.crossing import DraftVocab
-from specops.decoding.drafter import TokenDrafter
+from specops.decoding.drafter import TokenDrafter, scheme_option
 from specops.decoding.step import Drafter, Method, Proposer, Setup
 
 
@@ -17,4 +17,4 @@ def _make(setup: Setup) -> Proposer:
 
 
 METHODS = [Method("sd", "speculative decoding with a drafter of the target's vocabulary", _make, drafter=Drafter.SAME_VOCABULARY,
-                  ensemble="yes", auto=lambda given: given.drafter and given.same_vocabulary)]
+                  ensemble="yes", auto=lambda given: given.drafter and given.same_vocabulary, **scheme_option())]

@@ -82,7 +82,8 @@ class Proposal:
     from; None for deterministic drafts, whose q is one-hot) and width W >= the target's vocabulary (ids
     from the target's vocabulary size up are tokens the target cannot emit: always rejected).
     Trees (verifier "tree"): a draft tree per request, verified whole by recursive rejection sampling.
-    size: draft tokens per request in flight, for the statistics (None: the verifier's count)."""
+    size: draft tokens per request in flight, for the statistics (None: the verifier's count). scheme:
+    chain_verify's scheme for chains with probs ("token" or "block")."""
 
     drafts: torch.Tensor | None = None
     num_draft: torch.Tensor | None = None
@@ -90,6 +91,7 @@ class Proposal:
     width: int | None = None
     tree: TreeDraft | None = None
     size: int | None = None
+    scheme: str = "token"
 
     @classmethod
     def empty(cls, rows: int, device) -> Proposal:

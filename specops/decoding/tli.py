@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from specops import vocab as vocab_maps
 from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
-from specops.decoding.drafter import TokenDrafter
+from specops.decoding.drafter import TokenDrafter, scheme_option
 from specops.decoding.step import Drafter, Method, Proposer, Setup
 from specops.vocab import VocabMap
 
@@ -43,8 +43,8 @@ METHODS = [
     Method("tli", "a drafter with another vocabulary, drafting from the tokens both vocabularies share",
            _maker(lambda *args: intersection(*args)), drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
            ensemble="yes", auto=lambda given: (given.drafter and not given.same_vocabulary
-                                               and (given.ensemble or not given.greedy))),
+                                               and (given.ensemble or not given.greedy)), **scheme_option()),
     Method("union", "TLI's baseline: the drafter's whole vocabulary, its own tokens always rejected",
            _maker(lambda *args: union(*args)), drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
-           ensemble="yes"),
+           ensemble="yes", **scheme_option()),
 ]

@@ -2,7 +2,8 @@
 cut back to them.
 
 - "chain": the last emitted token and K drafts in one forward; `chain_verify` accepts a prefix (with the
-  drafts' q, or one-hot q for deterministic drafts) and emits one more token.
+  drafts' q, or one-hot q for deterministic drafts; token by token or by block verification, the
+  proposal's scheme) and emits one more token.
 - Deterministic drafts (no q: n-grams, re-encoded text, no drafts at all, and a drafter's drafts drawn
   with the target's own random numbers, drafter.TokenDrafter) when sampling: the target's token at every
   position is drawn as plain sampling draws it, with random numbers keyed by the row's seed and the
@@ -45,9 +46,10 @@ class Verified:
     accepted_drafts: torch.Tensor | None = None
 
 
-def _chain_verify(logits, drafts, probs, num_draft, params: SamplingParams, seeds, offset):
+def _chain_verify(logits, drafts, probs, num_draft, params: SamplingParams, seeds, offset, scheme="token"):
     return ops.chain_verify(logits, drafts, probs, num_draft=num_draft, temperature=params.temperature,
-                            top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=offset, validate=False)
+                            top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=offset, validate=False,
+                            scheme=scheme)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, offset: int) -> torch.Tensor:
@@ -98,7 +100,8 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
         accepted = ((out[:, :k] == drafts) & offered).long().cumprod(1).sum(1)
         out = torch.where(torch.arange(k + 1, device=out.device) <= accepted[:, None], out, -1)
     else:
-        out, accepted = _chain_verify(logits, drafts, proposal.probs, proposal.num_draft, params, seeds, step)
+        out, accepted = _chain_verify(logits, drafts, proposal.probs, proposal.num_draft, params, seeds, step,
+                                      proposal.scheme)
     state.rollback(k + 1, accepted + 1)
     return Verified(out, accepted, proposal.num_draft, k if proposal.size is None else proposal.size)
 
