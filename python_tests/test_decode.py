@@ -215,6 +215,35 @@ def test_block_verification_keeps_more_drafts():
     assert block.accepted / block.target_calls > token.accepted / token.target_calls
 
 
+@pytest.mark.parametrize("seed, scheme, expected", [(7, None, ["positional"]), (None, None, ["block"]),
+                                                    (7, "block", ["block"]), (None, "token", ["token"])])
+def test_scheme_auto_is_positional_with_a_seed_and_block_without(monkeypatch, seed, scheme, expected):
+    """Option "scheme" "auto" (the default): a seed asks for the same text back (positional matching, q not
+    handed to the verifier); without one, block verification. An explicit scheme is kept."""
+    from specops.decoding import verify
+
+    seen = []
+    chain_verify = verify._chain_verify
+
+    def spy(logits, drafts, probs, *args):
+        if drafts.shape[1]:
+            seen.append("positional" if probs is None else args[-1])
+        return chain_verify(logits, drafts, probs, *args)
+
+    def spy_positional(logits, *args, _positional=verify.positional):
+        if logits.shape[1] > 1:  # a step with drafts (a plain step draws its token this way in every scheme)
+            seen.append("positional")
+        return _positional(logits, *args)
+
+    monkeypatch.setattr(verify, "_chain_verify", spy)
+    monkeypatch.setattr(verify, "positional", spy_positional)
+    tok = letter_tokenizer()
+    specops.decode(PROMPTS[:2], target=TableLM(TARGET_TABLE), tokenizer=tok, drafter=TableLM(DRAFTER_TABLE),
+                   drafter_tokenizer=tok, method="sd", num_draft_tokens=2, max_new_tokens=6, temperature=1.0,
+                   seed=seed, options=None if scheme is None else {"scheme": scheme})
+    assert sorted(set(seen)) == expected
+
+
 def test_sampled_sd_with_plain_steps_follows_target(monkeypatch):
     """Scripted draft lengths with plain (K = 0) steps between drafting steps, ragged across rows."""
     script = [0, 2, 1, 0, 2]

@@ -281,13 +281,18 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         "unigram" comes from the embeddings, instantly; "auto", the default, takes the bigram when it is
         cached or estimated to build within a minute, else the context alone);
       - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step;
-      - "se": {"draws": "auto" | "alternate" | "mixture"}.
+      - "se": {"draws": "auto" | "alternate" | "mixture"};
+      - "sd", "tli", "union": {"scheme": "auto" | "positional" | "token" | "block"}: how sampled drafts are
+        drawn and verified ("positional": with the target's own random numbers, kept when equal to its
+        token, the same text as sampled "ar"; "token": from q, speculative sampling token by token;
+        "block": from q, block verification, never fewer kept; "auto": "positional" when a seed is given,
+        else "block").
     With "auto", options are checked against the method it picks. seed: the same seed gives the same
     text. Chain methods ("ar", "ngram", "slem", "sd", "tli", "union") draw each token with random numbers
     keyed by the seed, the request and the token's position alone and accept a draft when it equals that
-    token ("sd", "tli" and "union" draw their drafts from the drafter with the same numbers, so they are
-    often equal), so they give token for token the text sampled "ar" gives, whatever num_draft_tokens is
-    ("auto" included) and however requests are batched. Tree methods with a drafter ("rsd-*",
+    token ("sd", "tli" and "union", given a seed, draw their drafts from the drafter with the same numbers,
+    so they are often equal), so they give token for token the text sampled "ar" gives, whatever
+    num_draft_tokens is ("auto" included) and however requests are batched. Tree methods with a drafter ("rsd-*",
     "specinfer") and "se" key their random numbers by step: reproducible for a fixed num_draft_tokens;
     with "auto", draft lengths follow measured timings and the steps they make decide which random
     numbers each token uses (the distribution is the target's either way).
@@ -459,7 +464,8 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
     seeds = row_seeds(draw_seed() if seed is None else seed, len(prompts), target_lm.device)
     setup = Setup(chosen.name, target_lm, tokenizer, batch, params, seeds, num_draft_tokens, settings,
-                  drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model, same)
+                  drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model, same,
+                  seeded=seed is not None)
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
     with torch.inference_mode(), decoding_threads(target_lm.device):  # measures the load: before the clock

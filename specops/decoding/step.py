@@ -56,6 +56,7 @@ class Setup:
     drafter_tokenizer: object = None
     drafter_key: object = None  # what the draft-length memory is kept under ("self:N" or the model)
     same_vocabulary: bool = True  # the drafter's tokenizer is the target's
+    seeded: bool = False  # the caller gave a seed: it expects the same text back for it
 
 
 @dataclass
