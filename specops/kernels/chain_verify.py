@@ -437,6 +437,17 @@ def _block_sample_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draf
         tl.store(out_row_ptr + kept, token)
 
 
+def _launch_args(target_logits, draft_tokens, draft_probs, out_tokens, offset: int):
+    """What both schemes' launches share: whether q is given, its pointer (never read without HAS_PROBS, so any
+    tensor stands in for it), the strides (logits b, j; drafts b; q b, j; out b) and the offset's two words."""
+    has_probs = draft_probs is not None
+    probs = draft_probs if has_probs else target_logits
+    stride_pb, stride_pj = (draft_probs.stride(0), draft_probs.stride(1)) if has_probs else (0, 0)
+    strides = (target_logits.stride(0), target_logits.stride(1), draft_tokens.stride(0), stride_pb, stride_pj,
+               out_tokens.stride(0))
+    return has_probs, probs, strides, offset_words(offset)
+
+
 def _chain_verify_block(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, seed,
                         offset, block_v, out_tokens, num_accepted):
     batch, k1, vocab = target_logits.shape
@@ -454,12 +465,9 @@ def _chain_verify_block(target_logits, draft_tokens, draft_probs, num_draft, tem
     emitted = torch.empty((batch,), dtype=torch.int32, device=device)
     mass_r = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
     mass_p = torch.empty((rows, n_tiles), dtype=torch.float64, device=device)
-    has_probs = draft_probs is not None
-    probs = draft_probs if has_probs else target_logits
-    stride_pb, stride_pj = (draft_probs.stride(0), draft_probs.stride(1)) if has_probs else (0, 0)
-    stride_lb, stride_lj = target_logits.stride(0), target_logits.stride(1)
-    stride_db, stride_ob = draft_tokens.stride(0), out_tokens.stride(0)
-    offset_lo, offset_hi = offset_words(offset)
+    has_probs, probs, strides, (offset_lo, offset_hi) = _launch_args(target_logits, draft_tokens, draft_probs,
+                                                                     out_tokens, offset)
+    stride_lb, stride_lj, stride_db, stride_pb, stride_pj, stride_ob = strides
     _tile_stats_kernel[(rows, n_tiles)](
         target_logits, num_draft, temperature, tile_max, tile_sum, tile_raw, tile_arg,
         stride_lb, stride_lj, vocab, k1, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
@@ -515,14 +523,9 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     row_emitted = torch.empty((batch,), dtype=torch.int32, device=device)
     mass_r = torch.empty((batch, n_tiles), dtype=torch.float64, device=device)
     mass_p = torch.empty((batch, n_tiles), dtype=torch.float64, device=device)
-
-    has_probs = draft_probs is not None
-    # Never read without HAS_PROBS; any tensor stands in for the pointer.
-    probs = draft_probs if has_probs else target_logits
-    stride_pb, stride_pj = (draft_probs.stride(0), draft_probs.stride(1)) if has_probs else (0, 0)
-    stride_lb, stride_lj = target_logits.stride(0), target_logits.stride(1)
-    stride_db = draft_tokens.stride(0)
-    offset_lo, offset_hi = offset_words(offset)
+    has_probs, probs, strides, (offset_lo, offset_hi) = _launch_args(target_logits, draft_tokens, draft_probs,
+                                                                     out_tokens, offset)
+    stride_lb, stride_lj, stride_db, stride_pb, stride_pj, _ = strides
 
     _tile_stats_kernel[(batch * k1, n_tiles)](
         target_logits, num_draft, temperature, tile_max, tile_sum, tile_raw, tile_arg,
