@@ -3,10 +3,10 @@
     python bench/bench_chain_verify.py [--device cpu|cuda] [--quick] [--csv PATH] [--threads N]
 
 Providers. CPU: `reference` (specops.reference, the pure-torch spec), `cpu` and `cpu no-validate` (the C++
-kernel through the public wrapper, validate=True and False),
+kernel through the public wrapper, validate=True and False), `cpu block` (scheme="block", validate=True),
 `transformers` (`_speculative_sampling`, the torch verification step of assisted
 generation). CUDA: `reference` on GPU tensors, `triton` (public wrapper, validate=False; eager, as a CUDA
-graph, and with validate=True), `transformers` on GPU tensors, and `flashinfer` where it is installed.
+graph, with validate=True, and `triton block` with scheme="block"), `transformers` on GPU tensors, and `flashinfer` where it is installed.
 
 Workload: sampling at temperature 1. Target logits are N(0, 3^2); draft logits are the target's plus
 N(0, 0.6^2) noise, so a draft is accepted with probability about 0.77 (1 - total variation), and draft
@@ -97,14 +97,14 @@ class Providers:
     def __init__(self, specops, x: dict):
         self.specops_module, self.x = specops, x
 
-    def specops(self, i: int, validate: bool = True):
+    def specops(self, i: int, validate: bool = True, scheme: str = "token"):
         x = self.x
         return self.specops_module.ops.chain_verify(x["target"], x["draft_tokens"][i], x["draft_probs"],
-                                                    seed=x["seed"], offset=i, validate=validate)
+                                                    seed=x["seed"], offset=i, validate=validate, scheme=scheme)
 
-    def specops_fn(self, validate: bool = True):
+    def specops_fn(self, validate: bool = True, scheme: str = "token"):
         variants = itertools.cycle(range(NUM_VARIANTS))
-        return lambda: self.specops(next(variants), validate)
+        return lambda: self.specops(next(variants), validate, scheme)
 
     def reference_fn(self):
         x, ref, variants = self.x, self.specops_module.reference, itertools.cycle(range(NUM_VARIANTS))
@@ -133,9 +133,9 @@ class Providers:
                     for ids, draft, target in requests[next(variants)]]
         return run
 
-    def specops_accepted(self) -> float:
+    def specops_accepted(self, scheme: str = "token") -> float:
         """Mean accepted drafts per request over all draft chains (also the kernel's warm-up)."""
-        counts = [self.specops(i)[1] for i in range(NUM_VARIANTS)]
+        counts = [self.specops(i, scheme=scheme)[1] for i in range(NUM_VARIANTS)]
         return torch.stack(counts).double().mean().item()
 
 
@@ -173,6 +173,9 @@ def bench_cpu_case(specops, case, quick: bool, have_hf: bool) -> list[dict]:
     out.append(row("cpu", batch, k, vocab, dtype, "cpu", t, n, "validate=True (default)", accepted))
     t, n = median_time(p.specops_fn(validate=False), **fast)
     out.append(row("cpu", batch, k, vocab, dtype, "cpu no-validate", t, n, "validate=False", accepted))
+    block_accepted = p.specops_accepted("block")
+    t, n = median_time(p.specops_fn(scheme="block"), **fast)
+    out.append(row("cpu", batch, k, vocab, dtype, "cpu block", t, n, 'scheme="block", validate=True', block_accepted))
     if have_hf:
         run = p.transformers_fn()
         hf_acc = transformers_accepted(run)
@@ -225,6 +228,8 @@ def bench_cuda_case(specops, case, quick: bool, have_hf: bool, flashinfer) -> li
     else:
         add("triton graph", graph, "CUDA graph, validate=False, chain 0")
     add("triton validate", p.specops_fn(validate=True), "eager, validate=True (one host sync)", accepted)
+    add("triton block", p.specops_fn(validate=False, scheme="block"), 'eager, scheme="block", validate=False',
+        p.specops_accepted("block"))
     if have_hf:
         run = p.transformers_fn()
         hf_acc = transformers_accepted(run)
@@ -286,8 +291,11 @@ def summary_lines(rows, device, bandwidth) -> list[str]:
 
 
 def main() -> int:
-    args, csv_path = parse_bench_args(bench_parser(__doc__, "chain_verify", "a tiny grid for smoke runs"),
-                                      "chain_verify")
+    parser = bench_parser(__doc__, "chain_verify", "a tiny grid for smoke runs")
+    parser.add_argument("--cases", default=None,
+                        help="only these cases, BxKxV[xdtype] comma-separated, e.g. 1x4x262144,64x4x262144 "
+                             "(issue 34's block-verification shapes)")
+    args, csv_path = parse_bench_args(parser, "chain_verify")
     specops = import_specops()
     try:
         import transformers.generation.utils  # noqa: F401
@@ -311,8 +319,15 @@ def main() -> int:
             return bench_cpu_case(specops, case, args.quick, have_hf)
         return bench_cuda_case(specops, case, args.quick, have_hf, flashinfer)
 
+    cases = grid(args.device, args.quick)
+    if args.cases:
+        cases = []
+        for text in args.cases.split(","):
+            parts = text.split("x")
+            dtype = DTYPES[parts[3]] if len(parts) > 3 else torch.float32
+            cases.append((int(parts[0]), int(parts[1]), int(parts[2]), dtype))
     rows, elapsed, other_load = run_cases(
-        grid(args.device, args.quick), lambda c: f"B={c[0]} K={c[1]} V={c[2]} {DTYPE_NAMES[c[3]]}", run_case, info)
+        cases, lambda c: f"B={c[0]} K={c[1]} V={c[2]} {DTYPE_NAMES[c[3]]}", run_case, info)
     add_ratios(rows, bandwidth)
     notes = ["GB/s: must-read bytes B*(K+1)*V*sizeof(logits) + B*V*4 over the median time, for every provider. "
              "vs_hf: transformers time / this time."]

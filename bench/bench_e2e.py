@@ -6,6 +6,7 @@ and settings, in one run.
                               [--early-exit 6] [--fixed-k K] [--tree-shape 2,2] [--beam-shape 3,2] [--hetero-k K]
                               [--hf-assistant-tokens N]
                               [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
+                              [--schemes token,block]
                               [--no-batched] [--threads 2] [--csv PATH] [--plot]
     python bench/bench_e2e.py --configs ensembles [--prompts 4] ...   # bench_ensemble.py: se, ensemble-SD
                                                                        # and transformers' ensemble weight
@@ -108,7 +109,8 @@ import torch
 
 from _timing import CpuLoad, format_table, machine_info, write_csv
 
-MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0)}
+MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0),
+         "nucleus": dict(temperature=0.8, top_k=0, top_p=0.95)}  # --modes nucleus: on request
 HETERO = ("slem", "tli", "union")  # specops methods for a drafter with another vocabulary
 GROUPS = ("ar", "sd", "ngram", *HETERO, "trees",  # --configs
           "hf-generate", "hf-assisted", "hf-lookup", "hf-uag")
@@ -428,9 +430,15 @@ def configurations(args) -> list[Config]:
         k, w = args.ngram_shape
         configs.append(Config(f"specops ngram {k},{w}", "specops", "ngram", "hf prompt lookup",
                               {**ngram, "num_draft_tokens": (k, w)}))
+    for scheme in args.schemes:  # sd's drafts from q, verified with chain_verify's scheme
+        configs.append(Config(f"specops sd self:{n} scheme={scheme}", "specops", "sd", assisted,
+                              {**sd, "options": {"scheme": scheme}}))
     configs.append(Config(UAG, "hf", "hf-uag", None, {"assistant_model": DRAFTER}))
     for method in HETERO:
         configs.append(Config(f"specops {method}", "specops", method, UAG, kwargs[method]))
+        for scheme in args.schemes if method in ("tli", "union") else ():
+            configs.append(Config(f"specops {method} scheme={scheme}", "specops", method, UAG,
+                                  {**kwargs[method], "options": {"scheme": scheme}}))
         if args.hetero_k:
             configs.append(Config(f"specops {method} K={args.hetero_k}", "specops", method, UAG,
                                   {**kwargs[method], "num_draft_tokens": args.hetero_k}))
@@ -626,6 +634,9 @@ def main() -> None:
                         help="beams W and levels L for specops rsd-s (configs trees)")
     parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
                         help="specops ngram's option tables: model n-grams that fill rows the context does not")
+    parser.add_argument("--schemes", type=lambda text: [v for v in text.split(",") if v], default=[],
+                        help="also run sd, tli and union with option scheme=each of these (token, block; "
+                             "sampling only changes)")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
