@@ -268,7 +268,8 @@ def _block_chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft
     reach. Greedy requests (T = 0) are verified here as chain_verify's token scheme does."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
-    n = tl.load(num_draft_ptr + b)
+    # Clamped so that an unchecked count (validate=False) never reads past a request's drafts.
+    n = tl.minimum(tl.maximum(tl.load(num_draft_ptr + b), 0), K1 - 1)
     temperature = tl.load(temperature_ptr + b)
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
@@ -358,7 +359,7 @@ def _block_row_weights(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_
                        HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
     """`_block_tile_weights` of one tile of request b's row k, with what `_block_chain_kernel` stored."""
     slot = b64 * K1 + k64
-    bonus = k64 == tl.load(num_draft_ptr + b64)
+    bonus = k64 == tl.minimum(tl.maximum(tl.load(num_draft_ptr + b64), 0), K1 - 1)  # as _block_chain_kernel
     draft = tl.load(draft_tokens_ptr + b64 * stride_db + k64, mask=bonus == 0, other=-1)
     scale = tl.load(weight_ptr + slot).to(tl.float32)
     return _block_tile_weights(logits_ptr + b64 * stride_lb + k64 * stride_lj,
