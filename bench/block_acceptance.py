@@ -11,7 +11,7 @@ it, p_t is Gemma's next-token distribution and q_t the drafter's on the same tex
 tokenizer (as tli's text crossing gives it), both at temperature T. A chain at t is K drafts x_j ~ q_{t+j}
 verified against p_{t+j} (teacher forcing: the distributions along the chain are the text's, not
 conditioned on the drafts). Per window, --draws chains are sampled, and for each the expected number kept is
-computed exactly for both schemes (`specops.reference.expected_accepted`'s formulas; S_k(W) from the
+computed exactly for both schemes (`specops.reference.expected_block_kept` for block; S_k(W) from the
 position's sorted q/p ratios, so the full vocabulary is used without a pass per draw): only the drafts'
 randomness is sampled. Printed per setting: mean kept per chain, block / token, and the standard error of
 the paired difference with each text as one observation (its windows overlap, so neither draws nor windows
@@ -52,28 +52,13 @@ class Position:
 
 def expected_kept(window: list[Position], draws: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """E[kept | chain] under token-level and block verification for `draws` chains drawn from the window's q."""
-    k = len(window)
+    from specops.reference import expected_block_kept
+
     drafts = [torch.multinomial(pos.q.float(), draws, replacement=True, generator=gen) for pos in window]
     p_d = torch.stack([pos.p[x] for pos, x in zip(window, drafts)], 1)
     q_d = torch.stack([pos.q[x] for pos, x in zip(window, drafts)], 1)
     token = torch.cumprod(torch.clamp(p_d / q_d, max=1.0), 1).sum(1)
-    weights = [torch.ones(draws, dtype=torch.float64)]
-    for j in range(k):
-        pw = weights[-1] * p_d[:, j]
-        weights.append(torch.where(pw >= q_d[:, j], 1.0, pw / q_d[:, j]))
-    block = torch.zeros(draws, dtype=torch.float64)
-    stay = torch.ones(draws, dtype=torch.float64)
-    for j in range(k, 0, -1):
-        w = weights[j]
-        if j == k:
-            h = w
-        else:
-            s = window[j].residual_mass(w)
-            denominator = s + 1.0 - w
-            h = torch.where(denominator > 0, s / denominator.clamp(min=1e-300), 0.0)
-        block += stay * h * j
-        stay = stay * (1.0 - h)
-    return token, block
+    return token, expected_block_kept(p_d, q_d, lambda j, w: window[j].residual_mass(w))
 
 
 def main() -> None:
@@ -88,8 +73,7 @@ def main() -> None:
 
     from bench_e2e import load_prompts
 
-    from specops import ops, reference
-    from specops import models
+    from specops import models, ops
     from specops.vocab import vocab_map
 
     torch.set_num_threads(args.threads)
@@ -103,7 +87,6 @@ def main() -> None:
     kept = {(t, k): ([], []) for t in temperatures for k in (4, 8)}
     text_starts = {key: [] for key in kept}  # where each text's windows begin in kept's lists
     gen = torch.Generator().manual_seed(0)
-    assert reference.expected_accepted  # the per-chain formulas this script samples (same W, S, h)
     for index, prompt in enumerate(load_prompts(0, args.prompts)):
         ids = target_tok(prompt, return_tensors="pt").input_ids
         torch.manual_seed(index)

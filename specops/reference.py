@@ -259,29 +259,38 @@ def expected_accepted(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, sc
     """E[num_accepted | drafts] of chain_verify for each of N chains, exactly (float64): p [N, K+1, V] the
     target's distributions at the K+1 positions (after temperature and filtering), q [N, K, V] the drafts'
     distributions, drafts [N, K]. "token": sum_k prod_{j <= k} min(1, p_j(x_j) / q_j(x_j)); "block":
-    sum_k k P(k kept) with the keep probabilities h_k of `_block_verify_row`. Averaged over chains drawn
-    from q, the difference is what block verification gains (never negative in expectation over drafts)."""
-    n, k1, _ = p.shape
-    k = k1 - 1
+    `expected_block_kept`. Averaged over chains drawn from q, the difference is what block verification
+    gains (never negative in expectation over drafts)."""
+    k = p.shape[1] - 1
     p, q = p.double(), q.double()
     p_d = p[:, :k].gather(-1, drafts[..., None])[..., 0]
     q_d = q.gather(-1, drafts[..., None])[..., 0]
     if scheme == "token":
         return torch.cumprod(torch.clamp(p_d / q_d, max=1.0), 1).sum(1)
-    weights = [torch.ones(n, dtype=torch.float64, device=p.device)]
+    return expected_block_kept(p_d, q_d, lambda j, w: torch.clamp(w[:, None] * p[:, j] - q[:, j], min=0.0).sum(-1))
+
+
+def expected_block_kept(p_d: torch.Tensor, q_d: torch.Tensor, residual_mass) -> torch.Tensor:
+    """E[drafts kept | chain] of block verification for N chains (float64 [N]): p_d, q_d [N, K] the target's and
+    the drafter's probability of each draft; residual_mass(j, w) gives S_j = sum_x max(0, w p_j(x) - q_j(x))
+    [N] at position j < K for weights w [N] (a caller with many chains per position can compute it without a
+    pass over the vocabulary per chain). The weights W_k and keep probabilities h_k of `_block_verify_row`:
+    sum_k k P(k kept), P(K kept) = W_K, P(k kept) = h_k prod_{j > k} (1 - h_j)."""
+    n, k = p_d.shape
+    weights = [torch.ones(n, dtype=torch.float64, device=p_d.device)]
     for j in range(k):
         pw = weights[-1] * p_d[:, j]
         weights.append(torch.where(pw >= q_d[:, j], 1.0, pw / q_d[:, j].clamp(min=1e-300)))
-    w = torch.stack(weights, 1)  # [N, K+1]
-    mass = torch.clamp(w[:, :k, None] * p[:, :k] - q, min=0.0).sum(-1)  # S_k for k < K
-    expected = torch.zeros(n, dtype=torch.float64, device=p.device)
-    stay = torch.ones(n, dtype=torch.float64, device=p.device)
+    expected = torch.zeros(n, dtype=torch.float64, device=p_d.device)
+    stay = torch.ones(n, dtype=torch.float64, device=p_d.device)
     for j in range(k, 0, -1):
+        w = weights[j]
         if j == k:
-            h = w[:, k]
+            h = w
         else:
-            denominator = mass[:, j] + 1.0 - w[:, j]
-            h = torch.where(denominator > 0, mass[:, j] / denominator.clamp(min=1e-300), 0.0)
+            mass = residual_mass(j, w)
+            denominator = mass + 1.0 - w
+            h = torch.where(denominator > 0, mass / denominator.clamp(min=1e-300), 0.0)
         expected += stay * h * j
         stay = stay * (1.0 - h)
     return expected
