@@ -107,7 +107,7 @@ class TokenDrafter(DrafterProposer):
     the drafter's own random numbers and hand q to `chain_verify` with that scheme (block verification keeps
     more drafts than either, but the text then depends on the draft lengths); "auto" (the default) is
     "positional" when the caller gave a seed and "block" when not. On the real pair (Gemma-3-270M, SmolLM2-135M
-    through tli) at T = 1, block drew 1.07-1.19x positional's tokens/s (docs/benchmarks.md)."""
+    through tli) at T = 1, block drew 1.12-1.19x positional's tokens/s (docs/benchmarks.md)."""
 
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)
