@@ -3,11 +3,13 @@
 against speculative sampling's rule as specops had it before (`--previous`: drafts drawn with their own
 random numbers and verified against their q by chain_verify; that code is kept here for the comparison).
 
-    python bench/bench_same_seed.py [--previous] [--method tli] [--num-draft-tokens auto] [--check]
+    python bench/bench_same_seed.py [--previous] [--method tli] [--scheme auto] [--num-draft-tokens auto]
+                                    [--check]
 
 Target Gemma-3-270M, drafter SmolLM2-135M (int8; another vocabulary, so "tli"), HumanEval/0-3, 64 new
 tokens, T = 0.8, top-p 0.95, seed 1: the prompts one at a time, then together. Prints one JSON line:
-tokens/s, accepted and drafted per mode. --check decodes HumanEval/0-7 (48 tokens, seed 123) twice and with
+tokens/s, accepted, drafted and target calls per mode. --scheme is the method's option "scheme" (sd, tli,
+union: auto, positional, token, block; rsd-c, rsd-s, specinfer: auto, positional, recursive). --check decodes HumanEval/0-7 (48 tokens, seed 123) twice and with
 "ar", and prints how many outputs were the same twice and equal to ar's.
 """
 
@@ -58,18 +60,19 @@ def main() -> None:
     parser.add_argument("--method", default="tli")
     parser.add_argument("--drafter", default="smollm2-135m")
     parser.add_argument("--num-draft-tokens", default="auto")
+    parser.add_argument("--scheme", default="auto")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     if args.previous:
         TokenDrafter.propose = _previous_propose
     k = args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens)
     kw = {"target": "gemma-3-270m", "drafter": args.drafter, "method": args.method, "temperature": 0.8,
-          "top_p": 0.95}
+          "top_p": 0.95, "options": {"scheme": args.scheme}}
     if args.check:
         prompts = _prompts(8)
         first = specops.decode(prompts, max_new_tokens=48, seed=123, num_draft_tokens=k, **kw)
         second = specops.decode(prompts, max_new_tokens=48, seed=123, num_draft_tokens=k, **kw)
-        plain = {key: v for key, v in kw.items() if key not in ("drafter", "method")}
+        plain = {key: v for key, v in kw.items() if key not in ("drafter", "method", "options")}
         ar = specops.decode(prompts, method="ar", max_new_tokens=48, seed=123, **plain)
         print(json.dumps({"same_twice": sum(a == b for a, b in zip(first.tokens, second.tokens)),
                           "equal_to_ar": sum(a == b for a, b in zip(first.tokens, ar.tokens)), "of": len(prompts)}))
@@ -83,7 +86,8 @@ def main() -> None:
         seconds = time.perf_counter() - start
         out[mode] = {"tokens_per_s": round(sum(len(t) for r in results for t in r.tokens) / seconds, 2),
                      "accepted": sum(r.stats.accepted for r in results),
-                     "drafted": sum(r.stats.drafted for r in results)}
+                     "drafted": sum(r.stats.drafted for r in results),
+                     "target_calls": sum(r.stats.target_calls for r in results)}
     print(json.dumps(out))
 
 

@@ -157,10 +157,10 @@ def _sample(method: str, k, temperature: float = 1.0, top_k: int = 0, target_tab
     if key not in _samples_cache:
         tok = letter_tokenizer()
         kwargs = {}
-        if "+" in method:  # "sd+block": sd with option scheme "block"
+        if "+" in method:  # "sd+block": sd with option scheme "block"; "rsd-c+recursive"
             method, scheme = method.split("+")
             kwargs["options"] = {"scheme": scheme}
-        if method in ("sd", "rsd-c", "rsd-s", "specinfer"):
+        if method in ("sd", "rsd-c", "rsd-s", "specinfer"):  # (after the "+" is split off)
             kwargs.update(drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, num_draft_tokens=k)
         result = specops.decode(_stat_prompts(), target=TableLM(target_table), tokenizer=tok, method=method,
                                 max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k, seed=seed,
@@ -179,14 +179,15 @@ STAT_CASES = [
     ("sd+token", 2, 1.0, 0),
     ("sd+block", 2, 1.0, 0),
     ("sd+block", 2, 0.7, 3),
-    # Draft trees from the drafter, verified by recursive rejection sampling: siblings drawn without
-    # replacement (RSD-C) and i.i.d. (SpecInfer); (3,) is one level of three siblings.
-    ("rsd-c", (2, 2), 1.0, 0),
-    ("rsd-c", (3,), 0.7, 3),
-    ("specinfer", (2, 2), 1.0, 0),
+    # Draft trees from the drafter, verified by recursive rejection sampling (option scheme "recursive";
+    # with a seed "auto" is positional matching, test_same_seed.py): siblings drawn without replacement
+    # (RSD-C) and i.i.d. (SpecInfer); (3,) is one level of three siblings.
+    ("rsd-c+recursive", (2, 2), 1.0, 0),
+    ("rsd-c+recursive", (3,), 0.7, 3),
+    ("specinfer+recursive", (2, 2), 1.0, 0),
     # Stochastic Beam Search trees (RSD-S): (W, L) = 2 beams of 2 levels; 3 beams of one level at T = 0.7.
-    ("rsd-s", (2, 2), 1.0, 0),
-    ("rsd-s", (3, 1), 0.7, 3),
+    ("rsd-s+recursive", (2, 2), 1.0, 0),
+    ("rsd-s+recursive", (3, 1), 0.7, 3),
 ]
 
 
@@ -203,7 +204,7 @@ def test_sampled_sequences_follow_target(method, k, temperature, top_k):
 def test_rsd_accepts_more_than_specinfer():
     """Same tree shape, same toy pair: siblings drawn without replacement are never wasted on a token
     already rejected, so RSD-C accepts more drafts per target call than SpecInfer's i.i.d. siblings."""
-    rsd, specinfer = _sample("rsd-c", (2, 2)).stats, _sample("specinfer", (2, 2)).stats
+    rsd, specinfer = _sample("rsd-c+recursive", (2, 2)).stats, _sample("specinfer+recursive", (2, 2)).stats
     assert rsd.accepted / rsd.target_calls > 1.02 * specinfer.accepted / specinfer.target_calls
 
 

@@ -249,9 +249,10 @@ STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 
               ("slrs", 1.0, 0, STAT_K), ("tli", 0.7, 3, STAT_K),
               # drafts from q, verified by speculative sampling token by token, and by block verification
               ("tli+token", 1.0, 0, STAT_K), ("tli+block", 0.7, 3, STAT_K), ("union+block", 1.0, 0, STAT_K),
-              # trees across the vocabularies, drawn from the intersection
-              ("rsd-c", 1.0, 0, (2, 2)), ("rsd-s", 1.0, 0, (2, 2)), ("rsd-s", 0.7, 3, (3, 2)),
-              ("specinfer", 1.0, 0, (2, 2))]
+              # trees across the vocabularies, drawn from the intersection, verified by recursive rejection
+              # sampling (with a seed, "auto" would match the target's positional tokens)
+              ("rsd-c+recursive", 1.0, 0, (2, 2)), ("rsd-s+recursive", 1.0, 0, (2, 2)),
+              ("rsd-s+recursive", 0.7, 3, (3, 2)), ("specinfer+recursive", 1.0, 0, (2, 2))]
 
 
 @pytest.mark.slow

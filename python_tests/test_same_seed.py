@@ -86,3 +86,85 @@ def test_coupled_drafts_are_accepted_more_often_than_independent_ones():
                         temperature=1.0, seed=3, num_draft_tokens=1)
     assert sd.stats.drafted > 400
     assert sd.stats.accepted / sd.stats.drafted > 0.66  # 0.74 measured; independent: 0.57 at most
+
+
+TREE_SHAPES = {"rsd-c": ["auto", (2, 2), (3, 1, 1)], "specinfer": ["auto", (2, 2)], "rsd-s": ["auto", (2, 3), (3, 1)]}
+
+
+@pytest.mark.parametrize("method, shape", [(m, s) for m, shapes in TREE_SHAPES.items() for s in shapes])
+@pytest.mark.parametrize("seed, temperature, top_p", [(123, 1.0, 1.0), (7, 0.8, 0.95)])
+def test_sampled_draft_trees_equal_sampled_ar(method, shape, seed, temperature, top_p):
+    """Draft trees under scheme "auto" with a seed (positional, rsd.TreeDrafter): every node's first child is
+    drawn from q with the uniform number of the target's token at its position (rsd-c, specinfer), the tree
+    goes to the verifier without q, and the child that is the target's token is kept. The text is sampled
+    ar's with the same seed, whatever the shapes."""
+    drafter = TableLM(cycle_table(0.6))
+    ar = _decode("ar", seed, temperature, top_p)
+    tree = _decode(method, seed, temperature, top_p, drafter=drafter, drafter_tokenizer=letter_tokenizer(),
+                   num_draft_tokens=shape)
+    assert tree.tokens == ar.tokens
+    if shape != "auto":
+        assert 0 < tree.stats.accepted < tree.stats.drafted  # accepted and rejected drafts: the check bites
+
+
+@pytest.mark.parametrize("method", ["rsd-c", "specinfer", "rsd-s"])
+def test_draft_trees_with_scheme_recursive_are_not_sampled_ar(method):
+    """The same call with scheme "recursive" verifies the trees by recursive rejection sampling: the target's
+    law, not ar's text (the equality above is the scheme's doing, not the toy tables')."""
+    drafter = TableLM(cycle_table(0.6))
+    ar = _decode("ar", 123)
+    tree = _decode(method, 123, drafter=drafter, drafter_tokenizer=letter_tokenizer(), num_draft_tokens=(2, 2),
+                   options={"scheme": "recursive"})
+    assert tree.tokens != ar.tokens
+
+
+@pytest.mark.parametrize("seed, scheme, expected", [(7, None, "positional"), (None, None, "recursive"),
+                                                    (7, "recursive", "recursive"), (None, "positional", "positional")])
+def test_tree_scheme_auto_is_positional_with_a_seed_and_recursive_without(monkeypatch, seed, scheme, expected):
+    """Option "scheme" of the draft-tree methods: "auto" (the default) matches positional tokens when a seed
+    is given and verifies by recursive rejection sampling (q handed to tree_verify) when not."""
+    from specops.decoding import verify
+
+    seen = set()
+    match_tree = verify._match_tree
+
+    def spy(logits, tokens, *args):
+        if tokens.shape[1] > 1:  # a tree with drafts (a plain step draws its token this way in every scheme)
+            seen.add("positional")
+        return match_tree(logits, tokens, *args)
+
+    def spy_recursive(*args, _tree_verify=specops.ops.tree_verify, **kwargs):
+        seen.add("recursive")
+        return _tree_verify(*args, **kwargs)
+
+    monkeypatch.setattr(verify, "_match_tree", spy)
+    monkeypatch.setattr(verify.ops, "tree_verify", spy_recursive)
+    specops.decode(PROMPTS[:2], target=TableLM(cycle_table()), tokenizer=letter_tokenizer(), method="rsd-c",
+                   drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), num_draft_tokens=(2, 2),
+                   max_new_tokens=6, temperature=1.0, seed=seed, options=None if scheme is None else {"scheme": scheme})
+    assert seen == {expected}
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_one_child_trees_draft_what_sd_drafts(prompt):
+    """Under "positional", a node's first child (rsd-c, specinfer) and the lead beam's child (rsd-s) are the
+    drafter's draw with the target's positional number, as sd's chain drafts are: trees of one child per
+    level draft exactly sd's chain, so each accepts exactly as many drafts."""
+    common = dict(drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), prompts=[prompt])
+    sd = _decode("sd", 31, num_draft_tokens=3, **common)
+    assert 0 < sd.stats.accepted < sd.stats.drafted
+    for method, shape in (("rsd-c", (1, 1, 1)), ("specinfer", (1, 1, 1)), ("rsd-s", (1, 3))):
+        tree = _decode(method, 31, num_draft_tokens=shape, **common)
+        assert tree.tokens == sd.tokens
+        assert (tree.stats.accepted, tree.stats.drafted) == (sd.stats.accepted, sd.stats.drafted), method
+
+
+def test_lead_beam_is_kept_among_wider_beams():
+    """rsd-s with W = 3 holds the coupled chain (the lead beam) and two beams besides: from any position its
+    tree contains the chain that W = 1 draws from there, so each step keeps at least as many drafts; over
+    this run the wide trees need no more target calls."""
+    common = dict(drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), prompts=[PROMPTS[0]])
+    chain = _decode("rsd-s", 8, num_draft_tokens=(1, 3), **common)
+    wide = _decode("rsd-s", 8, num_draft_tokens=(3, 3), **common)
+    assert wide.tokens == chain.tokens
+    assert wide.stats.accepted / wide.stats.target_calls >= chain.stats.accepted / chain.stats.target_calls

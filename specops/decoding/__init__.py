@@ -286,16 +286,21 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         drawn and verified ("positional": with the target's own random numbers, kept when equal to its
         token, the same text as sampled "ar"; "token": from q, speculative sampling token by token;
         "block": from q, block verification, never fewer kept; "auto": "positional" when a seed is given,
-        else "block").
+        else "block");
+      - "rsd-c", "rsd-s", "specinfer": {"scheme": "auto" | "positional" | "recursive"}: how sampled draft
+        trees are verified ("positional": the child that is the target's own positional token is kept, the
+        same text as sampled "ar"; "recursive": recursive rejection sampling against q; "auto":
+        "positional" when a seed is given, else "recursive").
     With "auto", options are checked against the method it picks. seed: the same seed gives the same
-    text. Chain methods ("ar", "ngram", "slem", "sd", "tli", "union") draw each token with random numbers
-    keyed by the seed, the request and the token's position alone and accept a draft when it equals that
-    token ("sd", "tli" and "union", given a seed, draw their drafts from the drafter with the same numbers,
-    so they are often equal), so they give token for token the text sampled "ar" gives, whatever
-    num_draft_tokens is ("auto" included) and however requests are batched. Tree methods with a drafter ("rsd-*",
-    "specinfer") and "se" key their random numbers by step: reproducible for a fixed num_draft_tokens;
-    with "auto", draft lengths follow measured timings and the steps they make decide which random
-    numbers each token uses (the distribution is the target's either way).
+    text. Given a seed, "ar", "ngram", "slem", "sd", "tli", "union", "rsd-c", "rsd-s" and "specinfer"
+    draw each token with random numbers keyed by the seed, the request and the token's position alone and
+    accept a draft when it equals that token ("sd", "tli", "union", "rsd-c" and "specinfer" draw their
+    drafts, or each tree node's first child, from the drafter with the same numbers, so they are often
+    equal), so they give token for token the text sampled "ar" gives, whatever num_draft_tokens is
+    ("auto" included) and however requests are batched. The option "scheme" can ask for verification
+    against q instead; that, and "slrs", key their random numbers by step: reproducible for a fixed
+    num_draft_tokens, while "auto" lengths follow timings. "se" and the ensembles draw from streams keyed
+    by step and decide nothing from timings: the same seed gives the same text, which is not "ar"'s.
     stop: strings that end a request (excluded from its text). stream: called as stream(request_index,
     text) with each new piece of text as tokens are accepted.
 

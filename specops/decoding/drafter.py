@@ -26,15 +26,16 @@ _SCHEME_HELP = ("how sampled drafts are verified: positional draws each draft wi
                 "gives the same text) and block otherwise. Greedy decoding is the same in all")
 
 
-def _check_scheme(options: dict) -> None:
-    if options["scheme"] not in SCHEMES:
-        raise ValueError(f"decode: scheme must be one of {', '.join(SCHEMES)}, got {options['scheme']!r}")
+def scheme_option(default: str = "auto", schemes: tuple[str, ...] = SCHEMES, help: str = _SCHEME_HELP) -> dict:
+    """The Method fields of an option "scheme" whose values are `schemes`: TokenDrafter's (the default) or
+    the draft trees' (rsd.TREE_SCHEMES)."""
 
+    def check(options: dict) -> None:
+        if options["scheme"] not in schemes:
+            raise ValueError(f"decode: scheme must be one of {', '.join(schemes)}, got {options['scheme']!r}")
 
-def scheme_option(default: str = "auto") -> dict:
-    """The Method fields of the "scheme" option, for the methods whose proposer is TokenDrafter."""
-    return {"options": {"scheme": default}, "check": _check_scheme, "option_help": {"scheme": _SCHEME_HELP},
-            "option_choices": {"scheme": SCHEMES}}
+    return {"options": {"scheme": default}, "check": check, "option_help": {"scheme": help},
+            "option_choices": {"scheme": schemes}}
 
 
 class DrafterProposer(Proposer):

@@ -15,6 +15,15 @@ num_draft_tokens="auto" chooses the shape every step from measured costs and acc
 on a CPU, where a forward's cost grows with the tokens it carries, small trees or plain steps; on a GPU
 wider and deeper ones.
 
+Option "scheme" (`TREE_SCHEMES`) says how sampled trees are verified. "recursive" is the above. "positional"
+gives each node's children the same law but draws the first child of every node from q by the inverse CDF
+at the uniform number the target's token at that position is drawn with (`verify.positional`; the
+first child of specinfer and rsd-c, rsd-c's others then without replacement among the rest; rsd-s's beams
+as drawn). The tree goes to the verifier without q, which keeps the child that is the target's positional
+token: the text is sampled "ar"'s with the same seed, whatever shapes "auto" picks and however requests are
+batched (docs/same_seed.md). "auto" (the default) is "positional" when the caller gave a seed and
+"recursive" when not.
+
 Any drafter: one with the target's vocabulary (or `self:N`) drafts from its own distribution; one with
 another vocabulary drafts from its distribution restricted to the tokens both share (TLI's intersection,
 `DraftVocab.project`), in target ids, and reads the tree back in its own ids.
@@ -36,14 +45,23 @@ from specops import ops
 from specops import vocab as vocab_maps
 from specops._seeds import beam_seeds
 from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
-from specops.decoding.drafter import DrafterProposer
+from specops.decoding.drafter import DrafterProposer, scheme_option
 from specops.decoding.step import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
 from specops.decoding.tree_shape import TreeShape
+from specops.decoding.verify import positional
 
 INITIAL_BRANCHING = (2, 2)  # where "auto" starts for rsd-c / specinfer
 INITIAL_BEAMS = (2, 3)  # where "auto" starts for rsd-s: W beams, L levels
 _CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share random numbers
+
+# How sampled draft trees are verified (option "scheme" of rsd-c, rsd-s and specinfer).
+TREE_SCHEMES = ("auto", "positional", "recursive")
+_SCHEME_HELP = ("how sampled draft trees are verified: positional draws each node's first child with the target's "
+                "own random number at its position and keeps the child that is the target's token (the text is "
+                "sampled ar's for the same seed, whatever the tree shapes); recursive draws every child from q and "
+                "verifies the tree by recursive rejection sampling; auto is positional when a seed is given and "
+                "recursive otherwise. Greedy decoding is the same in all")
 
 
 def check_branching(setting) -> None:
@@ -89,6 +107,16 @@ class TreeDrafter(DrafterProposer):
     def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]], initial: tuple[int, ...]):
         super().__init__(dataclasses.replace(setup, num_draft_tokens="auto"), prompts)
         self.vocab = vocab
+        scheme = setup.options.get("scheme", "auto")
+        if scheme == "auto":  # a seed asks for the same text back; without one, recursive rejection sampling
+            scheme = "positional" if setup.seeded else "recursive"
+        # Sampled trees under "positional" go to the verifier without q: verify.tree accepts the child that is
+        # the target's positional token (BranchingDrafter draws every node's first child with its number).
+        self.matched = scheme == "positional" and not self.params.greedy
+        # The sequence position of each request's first draft (the token after the root, which is the last
+        # emitted token): its prompt, then the token the prompt's logits gave.
+        self.position = torch.tensor([len(r) + 1 for r in setup.batch.prompt_rows], dtype=torch.long,
+                                     device=setup.seeds.device)
         auto = setup.num_draft_tokens == "auto"
         self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
                                             setup.method) if auto else None
@@ -121,7 +149,7 @@ class TreeDrafter(DrafterProposer):
         logits = self.read()[:, None]  # [B, 1, V_d] after each request's last emitted token: the root's children
         tokens = [torch.zeros(batch, dtype=torch.long, device=device)]
         parents = [torch.zeros(batch, dtype=torch.long, device=device)]
-        probs = [] if not self.params.greedy else None
+        probs = [] if not (self.params.greedy or self.matched) else None
         frontier = [0]  # node indices of the current level
         for level in range(depth):
             found = self.children(self.vocab.project(logits), step, level)
@@ -196,6 +224,8 @@ class TreeDrafter(DrafterProposer):
     def accept(self, result: StepResult) -> None:
         # The tree's nodes left the drafter's cache: it reads the accepted path and the emitted token.
         self.pending = [p + self.vocab.to_drafter(e) for p, e in zip(self.pending, result.emitted)]
+        self.position = self.position + torch.tensor([len(e) for e in result.emitted], dtype=torch.long,
+                                                     device=self.position.device)
         if self.chooser is not None:
             paths = [] if self.tree is None else [_path(t, p, e, n) for t, p, e, n in
                                                   zip(*self.tree, result.emitted, result.accepted)]
@@ -206,6 +236,7 @@ class TreeDrafter(DrafterProposer):
 
     def select(self, rows: torch.Tensor) -> None:
         super().select(rows)
+        self.position = self.position[rows.to(self.position.device)]
         if self.tree is not None:
             keep = rows.tolist()
             self.tree = tuple([part[r] for r in keep] for part in self.tree)
@@ -239,21 +270,33 @@ class BranchingDrafter(TreeDrafter):
 
     def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
         """branching[level] children for each parent, each parent drawing from its own stream (`beam_seeds`:
-        the request's seed moved by the parent's place in the level) at offset (step, level, child)."""
+        the request's seed moved by the parent's place in the level) at offset (step, level, child).
+        Coupled (scheme "positional"): the first child is drawn from q with the random number of the target's
+        token at the level's position (`verify.positional`), and the others as before but never that
+        token again (rsd-c: the first branching - 1 of the draws without replacement that are not it)."""
         batch, parents, width = logits.shape
         count = min(self.shape[level], width)  # no more distinct children than tokens
         seeds = beam_seeds(self.seeds, parents).reshape(-1)
         p = self.params
         flat = logits.reshape(-1, width)
         draws = []
-        for i in range(1 if not self.replacement else count):  # without replacement: one call draws all
+        calls = count - self.matched if self.replacement else int(count > self.matched)  # without replacement: one
+        for i in range(calls):
             token, q = ops.sample_without_replacement(
                 flat, count if not self.replacement else 1, temperature=p.temperature, top_k=p.top_k,
                 top_p=p.top_p, seed=seeds, offset=draft_offset(step, level << _CHILD_BITS | i), validate=False)
             draws.append(token)
+        if self.matched:
+            where = (self.position + level).to(self.seeds.device)[:, None].expand(batch, parents)
+            first = positional(logits, p, self.seeds, where).reshape(-1, 1)
+            rest = torch.cat(draws, dim=1) if draws else first[:, :0]
+            if not self.replacement:  # the draws in their order, the first child's token moved last, cut
+                order = torch.sort((rest == first).to(torch.int8), dim=1, stable=True).indices
+                rest = rest.gather(1, order)[:, :count - 1]
+            draws = [first, rest]
         tokens = torch.cat(draws, dim=1).view(batch, parents * count)
         slot = torch.arange(parents, device=logits.device).repeat_interleave(count).expand(batch, -1)
-        return Level(tokens, slot, None if p.greedy else q.view(batch, parents, width))
+        return Level(tokens, slot, None if p.greedy or self.matched else q.view(batch, parents, width))
 
 
 class BeamDrafter(TreeDrafter):
@@ -263,19 +306,42 @@ class BeamDrafter(TreeDrafter):
 
     def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]]):
         super().__init__(setup, vocab, prompts, INITIAL_BEAMS)
-        self.log_probs = self.scores = None
+        self.log_probs = self.scores = self.lead = None
 
     def children(self, logits: torch.Tensor, step: int, level: int) -> Level:
         batch, parents, _ = logits.shape
         if level == 0:  # one beam per request, the root: phi = G = 0
             self.log_probs = logits.new_zeros(batch, 1, dtype=torch.float32)
             self.scores = logits.new_zeros(batch, 1, dtype=torch.float32)
+            self.lead = torch.zeros(batch, dtype=torch.long, device=logits.device)
         p = self.params
         width = min(self.shape[0], logits.shape[-1])  # no more distinct children than tokens
+        before = self.log_probs
         slot, tokens, self.log_probs, self.scores, q = ops.stochastic_beam_step(
             logits, self.log_probs, self.scores, width, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
             seed=self.seeds, offset=draft_offset(step, level << _CHILD_BITS), validate=False)
-        return Level(tokens, slot, None if p.greedy else q)
+        if self.matched:
+            self._keep_lead(logits, before, slot, tokens, q, level)
+        return Level(tokens, slot, None if p.greedy or self.matched else q)
+
+    def _keep_lead(self, logits, before, slot, tokens, q, level: int) -> None:
+        """Scheme "positional": the lead beam, whose every token is the drafter's draw with the target's
+        positional random number (as TokenDrafter's chain), gets that draw as a child at every level: it
+        is kept if Stochastic Beam Search kept it, else it takes the place of the level's worst child (or an
+        empty one). The tree then holds the coupled chain and W - 1 beams besides (in place)."""
+        rows = torch.arange(slot.shape[0], device=slot.device)
+        where = (self.position + level).to(self.seeds.device)[:, None]
+        want = positional(logits[rows, self.lead][:, None], self.params, self.seeds, where)[:, 0].to(slot.device)
+        hit = (slot == self.lead[:, None]) & (tokens == want[:, None])
+        empty = tokens < 0
+        place = torch.where(empty.any(1), empty.long().argmax(1), slot.shape[1] - 1)
+        index = torch.where(hit.any(1), hit.long().argmax(1), place)
+        lowest = torch.where(torch.isfinite(self.scores), self.scores, float("inf")).amin(1)
+        phi = before[rows, self.lead] + q[rows, self.lead, want].clamp_min(1e-30).log()
+        score = torch.where(torch.isfinite(self.scores[rows, index]), self.scores[rows, index], lowest)
+        slot[rows, index], tokens[rows, index] = self.lead, want
+        self.log_probs[rows, index], self.scores[rows, index] = phi, score
+        self.lead = index
 
 
 def _crossing(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
@@ -312,11 +378,11 @@ def _beams(setup: Setup) -> TreeDrafter:
 METHODS = [
     Method("rsd-c", "draft trees of constant branching, siblings drawn without replacement, verified by "
            "recursive rejection sampling (RSD-C)", _branching(False), drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
-           draft_setting=check_branching),
+           draft_setting=check_branching, **scheme_option(schemes=TREE_SCHEMES, help=_SCHEME_HELP)),
     Method("rsd-s", "draft trees of W sequences drawn without replacement by Stochastic Beam Search, verified "
            "by recursive rejection sampling (RSD-S)", _beams, drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
-           draft_setting=check_beams),
+           draft_setting=check_beams, **scheme_option(schemes=TREE_SCHEMES, help=_SCHEME_HELP)),
     Method("specinfer", "draft trees of constant branching with i.i.d. siblings (SpecInfer), verified by "
            "recursive rejection sampling", _branching(True), drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
-           draft_setting=check_branching),
+           draft_setting=check_branching, **scheme_option(schemes=TREE_SCHEMES, help=_SCHEME_HELP)),
 ]
