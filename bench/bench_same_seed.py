@@ -4,10 +4,11 @@ against speculative sampling's rule as specops had it before (`--previous`: draf
 random numbers and verified against their q by chain_verify; that code is kept here for the comparison).
 
     python bench/bench_same_seed.py [--previous] [--method tli] [--scheme auto] [--num-draft-tokens auto]
-                                    [--check]
+                                    [--prompts 4] [--new-tokens 64] [--check]
 
 Target Gemma-3-270M, drafter SmolLM2-135M (int8; another vocabulary, so "tli"), HumanEval/0-3, 64 new
-tokens, T = 0.8, top-p 0.95, seed 1: the prompts one at a time, then together. Prints one JSON line:
+tokens, T = 0.8, top-p 0.95, seed 1: the prompts one at a time, then together. --num-draft-tokens takes
+"auto", an int, or a comma-separated tuple (a tree shape: "2,2"). Prints one JSON line:
 tokens/s, accepted, drafted and target calls per mode. --scheme is the method's option "scheme" (sd, tli,
 union: auto, positional, token, block; rsd-c, rsd-s, specinfer: auto, positional, recursive). --check decodes HumanEval/0-7 (48 tokens, seed 123) twice and with
 "ar", and prints how many outputs were the same twice and equal to ar's.
@@ -61,11 +62,15 @@ def main() -> None:
     parser.add_argument("--drafter", default="smollm2-135m")
     parser.add_argument("--num-draft-tokens", default="auto")
     parser.add_argument("--scheme", default="auto")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     if args.previous:
         TokenDrafter.propose = _previous_propose
-    k = args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens)
+    k = args.num_draft_tokens
+    if k != "auto":
+        k = tuple(int(v) for v in k.split(",")) if "," in k else int(k)
     kw = {"target": "gemma-3-270m", "drafter": args.drafter, "method": args.method, "temperature": 0.8,
           "top_p": 0.95, "options": {"scheme": args.scheme}}
     if args.check:
@@ -77,12 +82,12 @@ def main() -> None:
         print(json.dumps({"same_twice": sum(a == b for a, b in zip(first.tokens, second.tokens)),
                           "equal_to_ar": sum(a == b for a, b in zip(first.tokens, ar.tokens)), "of": len(prompts)}))
         return
-    prompts = _prompts(4)
+    prompts = _prompts(args.prompts)
     specops.decode(["def f(x):"], max_new_tokens=8, seed=1, num_draft_tokens=k, **kw)  # warm-up
     out = {}
-    for mode, groups in (("one at a time", [[p] for p in prompts]), ("4 together", [prompts])):
+    for mode, groups in (("one at a time", [[p] for p in prompts]), (f"{len(prompts)} together", [prompts])):
         start = time.perf_counter()
-        results = [specops.decode(g, max_new_tokens=64, seed=1, num_draft_tokens=k, **kw) for g in groups]
+        results = [specops.decode(g, max_new_tokens=args.new_tokens, seed=1, num_draft_tokens=k, **kw) for g in groups]
         seconds = time.perf_counter() - start
         out[mode] = {"tokens_per_s": round(sum(len(t) for r in results for t in r.tokens) / seconds, 2),
                      "accepted": sum(r.stats.accepted for r in results),

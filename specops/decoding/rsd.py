@@ -1,4 +1,5 @@
-"""Draft trees from a drafter, verified whole by recursive rejection sampling (paper 003, RSD; SpecInfer):
+"""Draft trees from a drafter, verified whole by recursive rejection sampling (paper 003, RSD; SpecInfer), or
+by the target's positional tokens when a seed is given (option "scheme", below):
 
 - "rsd-c": constant branching factors per level, num_draft_tokens = (b1, ..., bL): each node at level l
   gets b_{l+1} children drawn without replacement from the drafter's distribution there

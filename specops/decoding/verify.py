@@ -12,9 +12,11 @@ cut back to them.
   for one drawn with them; the text is token for token what "ar" gives with the same seed, whatever the
   draft shapes, the batch or the timing that chose them.
 - "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by recursive rejection
-  sampling (`tree_verify`: every sibling gets its chance); the cache keeps the accepted path. A tree
-  proposer may hand over a step whose trees are all chains as a chain proposal (tree_verify's chain case
-  is chain_verify).
+  sampling (`tree_verify`: every sibling gets its chance) when it comes with q; without q (n-gram trees,
+  and drafter trees under scheme "positional") by walking it from the root through the children that hold
+  the target's positional tokens (`_match_tree`), sampling only the nodes the walk reaches. The cache keeps
+  the accepted path. A tree proposer may hand over a step whose trees are all chains as a chain proposal
+  (tree_verify's chain case is chain_verify).
 """
 
 from __future__ import annotations
@@ -134,30 +136,39 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
 def _match_tree(logits, tokens, shape, params: SamplingParams, seeds, state):
     """tree_verify's (out, nodes, accepted) for a deterministic tree: from the root, the positional token
     after the current node; the child holding it is accepted and the walk goes on from there, else that
-    token is emitted and the walk ends."""
+    token is emitted and the walk ends. Only the nodes the walk reaches are sampled: one `positional` call
+    per depth, over the requests still walking."""
     rows, size = tokens.shape
-    depth = shape.depth
-    # The state does not advance over a tree until commit: a node's prediction lands depth + 1 past `last`.
-    drawn = positional(logits, params, seeds, state.next_pos[:, None] + 1 + depth).tolist()
-    parent, valid, ids = shape.parent.tolist(), shape.valid.tolist(), tokens.tolist()
-    out = torch.full((rows, size), -1, dtype=torch.long)
-    nodes = torch.full((rows, size - 1), -1, dtype=torch.long)
-    accepted = torch.zeros(rows, dtype=torch.long)
-    for b in range(rows):
-        node, path = 0, []
-        while True:
-            want = drawn[b][node]
-            child = next((c for c in range(1, size) if valid[b][c] and parent[b][c] == node and ids[b][c] == want),
-                         None)
-            if child is None:
-                break
-            path.append(child)
-            node = child
-        out[b, :len(path)] = torch.tensor([ids[b][c] for c in path], dtype=torch.long)
-        out[b, len(path)] = drawn[b][node]
-        nodes[b, :len(path)] = torch.tensor(path, dtype=torch.long)
-        accepted[b] = len(path)
     device = tokens.device
+    parent, valid, ids, depth = shape.parent.tolist(), shape.valid.tolist(), tokens.tolist(), shape.depth.tolist()
+    children = [{} for _ in range(rows)]  # per request: node -> {token: first child holding it}
+    for b in range(rows):
+        for c in range(size - 1, 0, -1):  # backwards, so the first child with a token wins
+            if valid[b][c]:
+                children[b].setdefault(parent[b][c], {})[ids[b][c]] = c
+    node, paths, walking = [0] * rows, [[] for _ in range(rows)], list(range(rows))
+    out = torch.full((rows, size), -1, dtype=torch.long)
+    while walking:
+        at = torch.tensor(walking, dtype=torch.long, device=device)
+        here = torch.tensor([node[b] for b in walking], dtype=torch.long, device=device)
+        # The state does not advance over a tree until commit: a node's prediction lands depth + 1 past `last`.
+        where = state.next_pos[at] + 1 + torch.tensor([depth[b][node[b]] for b in walking], device=device)
+        drawn = positional(logits[at, here][:, None], params, seeds[at], where[:, None])[:, 0].tolist()
+        still = []
+        for b, want in zip(walking, drawn):
+            child = children[b].get(node[b], {}).get(want)
+            if child is None:
+                out[b, len(paths[b])] = want
+                continue
+            paths[b].append(child)
+            node[b] = child
+            still.append(b)
+        walking = still
+    nodes = torch.full((rows, size - 1), -1, dtype=torch.long)
+    for b, path in enumerate(paths):
+        out[b, :len(path)] = torch.tensor([ids[b][c] for c in path], dtype=torch.long)
+        nodes[b, :len(path)] = torch.tensor(path, dtype=torch.long)
+    accepted = torch.tensor([len(p) for p in paths], dtype=torch.long)
     return out.to(device), nodes.to(device), accepted.to(device)
 
 

@@ -36,6 +36,19 @@ def _check_tensor(op: str, name: str, value, shape: tuple[int, ...], shape_rule:
         raise TypeError(f"{op}: {name} must be {str(dtype).removeprefix('torch.')}, got {value.dtype}")
 
 
+def _count_arg(op: str, name: str, value, rows: int, full: int, device: torch.device, tensors: dict) -> torch.Tensor:
+    """A per-request count argument (chain_verify's num_draft, tree_verify's num_nodes): a [rows] int64
+    tensor (recorded in `tensors` for the device check), or None for `full` in every row."""
+    if value is None:
+        return torch.full((rows,), full, dtype=torch.int64, device=device)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a [B] int64 tensor or None")
+    if value.dtype != torch.int64 or value.shape != (rows,):
+        raise ValueError(f"{op}: {name} must be a [{rows}] int64 tensor, got {tuple(value.shape)} {value.dtype}")
+    tensors[name] = value
+    return value
+
+
 def _check_int(op: str, name: str, value, low: int, high: int, rule: str) -> None:
     """`value` must be an int (not a bool) in [low, high], which `rule` states: a ValueError naming it
     otherwise. Checked here because the dispatcher rejects an int outside int64 as if it were no int

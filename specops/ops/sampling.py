@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _check_int, _check_logits, _check_tensor,
+from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _check_int, _check_logits, _check_tensor, _count_arg,
                                  _ids_out_of_range, _nan_or_posinf, _raise_first, _sampling_args,
                                  _sampling_checks)
 
@@ -113,15 +113,7 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         _check_tensor("chain_verify", "draft_probs", draft_probs, (batch, k1 - 1, vocab),
                       f"[B, K, V] = [{batch}, {k1 - 1}, {vocab}]", torch.float32)
         tensors["draft_probs"] = draft_probs
-    if num_draft is None:
-        num_draft = torch.full((batch,), k1 - 1, dtype=torch.int64, device=device)
-    elif isinstance(num_draft, torch.Tensor):
-        if num_draft.dtype != torch.int64 or num_draft.shape != (batch,):
-            raise ValueError(f"chain_verify: num_draft must be a [{batch}] int64 tensor, got "
-                             f"{tuple(num_draft.shape)} {num_draft.dtype}")
-        tensors["num_draft"] = num_draft
-    else:
-        raise TypeError("chain_verify: num_draft must be a [B] int64 tensor or None")
+    num_draft = _count_arg("chain_verify", "num_draft", num_draft, batch, k1 - 1, device, tensors)
     if scheme not in CHAIN_SCHEMES:
         raise ValueError(f"chain_verify: scheme must be one of {', '.join(map(repr, CHAIN_SCHEMES))}, got {scheme!r}")
     temperature, top_k, top_p, seeds = _sampling_args("chain_verify", "target_logits", device, batch, tensors,
@@ -323,15 +315,7 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         _check_tensor(op, "draft_probs", draft_probs, (batch, nodes, vocab), f"[B, N, V] = [{batch}, {nodes}, {vocab}]",
                       torch.float32)
         tensors["draft_probs"] = draft_probs
-    if num_nodes is None:
-        num_nodes = torch.full((batch,), nodes, dtype=torch.int64, device=device)
-    elif isinstance(num_nodes, torch.Tensor):
-        if num_nodes.dtype != torch.int64 or num_nodes.shape != (batch,):
-            raise ValueError(f"{op}: num_nodes must be a [{batch}] int64 tensor, got {tuple(num_nodes.shape)} "
-                             f"{num_nodes.dtype}")
-        tensors["num_nodes"] = num_nodes
-    else:
-        raise TypeError(f"{op}: num_nodes must be a [B] int64 tensor or None")
+    num_nodes = _count_arg(op, "num_nodes", num_nodes, batch, nodes, device, tensors)
     if not isinstance(replacement, bool):
         raise TypeError(f"{op}: replacement must be a bool, got {type(replacement).__name__}")
     temperature, top_k, top_p, seeds = _sampling_args(op, "target_logits", device, batch, tensors, temperature,
