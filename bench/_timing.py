@@ -201,7 +201,7 @@ class CpuLoad:
 
     @staticmethod
     def _busy_seconds() -> float:
-        from specops._cpu import busy_seconds
+        from specops._machine_load import busy_seconds
 
         return busy_seconds()
 

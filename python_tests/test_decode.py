@@ -23,7 +23,7 @@ import random
 import pytest
 
 import specops
-from specops._cpu import auto_threads, decoding_threads
+from specops._machine_load import auto_threads, decoding_threads
 from specops.decoding.draft_length import DraftLength
 from stats_helpers import (ALPHA, N_SEQUENCES, PROMPTS, STEP_COST, _fit, _simulate, _true_rate,
                            assert_follows_target, check_stats, cpu_like)
@@ -755,7 +755,7 @@ def test_decoding_threads_follow_the_load_unless_the_user_chose(monkeypatch):
     OMP_NUM_THREADS, is left alone."""
     import torch
 
-    import specops._cpu as cpu
+    import specops._machine_load as cpu
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

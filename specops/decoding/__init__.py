@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specops._cpu import decoding_threads
+from specops._machine_load import decoding_threads
 from specops._seeds import draw_seed, row_seeds
 from specops.decoding import registry
 from specops.decoding.batch import Batch

@@ -188,9 +188,9 @@ class CausalLM:
             kwargs["cache_position"] = torch.arange(past, past + n, device=tokens.device)
         with tree_forward(self.model, tree) if tree is not None else nullcontext():
             if self.cpu_forward is not None and self.cpu_forward.usable(self.model):
-                lean = self.llama_forward if tree is None else None
-                if lean is not None and lean.fits(tokens.numel()) and "position_ids" in kwargs:
-                    logits = lean(keep, cache, **kwargs)
+                llama = self.llama_forward if tree is None else None  # the few-call path, chains only
+                if llama is not None and llama.fits(tokens.numel()) and "position_ids" in kwargs:
+                    logits = llama(keep, cache, **kwargs)
                 else:
                     logits = self.cpu_forward(keep, cache, **kwargs)
             else:

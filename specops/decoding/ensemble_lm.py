@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from specops import ops
-from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
+from specops.decoding.draft_vocab import DraftVocab, intersection
+from specops.decoding.retokenize import Retokenizer
 from specops.decoding.engine import CausalLM, KVState
 
 __all__ = ["ContrastiveEnsemble", "EnsembleLM", "EnsembleState", "Member", "WeightedEnsemble"]
@@ -246,5 +247,5 @@ def member_vocab(lm: CausalLM, tokenizer, first_lm: CausalLM, first_tokenizer, s
     from specops import vocab as vocab_maps
 
     vmap = vocab_maps.vocab_map(first_tokenizer, tokenizer)
-    text = TextCrossing(vmap, first_tokenizer, tokenizer)
+    text = Retokenizer(vmap, first_tokenizer, tokenizer)
     return intersection(vmap, text, lm.vocab_size, first_lm.vocab_size, first_lm.device)

@@ -45,7 +45,8 @@ import torch
 from specops import ops
 from specops import vocab as vocab_maps
 from specops._seeds import beam_seeds
-from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
+from specops.decoding.draft_vocab import DraftVocab, intersection
+from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import DrafterProposer, scheme_option
 from specops.decoding.step import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
@@ -345,7 +346,7 @@ class BeamDrafter(TreeDrafter):
         self.lead = index
 
 
-def _crossing(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
+def _draft_vocab(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
     """The drafter's vocabulary crossing and its prompts: its own vocabulary when it is the target's, else
     the intersection (tli's)."""
     if setup.same_vocabulary:
@@ -358,7 +359,7 @@ def _crossing(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
         ids = torch.arange(drafter_rows, device=device)
         return DraftVocab(torch.where(ids < target_rows, ids, -1), target_rows, target_rows, list), prompts
     vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
-    text = TextCrossing(vmap, setup.tokenizer, setup.drafter_tokenizer)
+    text = Retokenizer(vmap, setup.tokenizer, setup.drafter_tokenizer)
     prompts = setup.batch.encode(setup.drafter_tokenizer)
     setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
     vocab = intersection(vmap, text, setup.drafter.vocab_size, setup.target.vocab_size, setup.target.device)
@@ -367,13 +368,13 @@ def _crossing(setup: Setup) -> tuple[DraftVocab, list[list[int]]]:
 
 def _branching(replacement: bool):
     def make(setup: Setup) -> TreeDrafter:
-        return BranchingDrafter(setup, *_crossing(setup), replacement)
+        return BranchingDrafter(setup, *_draft_vocab(setup), replacement)
 
     return make
 
 
 def _beams(setup: Setup) -> TreeDrafter:
-    return BeamDrafter(setup, *_crossing(setup))
+    return BeamDrafter(setup, *_draft_vocab(setup))
 
 
 METHODS = [

@@ -5,7 +5,7 @@ output equals greedy decoding, sampled output follows the target's distribution.
 
 from __future__ import annotations
 
-from specops.decoding.crossing import DraftVocab
+from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.drafter import TokenDrafter, scheme_option
 from specops.decoding.step import Drafter, Method, Proposer, Setup
 

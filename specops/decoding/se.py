@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from specops import ops
-from specops.decoding.crossing import DraftVocab
+from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.ensemble_lm import WeightedEnsemble
 from specops.decoding.step import Method, Proposal, Proposer, Setup
 from specops.decoding.verify import Verified, sample

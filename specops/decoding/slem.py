@@ -5,7 +5,7 @@ produced itself.
 Each step, per request:
 1. The drafter (its own KV cache, its own encoding of the prompt) proposes k tokens.
 2. Their bytes are re-encoded by the target's tokenizer behind a look-behind of the last target tokens
-   (crossing.TextCrossing.to_target).
+   (retokenize.Retokenizer.to_target).
 3. One target forward scores them; `chain_verify` with one-hot drafts accepts while they match the
    target's greedy token, or, when sampling, keeps each draft with probability p(draft) and otherwise
    samples from p without it: the target's own sample, so the output follows the target exactly.
@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from specops import vocab as vocab_maps
-from specops.decoding.crossing import DraftVocab, TextCrossing
+from specops.decoding.draft_vocab import DraftVocab
+from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Drafter, Method, Proposal, Proposer, Setup, StepResult
 
@@ -28,7 +29,7 @@ _HISTORY = 16  # target tokens kept per request for the look-behind
 class StringDrafter(DrafterProposer):
     def __init__(self, setup: Setup):
         self.vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
-        self.text = TextCrossing(self.vmap, setup.tokenizer, setup.drafter_tokenizer)
+        self.text = Retokenizer(self.vmap, setup.tokenizer, setup.drafter_tokenizer)
         prompts = setup.batch.encode(setup.drafter_tokenizer)
         setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
         super().__init__(setup, prompts)

@@ -27,7 +27,7 @@ import torch
 
 from specops import ops
 from specops import vocab as vocab_maps
-from specops.decoding.crossing import TextCrossing, matched
+from specops.decoding.retokenize import Retokenizer, matched
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.engine import KVState
 from specops.decoding.step import (Drafter, Method, Proposal, Proposer, SamplingParams, Setup, StepResult,
@@ -208,7 +208,7 @@ class StringSampler(DrafterProposer):
 
     def __init__(self, setup: Setup, max_nodes: int):
         self.vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
-        self.text = TextCrossing(self.vmap, setup.tokenizer, setup.drafter_tokenizer)
+        self.text = Retokenizer(self.vmap, setup.tokenizer, setup.drafter_tokenizer)
         prompts = setup.batch.encode(setup.drafter_tokenizer)
         setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
         super().__init__(setup, prompts)

@@ -15,13 +15,14 @@ drafter through the intersection, or, outside it, as the drafter's encoding of t
 from __future__ import annotations
 
 from specops import vocab as vocab_maps
-from specops.decoding.crossing import DraftVocab, TextCrossing, intersection
+from specops.decoding.draft_vocab import DraftVocab, intersection
+from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import TokenDrafter, scheme_option
 from specops.decoding.step import Drafter, Method, Proposer, Setup
 from specops.vocab import VocabMap
 
 
-def union(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: int, device) -> DraftVocab:
+def union(vmap: VocabMap, text: Retokenizer, drafter_rows: int, target_rows: int, device) -> DraftVocab:
     """Alg 1: drafts from the drafter's whole vocabulary, verified over the union of both."""
     ids, width = vmap.union(drafter_rows, target_rows)
     return DraftVocab(ids.to(device), width, target_rows, text.tokens_to_drafter)
@@ -30,7 +31,7 @@ def union(vmap: VocabMap, text: TextCrossing, drafter_rows: int, target_rows: in
 def _maker(crossing):
     def make(setup: Setup) -> Proposer:
         vmap = vocab_maps.vocab_map(setup.tokenizer, setup.drafter_tokenizer)
-        text = TextCrossing(vmap, setup.tokenizer, setup.drafter_tokenizer)
+        text = Retokenizer(vmap, setup.tokenizer, setup.drafter_tokenizer)
         prompts = setup.batch.encode(setup.drafter_tokenizer)
         setup.drafter.check_prompts(prompts, setup.batch.max_new_tokens, "drafter")
         vocab = crossing(vmap, text, setup.drafter.vocab_size, setup.target.vocab_size, setup.target.device)

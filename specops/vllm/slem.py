@@ -5,9 +5,9 @@
 
 The drafter, a transformers causal LM with any tokenizer, runs inside vLLM's worker process through
 specops' engine: it drafts text greedily, the text is re-encoded in the target's tokens behind a look-behind
-of the request's last target tokens (`crossing.TextCrossing`), and vLLM verifies those as one-hot drafts,
+of the request's last target tokens (`retokenize.Retokenizer`), and vLLM verifies those as one-hot drafts,
 so the output is vLLM's own. After each step the drafter keeps the longest run of its drafts whose text the
-target emitted and reads the rest of that text in its own tokens (`TextCrossing.realign`), so its KV cache
+target emitted and reads the rest of that text in its own tokens (`Retokenizer.realign`), so its KV cache
 follows every request across steps: one batched cache for all running requests, requests joining
 (`KVState.join`) and leaving (`KVState.select`) at any step, identified by their tokens
 (`_requests.Requests`). The number of drafter tokens per step comes from measured costs and acceptance
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specops.decoding.crossing import TextCrossing
+from specops.decoding.retokenize import Retokenizer
 from specops.decoding.draft_length import DraftLength
 from specops.decoding.engine import CausalLM, KVState
 from specops.vllm._requests import Requests
@@ -81,7 +81,7 @@ class SlemProposer:
                                                          trust_remote_code=model_config.trust_remote_code)
         self.lm = CausalLM(drafter, "drafter")
         self.vmap = vocab.vocab_map(target_tokenizer, drafter_tokenizer)
-        self.text = TextCrossing(self.vmap, target_tokenizer, drafter_tokenizer)
+        self.text = Retokenizer(self.vmap, target_tokenizer, drafter_tokenizer)
         self.state = KVState(self.lm, 0)
         self.order: list[int] = []  # the request of each row of the drafter's state
         self.history: dict[int, list[int]] = {}  # request -> its last target tokens
