@@ -56,6 +56,19 @@ def _uniform(seed, position, stream: tl.constexpr, offset_lo, offset_hi):
 
 
 @triton.jit
+def _request_sampling(temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, b, n_tiles, BLOCK_T: tl.constexpr):
+    """Request b's sampling parameters as the verification walks use them (chain_verify's token and block
+    schemes, tree_verify): (temperature, top_k, top_p, seed, greedy, scale, tiles, tile_ok). Greedy is
+    T = 0, where logits are compared unscaled (scale 1); tiles are the tile-statistics slots of a row,
+    tile_ok the ones a row of n_tiles uses."""
+    temperature = tl.load(temperature_ptr + b)
+    greedy = temperature == 0.0
+    tiles = tl.arange(0, BLOCK_T)
+    return (temperature, tl.load(top_k_ptr + b), tl.load(top_p_ptr + b), tl.load(seed_ptr + b), greedy,
+            tl.where(greedy, 1.0, temperature), tiles, tiles < n_tiles)
+
+
+@triton.jit
 def _ordered_key(x):
     """Order-preserving int32 image of float32 x, so thresholds can be bisected on integers."""
     bits = x.to(tl.int32, bitcast=True)

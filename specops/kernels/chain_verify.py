@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from specops.kernels._sampling import (_KEEP_ALL, _STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
-                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _row_tile_stats,
-                                       _scaled_tile, _uniform, offset_words, tile_stat_buffers, vocab_tiling)
+                                       _inverse_cdf_tile, _ordered_key, _request_sampling, _row_argmax,
+                                       _row_normalizer, _row_tile_stats, _scaled_tile, _uniform, offset_words,
+                                       tile_stat_buffers, vocab_tiling)
 
 __all__ = ["chain_verify_triton"]
 
@@ -83,15 +84,9 @@ def _chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, 
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
     n = tl.load(num_draft_ptr + b)
-    temperature = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    greedy = temperature == 0.0
+    temperature, top_k, top_p, seed, greedy, scale, tiles, tile_ok = _request_sampling(
+        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, b, n_tiles, BLOCK_T)
     emitted = tl.zeros([], tl.int32)
-    scale = tl.where(greedy, 1.0, temperature)
-    tiles = tl.arange(0, BLOCK_T)
-    tile_ok = tiles < n_tiles
     out_row_ptr = out_ptr + b64 * stride_ob
 
     done = tl.zeros([], tl.int32)
@@ -270,14 +265,8 @@ def _block_chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft
     b64 = b.to(tl.int64)
     # Clamped so that an unchecked count (validate=False) never reads past a request's drafts.
     n = tl.minimum(tl.maximum(tl.load(num_draft_ptr + b), 0), K1 - 1)
-    temperature = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    greedy = temperature == 0.0
-    scale = tl.where(greedy, 1.0, temperature)
-    tiles = tl.arange(0, BLOCK_T)
-    tile_ok = tiles < n_tiles
+    temperature, top_k, top_p, seed, greedy, scale, tiles, tile_ok = _request_sampling(
+        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, b, n_tiles, BLOCK_T)
     out_row_ptr = out_ptr + b64 * stride_ob
     done = tl.zeros([], tl.int32)  # greedy: the walk has emitted its token
     alive = tl.full([], 1, tl.int32)  # sampled: W is still > 0

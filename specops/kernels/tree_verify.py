@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from specops.kernels._sampling import (_STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
-                                       _inverse_cdf_tile, _ordered_key, _row_argmax, _row_normalizer, _row_tile_stats,
-                                       _uniform, offset_words, tile_stat_buffers, vocab_tiling)
+                                       _inverse_cdf_tile, _ordered_key, _request_sampling, _row_argmax,
+                                       _row_normalizer, _row_tile_stats, _uniform, offset_words, tile_stat_buffers,
+                                       vocab_tiling)
 
 __all__ = ["tree_verify_triton"]
 
@@ -112,14 +113,8 @@ def _walk_kernel(logits_ptr, tokens_ptr, parents_ptr, draft_probs_ptr, num_nodes
     b64 = b.to(tl.int64)
     # Clamped so that unchecked counts (validate=False) never index past the rows.
     count = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), N).to(tl.int32)
-    temperature = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    greedy = temperature == 0.0
-    scale = tl.where(greedy, 1.0, temperature)
-    tiles = tl.arange(0, BLOCK_T)
-    tile_ok = tiles < n_tiles
+    temperature, top_k, top_p, seed, greedy, scale, tiles, tile_ok = _request_sampling(
+        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, b, n_tiles, BLOCK_T)
     tokens_row_ptr = tokens_ptr + b64 * stride_tb
     parents_row_ptr = parents_ptr + b64 * stride_pb
     out_tokens_row_ptr = out_tokens_ptr + b64 * stride_ob
