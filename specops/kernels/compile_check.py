@@ -54,6 +54,7 @@ class Launch:
     constexprs: dict[str, object]
     options: dict[str, object]
     cases: list[str] = field(default_factory=list)  # the inputs that led to it
+    attrs: dict = field(default_factory=dict)  # what the JIT would infer from the values (_specialization)
 
     @property
     def name(self) -> str:
@@ -62,7 +63,7 @@ class Launch:
     def key(self) -> tuple:
         return (self.kernel.fn.__module__, self.name, tuple(sorted(self.signature.items())),
                 tuple(sorted((k, repr(v)) for k, v in self.constexprs.items())),
-                tuple(sorted((k, repr(v)) for k, v in self.options.items())))
+                tuple(sorted((k, repr(v)) for k, v in self.options.items())), tuple(sorted(self.attrs)))
 
     def config(self) -> str:
         """The constexprs and options, shortly (what tells one configuration of a kernel from another)."""
@@ -87,6 +88,25 @@ def _arg_type(value) -> str:
     raise TypeError(f"compile_check: no Triton type for a launch argument of type {type(value).__name__}")
 
 
+def _specialization(value, param) -> int | None:
+    """What Triton's JIT infers from a launch argument's value and compiles into the kernel, as it does at a
+    real launch: 1 for an int equal to 1 (a constant), 16 for an int divisible by 16 or a tensor whose data
+    starts 16-byte aligned (`tt.divisibility`: vectorized loads, cheaper index math), else None. Parameters
+    marked do_not_specialize (on alignment) get none. Meta tensors have no address: their storage offset
+    stands for it, as torch's allocations are aligned."""
+    if isinstance(value, bool) or isinstance(value, float):
+        return None
+    if isinstance(value, torch.Tensor):
+        aligned = value.storage_offset() * value.element_size() % 16 == 0
+        return 16 if aligned and not getattr(param, "do_not_specialize_on_alignment", False) else None
+    if isinstance(value, int) and not getattr(param, "do_not_specialize", False):
+        if value == 1:
+            return 1
+        if value % 16 == 0 and not getattr(param, "do_not_specialize_on_alignment", False):
+            return 16
+    return None
+
+
 @contextlib.contextmanager
 def _recording(launches: list, case: str):
     """Within: every `kernel[grid](...)` is recorded into `launches` instead of run."""
@@ -99,17 +119,24 @@ def _recording(launches: list, case: str):
         bound = dict(zip(names, args))
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTIONS}
         bound.update(kwargs)
-        signature, constexprs = {}, {}
+        signature, constexprs, attrs = {}, {}, {}
         for p in self.params:
             value = bound.get(p.name, p.default)
             if p.is_constexpr:
                 signature[p.name] = "constexpr"
                 constexprs[p.name] = value
-            else:
-                signature[p.name] = _arg_type(value)
-                if value is None:
-                    constexprs[p.name] = None
-        launches.append(Launch(self, signature, constexprs, options, [case]))
+                continue
+            signature[p.name] = _arg_type(value)
+            if value is None:
+                constexprs[p.name] = None
+                continue
+            hint = _specialization(value, p)
+            if hint == 1:  # the JIT makes an int argument equal to 1 a constant
+                signature[p.name] = "constexpr"
+                constexprs[p.name] = 1
+            elif hint == 16:
+                attrs[(p.num,)] = [["tt.divisibility", 16]]
+        launches.append(Launch(self, signature, constexprs, options, [case], attrs))
 
     JITFunction.run = record
     try:
@@ -303,7 +330,7 @@ def compile_launch(launch: Launch, capability: int) -> dict:
     row = {"module": launch.kernel.fn.__module__.rsplit(".", 1)[-1], "kernel": launch.name,
            "config": launch.config(), "target": f"sm_{capability}", "cases": len(launch.cases)}
     try:
-        source = ASTSource(launch.kernel, launch.signature, launch.constexprs)
+        source = ASTSource(launch.kernel, launch.signature, launch.constexprs, launch.attrs)
         target = GPUTarget("cuda", capability, 32)
         compiled = triton.compile(source, target=target, options=dict(launch.options))
     except Exception as error:  # noqa: BLE001  (a kernel that does not compile is the finding, not a crash)
