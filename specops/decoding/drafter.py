@@ -40,7 +40,9 @@ def scheme_option(default: str = "auto", schemes: tuple[str, ...] = SCHEMES, hel
 
 class DrafterProposer(Proposer):
     """Base of the drafter methods. `pending[b]`: drafter ids request b's drafter has not read;
-    `k`: the drafts of the last step (what `draft_length` is told about)."""
+    `k`: the drafts of the last step (what `draft_length` is told about); `position[b]`: the sequence
+    position of request b's next draft (the token after the last emitted one), whose random number a
+    positional draft is drawn with."""
 
     def __init__(self, setup: Setup, pending_prompts: list[list[int]]):
         self.lm = setup.drafter
@@ -51,6 +53,21 @@ class DrafterProposer(Proposer):
         self.draft_length = DraftLength.remembered(setup.num_draft_tokens, setup.target.model, setup.drafter_key,
                                                    setup.method)
         self.k = 0
+        # A prompt, then the token the prompt's logits gave (the last emitted token, read with the drafts).
+        self.position = torch.tensor([len(r) + 1 for r in setup.batch.prompt_rows], dtype=torch.long,
+                                     device=setup.seeds.device)
+
+    @staticmethod
+    def resolve_scheme(setup: Setup, unseeded: str) -> str:
+        """Option "scheme" with "auto" resolved: "positional" when the caller gave a seed (the same seed asks
+        for the same text back), else `unseeded`."""
+        scheme = setup.options.get("scheme", "auto")
+        return ("positional" if setup.seeded else unseeded) if scheme == "auto" else scheme
+
+    def moved(self, result: StepResult) -> None:
+        """Advance each request's draft position past what the step emitted."""
+        self.position = self.position + torch.tensor([len(e) for e in result.emitted], dtype=torch.long,
+                                                     device=self.position.device)
 
     def read(self) -> torch.Tensor:
         """The drafter reads its pending tokens; its logits [B, V_d] after them."""
@@ -87,6 +104,7 @@ class DrafterProposer(Proposer):
         rows_list = rows.tolist()
         self.pending = [self.pending[r] for r in rows_list]
         self.seeds = self.seeds[rows.to(self.seeds.device)]
+        self.position = self.position[rows.to(self.position.device)]
 
 
 class TokenDrafter(DrafterProposer):
@@ -113,14 +131,8 @@ class TokenDrafter(DrafterProposer):
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)
         self.vocab = vocab
-        self.scheme = setup.options.get("scheme", "auto")
-        if self.scheme == "auto":  # a seed asks for the same text back; without one, the most drafts kept
-            self.scheme = "positional" if setup.seeded else "block"
+        self.scheme = self.resolve_scheme(setup, "block")  # without a seed, the most drafts kept
         self.drafted = None
-        # The sequence position of each request's first draft: its prompt, then the token the prompt's
-        # logits gave (the last emitted token, which the target reads with the drafts).
-        rows = setup.batch.prompt_rows
-        self.position = torch.tensor([len(r) + 1 for r in rows], dtype=torch.long, device=setup.seeds.device)
 
     def start(self, first: list[int]) -> None:
         self.pending = [p + self.vocab.to_drafter([t]) for p, t in zip(self.pending, first)]
@@ -153,8 +165,7 @@ class TokenDrafter(DrafterProposer):
         return Proposal(drafts, num_draft, None, width=self.vocab.width, size=k)
 
     def advance(self, result: StepResult) -> None:
-        self.position = self.position + torch.tensor([len(e) for e in result.emitted], dtype=torch.long,
-                                                     device=self.position.device)
+        self.moved(result)
         k = self.k
         if not k:  # a plain step: the drafter read nothing and catches up later
             self.pending = [p + self.vocab.to_drafter(e[-1:]) for p, e in zip(self.pending, result.emitted)]
@@ -164,7 +175,3 @@ class TokenDrafter(DrafterProposer):
         drafted = self.drafted[:, k - 1].tolist()
         self.pending = [([drafted[row]] if n == k else []) + self.vocab.to_drafter(result.emitted[row][-1:])
                         for row, n in enumerate(result.accepted)]
-
-    def select(self, rows: torch.Tensor) -> None:
-        super().select(rows)
-        self.position = self.position[rows.to(self.position.device)]

@@ -109,16 +109,9 @@ class TreeDrafter(DrafterProposer):
     def __init__(self, setup: Setup, vocab: DraftVocab, prompts: list[list[int]], initial: tuple[int, ...]):
         super().__init__(dataclasses.replace(setup, num_draft_tokens="auto"), prompts)
         self.vocab = vocab
-        scheme = setup.options.get("scheme", "auto")
-        if scheme == "auto":  # a seed asks for the same text back; without one, recursive rejection sampling
-            scheme = "positional" if setup.seeded else "recursive"
         # Sampled trees under "positional" go to the verifier without q: verify.tree accepts the child that is
         # the target's positional token (BranchingDrafter draws every node's first child with its number).
-        self.matched = scheme == "positional" and not self.params.greedy
-        # The sequence position of each request's first draft (the token after the root, which is the last
-        # emitted token): its prompt, then the token the prompt's logits gave.
-        self.position = torch.tensor([len(r) + 1 for r in setup.batch.prompt_rows], dtype=torch.long,
-                                     device=setup.seeds.device)
+        self.matched = self.resolve_scheme(setup, "recursive") == "positional" and not self.params.greedy
         auto = setup.num_draft_tokens == "auto"
         self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
                                             setup.method) if auto else None
@@ -226,8 +219,7 @@ class TreeDrafter(DrafterProposer):
     def accept(self, result: StepResult) -> None:
         # The tree's nodes left the drafter's cache: it reads the accepted path and the emitted token.
         self.pending = [p + self.vocab.to_drafter(e) for p, e in zip(self.pending, result.emitted)]
-        self.position = self.position + torch.tensor([len(e) for e in result.emitted], dtype=torch.long,
-                                                     device=self.position.device)
+        self.moved(result)
         if self.chooser is not None:
             paths = [] if self.tree is None else [_path(t, p, e, n) for t, p, e, n in
                                                   zip(*self.tree, result.emitted, result.accepted)]
@@ -238,7 +230,6 @@ class TreeDrafter(DrafterProposer):
 
     def select(self, rows: torch.Tensor) -> None:
         super().select(rows)
-        self.position = self.position[rows.to(self.position.device)]
         if self.tree is not None:
             keep = rows.tolist()
             self.tree = tuple([part[r] for r in keep] for part in self.tree)
