@@ -24,12 +24,13 @@ TORCH_LIBRARY(specops, m) {
       "SymInt offset, bool validate=True, str scheme=\"token\") -> (Tensor, Tensor)");
   // Recursive rejection sampling over a draft tree (RSD; SpecInfer's with replacement=True): children
   // tried in node order, residual target and (without replacement) renormalized draft after each
-  // rejection, a token from the current target where no child is accepted.
+  // rejection, a token from the current target where no child is accepted. scheme "traversal" verifies
+  // the tree from its leaves to the root instead (traversal verification).
   // Returns (out_tokens, out_nodes, num_accepted).
   m.def(
       "tree_verify(Tensor target_logits, Tensor tokens, Tensor parents, Tensor? draft_probs, Tensor num_nodes, "
       "bool replacement, Tensor temperature, Tensor top_k, Tensor top_p, Tensor seed, SymInt offset, "
-      "bool validate=True) -> (Tensor, Tensor, Tensor)");
+      "bool validate=True, str scheme=\"recursive\") -> (Tensor, Tensor, Tensor)");
   // Sampling without replacement: num_samples distinct tokens per row in draw order from the filtered
   // softmax, and that softmax (q). Returns (tokens [N, num_samples], probs [N, V]).
   m.def(

@@ -1,7 +1,10 @@
 """What the chain_verify tests share (test_chain_verify.py, test_block_verify.py): the op's normalized
-arguments, exact comparison of two results, and random ragged cases with everything mixed."""
+arguments, exact comparison of two results, random ragged cases with everything mixed, and Markov tables for
+exact enumerations (also test_traversal_verify.py)."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -64,3 +67,18 @@ def random_case(gen: torch.Generator, batch: int, k: int, vocab: int, dtype: tor
 
 
 OFFSETS = [0, 7, 2**32 + 3, 2**63 - 1]  # high offset word included
+
+
+def markov_tables(vocab: int, depth: int, seed: int, zeros: bool) -> dict:
+    """A distribution for every prefix of up to `depth` tokens, some entries exactly 0."""
+    gen = torch.Generator().manual_seed(seed)
+    tables = {}
+    for length in range(depth + 1):
+        for prefix in itertools.product(range(vocab), repeat=length):
+            x = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 3
+            if zeros:
+                x[torch.rand(vocab, generator=gen) < 0.3] = 0.0
+            if x.sum() == 0:
+                x[0] = 1.0
+            tables[prefix] = x / x.sum()
+    return tables

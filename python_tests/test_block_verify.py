@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 from _triton import IMPLS, KERNELS, TRITON_DEVICE, needs_triton, triton_launcher
-from chain_cases import OFFSETS, assert_same, normalized_args, random_case
+from chain_cases import OFFSETS, assert_same, markov_tables, normalized_args, random_case
 from stats_helpers import N_DRAWS, P_VALUE_MIN, chisquare_pvalue
 
 import specops
@@ -75,21 +75,6 @@ def block_outcomes(p_rows, q_rows, drafts, residual="block"):
                 if prob > 0:
                     outcomes[(k, y)] = outcomes.get((k, y), 0.0) + here * prob
     return outcomes
-
-
-def markov_tables(vocab: int, depth: int, seed: int, zeros: bool) -> dict:
-    """A distribution for every prefix of up to `depth` tokens, some entries exactly 0."""
-    gen = torch.Generator().manual_seed(seed)
-    tables = {}
-    for length in range(depth + 1):
-        for prefix in itertools.product(range(vocab), repeat=length):
-            x = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 3
-            if zeros:
-                x[torch.rand(vocab, generator=gen) < 0.3] = 0.0
-            if x.sum() == 0:
-                x[0] = 1.0
-            tables[prefix] = x / x.sum()
-    return tables
 
 
 def sequence_law(target, drafter, vocab: int, k: int, residual: str = "block"):

@@ -481,7 +481,7 @@ def tree_children(parents: torch.Tensor, nodes: int) -> list[list[int]]:
 def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                 draft_probs: torch.Tensor | None, num_nodes: torch.Tensor, replacement: bool,
                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
-                offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                offset: int, scheme: str = "recursive") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Recursive rejection sampling over a draft tree (RSD, Jeon et al. 2024, paper 003 Alg 3-4; SpecInfer's
     multi-step speculative sampling with `replacement`).
 
@@ -505,6 +505,8 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     int64; temperature, top_p [B] float32. Returns out_tokens [B, N] (accepted drafts, then the emitted
     token, -1 padding), out_nodes [B, N] (the node of each accepted draft, -1 elsewhere) and
     num_accepted [B], all int64.
+    scheme "traversal" verifies the tree from its leaves instead (`_traversal_verify_request`); greedy
+    requests are the same.
     """
     batch, nodes, _ = target_logits.shape
     device = target_logits.device
@@ -517,6 +519,11 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         greedy = float(temperature[b]) == 0.0
         rows = filter_logits(target_logits[b, :count], temperature[b].expand(count), top_k[b].expand(count),
                              top_p[b].expand(count))
+        if scheme == "traversal" and not greedy:
+            num_accepted[b] = _traversal_verify_request(
+                target_logits[b], rows, tokens[b], children, draft_probs[b] if draft_probs is not None else None,
+                replacement, temperature[b], seed[b], offset, out_tokens[b], out_nodes[b])
+            continue
         node, depth = 0, 0
         while True:
             raw = target_logits[b, node].float()
@@ -566,6 +573,120 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         num_accepted[b] = depth
     return out_tokens, out_nodes, num_accepted
 
+
+
+def _traversal_verify_request(raw: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor,
+                              children: list[list[int]], probs: torch.Tensor | None, replacement: bool,
+                              temperature: torch.Tensor, seed: torch.Tensor, offset: int, out_tokens: torch.Tensor,
+                              out_nodes: torch.Tensor) -> int:
+    """Traversal verification of one request's tree (Weng, Hu, Chen, Liu, Mei, Qiu, Tian, Shi, "Traversal
+    Verification for Speculative Tree Decoding", NeurIPS 2025, arXiv 2505.12398), in the form derived in
+    docs/verification.md; on a chain it is `_block_verify_row`, draw for draw (with draft probabilities).
+
+    Every node b holds a target law p_b = r_b / R_b for its children (at first the target's row, R = 1),
+    the draft law q_b = q / s_b they were drawn from (s_b the float64 mass of q not yet drawn: 1, less each
+    rejected child's q without replacement; one-hot on each child without draft_probs), and a weight w_b:
+    w_root = 1 always, and top-down w_c = min(1, w_b p_b(x_c) / q_b(x_c)) for a child c with token x_c
+    (float64, `block_weights`' rule). The walk starts at the first leaf in node order (the first child of
+    the first child ...; a node of weight 0 stands for its whole subtree, every node of which has weight
+    0) and repeats:
+
+    - keep the path to the current node a with probability w_a, u = uniform(seed, offset, a - 1, accept
+      stream): u < w_a, or for a node whose children were all rejected u * den_a < num_a (w_a = num_a /
+      den_a); then emit a token from p_a by inverse CDF at uniform(seed, offset, a, sample stream);
+    - else remove a and update its parent b: r_b <- max(0, f32(w_b / R_b) r_b - f32(1 / s_b) q) (float32),
+      S its float64 mass; with one-hot q, r_b <- r_b without x_a and S = w_b (R_b - r_b(x_a)) / R_b, no
+      pass over the vocabulary. Where S = 0 (round-off) r_b stays. num_b = S, den_b = S + 1 - w_b
+      (w_b = 0 where den_b = 0); the root keeps w = 1. Without replacement s_b -= q(x_a). Then the weights
+      below b are computed again, and the walk goes on from the first leaf of what is left; at the root
+      with no children left it emits from p_root.
+
+    Writes out_tokens / out_nodes and returns the number of accepted drafts."""
+    count = len(children)
+    alive = [list(kids) for kids in children]
+    parent = [-1] * count
+    for b, kids in enumerate(children):
+        for c in kids:
+            parent[c] = b
+    p_rows: dict[int, torch.Tensor] = {}
+
+    def p_row(n: int) -> torch.Tensor:
+        if n not in p_rows:
+            p_rows[n] = _target_row(raw[n], rows[n], temperature)
+        return p_rows[n]
+
+    residual: dict[int, torch.Tensor] = {}  # r_b of the nodes that have lost a child (else p_b, R_b = 1)
+    mass = [1.0] * count  # R_b
+    left = [1.0] * count  # s_b
+    fraction: dict[int, tuple[float, float]] = {}  # (num, den) of the nodes that have lost a child
+    weight = [1.0] * count
+
+    def r_of(b: int) -> torch.Tensor:
+        return residual[b] if b in residual else p_row(b)
+
+    def w_of(b: int) -> float:
+        if b == 0:
+            return 1.0
+        if b in fraction:
+            num, den = fraction[b]
+            return num / den
+        return weight[b]
+
+    def reweigh() -> None:
+        for c in range(1, count):
+            b = parent[c]
+            if c in fraction or c not in alive[b]:
+                continue
+            x = int(tokens[c])
+            pw = w_of(b) * (float(r_of(b)[x]) / mass[b])
+            q_x = float(probs[b, x]) / left[b] if probs is not None else 1.0
+            weight[c] = 1.0 if pw >= q_x else pw / q_x
+
+    reweigh()
+    while True:
+        a = 0
+        while alive[a]:
+            a = alive[a][0]
+            if w_of(a) == 0.0:  # a subtree of weight 0: nothing in it can be kept
+                break
+        if a != 0:
+            u = float(uniform(seed, offset, a - 1, STREAM_ACCEPT))
+            keep = u * fraction[a][1] < fraction[a][0] if a in fraction else u < weight[a]
+        if a == 0 or keep:
+            break
+        b, x = parent[a], int(tokens[a])
+        alive[b].remove(a)
+        w_b, r_b = w_of(b), r_of(b)
+        if probs is None:
+            s = w_b * (mass[b] - float(r_b[x])) / mass[b]
+            if s > 0.0:
+                mass[b] -= float(r_b[x])
+                r_b = r_b.clone()
+                r_b[x] = 0.0
+                residual[b] = r_b
+        else:
+            update = torch.clamp(torch.tensor(w_b / mass[b], dtype=torch.float32) * r_b
+                                 - torch.tensor(1.0 / left[b], dtype=torch.float32) * probs[b].float(), min=0.0)
+            s = float(update.to(torch.float64).sum())
+            if s > 0.0:
+                residual[b], mass[b] = update, s
+            if not replacement:
+                left[b] -= float(probs[b, x])
+        if b != 0:
+            den = s + 1.0 - w_b
+            fraction[b] = (s, den) if den > 0.0 else (0.0, 1.0)
+        reweigh()
+    path = []
+    n = a
+    while n != 0:
+        path.append(n)
+        n = parent[n]
+    path.reverse()
+    for depth, c in enumerate(path):
+        out_tokens[depth] = int(tokens[c])
+        out_nodes[depth] = c
+    out_tokens[len(path)] = _inverse_cdf(r_of(a), uniform(seed, offset, a, STREAM_SAMPLE))
+    return len(path)
 
 def sample_without_replacement(logits: torch.Tensor, num_samples: int, temperature: torch.Tensor,
                                top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,

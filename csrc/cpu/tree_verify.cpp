@@ -1,5 +1,6 @@
 // tree_verify on the CPU: recursive rejection sampling over a draft tree (RSD, Jeon et al. 2024;
-// SpecInfer's multi-step speculative sampling with replacement). Semantics: specops/reference.py.
+// SpecInfer's multi-step speculative sampling with replacement), or traversal verification (scheme
+// "traversal", verify_request_traversal). Semantics: specops/reference.py.
 //
 // Per request the walk starts at the root and reads only the rows it reaches. At a node, one pass after
 // the row's maximum writes the unnormalized target weights w = exp(x - m) into a residual buffer with
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "sampling.h"
@@ -41,6 +43,8 @@ struct Scratch {
   std::vector<float> residual, next, filter;
   std::vector<double> chunk_sums, next_sums;
   std::vector<int64_t> first_child, next_sibling;
+  std::vector<std::vector<float>> depth_rows;  // traversal: the residual of the node of each depth
+  std::vector<std::vector<double>> depth_sums;
 };
 
 // One request: walks the tree from the root, writes out_tokens / out_nodes and returns the number of
@@ -130,6 +134,156 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
   }
 }
 
+// Traversal verification of one request (scheme "traversal"; Weng et al., "Traversal Verification for
+// Speculative Tree Decoding", NeurIPS 2025, arXiv 2505.12398; semantics and random numbers:
+// specops.reference._traversal_verify_request). Node b's target law for its children is r_b / R_b, r_b the
+// unnormalized weights exp(x - m) (R = z) until b loses a child, then its residual. Rows are read lazily:
+// a node's weight is computed when the walk descends to it, so a row is read (one pass that writes the
+// weights and sums them) only for the nodes with children on the paths the walk explores, as the
+// recursive walk reads only the rows it reaches. Those nodes are the ancestors of the current candidate,
+// one per depth, so a row per depth holds them. A rejection with q is one pass max(0, r * w / R - q / s);
+// a one-hot rejection zeroes one entry. Requests whose temperature is 0 go through verify_request.
+int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t vocab, bool replacement,
+                                 uint64_t offset, bool split, int64_t* out_tokens, int64_t* out_nodes, Scratch& s) {
+  const int64_t count = rq.count;
+  const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
+  const float t = rq.temperature;
+  const size_t n_nodes = static_cast<size_t>(count);
+  s.next_sums.assign(static_cast<size_t>(num_chunks), 0.0);
+  std::vector<int64_t> parent(n_nodes, -1), depth(n_nodes, 0), head(n_nodes, -1), sibling(n_nodes, -1);
+  for (int64_t c = count - 1; c >= 1; --c) {  // backwards, so each list is in node order
+    parent[c] = rq.parents[c];
+    sibling[c] = head[parent[c]];
+    head[parent[c]] = c;
+  }
+  int64_t max_depth = 0;
+  for (int64_t c = 1; c < count; ++c) max_depth = std::max(max_depth, depth[c] = depth[parent[c]] + 1);
+  if (s.depth_rows.size() < static_cast<size_t>(max_depth + 1)) s.depth_rows.resize(max_depth + 1);
+  if (s.depth_sums.size() < static_cast<size_t>(max_depth + 1)) s.depth_sums.resize(max_depth + 1);
+
+  struct Node {
+    bool loaded = false;   // r_b is in the row of its depth
+    bool fraction = false; // has lost a child: w = num / den
+    double mass = 1.0;     // R_b
+    double left = 1.0;     // s_b
+    double w = 1.0, num = 0.0, den = 1.0;
+  };
+  std::vector<Node> node(n_nodes);
+  const auto row_of = [&](int64_t n) -> std::vector<float>& { return s.depth_rows[depth[n]]; };
+  const auto sums_of = [&](int64_t n) -> std::vector<double>& { return s.depth_sums[depth[n]]; };
+  // Writes p's weights exp(x / T - m) (kept by top-k / top-p; a point mass where logits / T overflows) into
+  // the row of n's depth, with their chunk sums and mass R = z.
+  const auto load = [&](int64_t n) -> Node& {
+    Node& nd = node[static_cast<size_t>(n)];
+    if (nd.loaded) return nd;
+    const float* logit = rq.logits + n * vocab;
+    if (std::isnan(row_max[n])) row_max[n] = checked_row_max("tree_verify", logit, vocab, rq.index, n);
+    std::vector<float>& row = row_of(n);
+    std::vector<double>& sums = sums_of(n);
+    row.resize(static_cast<size_t>(vocab));
+    sums.assign(static_cast<size_t>(num_chunks), 0.0);
+    const float m = row_max[n] / t;
+    if (std::isinf(m)) {
+      const int64_t point = passes().find_first(logit, vocab, row_max[n]);
+      std::fill(row.begin(), row.end(), 0.0f);
+      row[point] = 1.0f;
+      sums[point / kChunk] = 1.0;
+    } else {
+      const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
+      const float thr = filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter) : -kInf;
+      for_each_chunk(num_chunks, split, [&](int64_t k) {
+        const int64_t begin = k * kChunk;
+        sums[k] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m, 1.0f, thr,
+                                        row.data() + begin);
+      });
+    }
+    double z = 0.0;
+    for (double v : sums) z += v;
+    nd.mass = z;
+    nd.loaded = true;
+    return nd;
+  };
+  const auto weight_of = [&](int64_t n) -> double {
+    if (n == 0) return 1.0;
+    const Node& nd = node[static_cast<size_t>(n)];
+    return nd.fraction ? nd.num / nd.den : nd.w;
+  };
+
+  int64_t a = 0;
+  for (;;) {
+    // The candidate: the first leaf, each node's weight w_c = min(1, w_b p_b(x_c) / q_b(x_c)) computed on
+    // the way down (a node that has lost a child keeps num / den); a node of weight 0 stands for its subtree.
+    a = 0;
+    while (head[a] >= 0) {
+      const int64_t b = a, c = head[a], x = rq.tokens[c];
+      a = c;
+      Node& nc = node[static_cast<size_t>(c)];
+      if (!nc.fraction) {
+        const double w_b = weight_of(b);
+        const double q_x = rq.probs != nullptr ? rq.probs[b * vocab + x] / node[b].left : 1.0;
+        double pw = 0.0;  // a parent of weight 0 gives weight 0: its row need not be read
+        if (w_b != 0.0) {
+          const Node& nb = load(b);
+          pw = w_b * (static_cast<double>(row_of(b)[x]) / nb.mass);
+        }
+        nc.w = pw >= q_x ? 1.0 : pw / q_x;
+      }
+      if (weight_of(c) == 0.0) break;
+    }
+    if (a == 0) break;
+    const Node& cand = node[static_cast<size_t>(a)];
+    const double u = uniform(rq.seed, offset, a - 1, kStreamAccept);
+    if (cand.fraction ? u * cand.den < cand.num : u < cand.w) break;
+    // Reject a: remove it and update its parent's target.
+    const int64_t b = parent[a], x = rq.tokens[a];
+    head[b] = sibling[a];
+    Node& pb = load(b);
+    std::vector<float>& row = row_of(b);
+    const double w_b = weight_of(b);
+    double mass = 0.0;
+    if (rq.probs == nullptr) {  // max(0, w p - onehot(x)): w p without x
+      const float r_x = row[x];
+      mass = w_b * (pb.mass - r_x) / pb.mass;
+      if (mass > 0.0) {
+        sums_of(b)[x / kChunk] -= r_x;
+        row[x] = 0.0f;
+        pb.mass -= r_x;
+      }
+    } else {
+      const float* q = rq.probs + b * vocab;
+      const float scale_r = static_cast<float>(w_b / pb.mass), scale_q = static_cast<float>(1.0 / pb.left);
+      s.next.resize(static_cast<size_t>(vocab));
+      for_each_chunk(num_chunks, split, [&](int64_t k) {
+        const int64_t begin = k * kChunk;
+        s.next_sums[k] = passes().update_residual(row.data() + begin, q + begin, std::min(kChunk, vocab - begin),
+                                                  scale_r, scale_q, s.next.data() + begin);
+      });
+      for (double v : s.next_sums) mass += v;
+      if (mass > 0.0) {  // else the residual has no mass (round-off): keep r_b
+        row.swap(s.next);
+        sums_of(b).swap(s.next_sums);
+        s.next_sums.assign(static_cast<size_t>(num_chunks), 0.0);
+        pb.mass = mass;
+      }
+      if (!replacement) pb.left -= q[x];
+    }
+    if (b != 0) {
+      const double den = mass + 1.0 - w_b;
+      pb.fraction = true;
+      pb.num = den > 0.0 ? mass : 0.0;
+      pb.den = den > 0.0 ? den : 1.0;
+    }
+  }
+  // Keep the path to a, and emit from r_a.
+  for (int64_t n = a; n != 0; n = parent[n]) {
+    out_tokens[depth[n] - 1] = rq.tokens[n];
+    out_nodes[depth[n] - 1] = n;
+  }
+  load(a);
+  out_tokens[depth[a]] = inverse_cdf(row_of(a).data(), sums_of(a), vocab, uniform(rq.seed, offset, a, kStreamSample));
+  return depth[a];
+}
+
 // The checks every call makes (they keep the walk in bounds): node counts, parents before children,
 // draft ids inside the vocabulary.
 void check_structure(const int64_t* tokens, const int64_t* parents, const int64_t* counts, int64_t batch,
@@ -190,7 +344,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     const at::Tensor& target_logits, const at::Tensor& tokens, const at::Tensor& parents,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, bool replacement,
     const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& seed,
-    int64_t offset, bool validate) {
+    int64_t offset, bool validate, c10::string_view scheme) {
+  TORCH_CHECK_VALUE(scheme == "recursive" || scheme == "traversal",
+                    "tree_verify: scheme must be 'recursive' or 'traversal', got '", std::string(scheme), "'");
+  const bool traversal = scheme == "traversal";
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "tree_verify: target_logits must be [B, N, V]");
   const int64_t batch = target_logits.size(0), nodes = target_logits.size(1), vocab = target_logits.size(2);
   TORCH_CHECK_VALUE(nodes >= 1 && vocab >= 1, "tree_verify: target_logits needs N >= 1 and V >= 1");
@@ -241,8 +398,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
       const Request rq{logit_p + b * nodes * vocab, token_p + b * nodes, parent_p + b * nodes,
                        prob_p == nullptr ? nullptr : prob_p + b * nodes * vocab, count_p[b], b,
                        sampling.temperature[b], sampling.top_k[b], sampling.top_p[b], sampling.seed[b]};
-      acc_p[b] = verify_request(rq, row_max.data() + b * nodes, vocab, replacement, static_cast<uint64_t>(offset),
-                                split, out_tok_p + b * nodes, out_node_p + b * nodes, s);
+      const auto verify = traversal && rq.temperature > 0.0f ? verify_request_traversal : verify_request;
+      acc_p[b] = verify(rq, row_max.data() + b * nodes, vocab, replacement, static_cast<uint64_t>(offset), split,
+                        out_tok_p + b * nodes, out_node_p + b * nodes, s);
     }
   };
   if (split) {

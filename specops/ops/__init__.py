@@ -14,9 +14,9 @@ from specops.ops.attention import tree_attention
 from specops.ops.ensemble import ensemble_logits
 from specops.ops.linear import llama_layers, quantized_linear, skinny_linear
 from specops.ops.ngram import ngram_match
-from specops.ops.sampling import (CHAIN_SCHEMES, chain_verify, sample_without_replacement, stochastic_beam_step,
-                                  tree_verify, vocab_project)
+from specops.ops.sampling import (CHAIN_SCHEMES, TREE_SCHEMES, chain_verify, sample_without_replacement,
+                                  stochastic_beam_step, tree_verify, vocab_project)
 
-__all__ = ["CHAIN_SCHEMES", "chain_verify", "ensemble_logits", "llama_layers", "ngram_match", "quantized_linear",
-           "sample_without_replacement", "skinny_linear", "stochastic_beam_step", "tree_attention",
+__all__ = ["CHAIN_SCHEMES", "TREE_SCHEMES", "chain_verify", "ensemble_logits", "llama_layers", "ngram_match",
+           "quantized_linear", "sample_without_replacement", "skinny_linear", "stochastic_beam_step", "tree_attention",
            "tree_verify", "vocab_project"]

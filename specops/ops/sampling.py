@@ -9,10 +9,11 @@ from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _check_int, _check_logits
                                  _ids_out_of_range, _nan_or_posinf, _raise_first, _sampling_args,
                                  _sampling_checks)
 
-__all__ = ["CHAIN_SCHEMES", "chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify",
+__all__ = ["CHAIN_SCHEMES", "TREE_SCHEMES", "chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify",
            "vocab_project"]
 
 CHAIN_SCHEMES = ("token", "block")  # chain_verify's verification schemes
+TREE_SCHEMES = ("recursive", "traversal")  # tree_verify's verification schemes
 
 
 def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
@@ -263,7 +264,7 @@ def _stochastic_beam_step_fake(logits, beam_log_probs, beam_scores, beam_width, 
 def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                 draft_probs: torch.Tensor | None = None, *, num_nodes: torch.Tensor | None = None,
                 replacement: bool = False, temperature=1.0, top_k=0, top_p=1.0, seed=None, offset: int = 0,
-                validate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                validate: bool = True, scheme: str = "recursive") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify a draft tree per request by recursive rejection sampling (RSD, Jeon et al. 2024; SpecInfer's
     multi-step speculative sampling with `replacement=True`): the output follows the target exactly.
 
@@ -277,6 +278,14 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     argmax where none is (also where the largest logit / T overflows float32, as chain_verify). A residual
     with no mass (round-off only) is kept as the previous p, chain_verify's policy. On a chain this is
     chain_verify, with the same tokens for the same seeds.
+
+    scheme "traversal" is traversal verification (Weng et al., NeurIPS 2025, arXiv 2505.12398): the tree
+    is verified from its leaves to the root, each path kept with a probability that weighs the whole path
+    (w_c = min(1, w_parent p(x_c) / q(x_c)) from the root down), and a rejected node updates its parent's
+    target to norm(max(0, w p - q)) before the next path is tried. Lossless like the default, and never
+    keeps fewer drafts in expectation on the trees measured (docs/verification.md); on a chain it is
+    `chain_verify(..., scheme="block")`, with the same tokens for the same seeds. Rule and random numbers:
+    `specops.reference._traversal_verify_request`.
 
     Shape:
         target_logits: [B, N, V] float32, bfloat16 or float16: row n is the target's logits after the
@@ -296,6 +305,7 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
             (it could not have been drawn; without replacement this includes a repeated sibling).
             On CPU the kernel checks; on accelerators it costs one host sync here. With False the values
             are trusted, and no kernel reads out of bounds either way.
+        scheme: "recursive" (the default: recursive rejection sampling) or "traversal".
 
     Returns:
         out_tokens: [B, N] int64: accepted drafts along the path, then the emitted token, then -1.
@@ -318,6 +328,8 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     num_nodes = _count_arg(op, "num_nodes", num_nodes, batch, nodes, device, tensors)
     if not isinstance(replacement, bool):
         raise TypeError(f"{op}: replacement must be a bool, got {type(replacement).__name__}")
+    if scheme not in TREE_SCHEMES:
+        raise ValueError(f"{op}: scheme must be one of {', '.join(map(repr, TREE_SCHEMES))}, got {scheme!r}")
     temperature, top_k, top_p, seeds = _sampling_args(op, "target_logits", device, batch, tensors, temperature,
                                                       top_k, top_p, seed, offset)
     if validate and device.type != "cpu":
@@ -326,7 +338,7 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     return torch.ops.specops.tree_verify(
         target_logits.contiguous(), tokens.contiguous(), parents.contiguous(),
         None if draft_probs is None else draft_probs.contiguous(), num_nodes.contiguous(), replacement,
-        temperature, top_k, top_p, seeds, offset, validate)
+        temperature, top_k, top_p, seeds, offset, validate, scheme)
 
 
 def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement) -> list:
@@ -365,7 +377,7 @@ def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, 
 
 @torch.library.register_fake("specops::tree_verify")
 def _tree_verify_fake(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k,
-                      top_p, seed, offset, validate=True):
+                      top_p, seed, offset, validate=True, scheme="recursive"):
     batch, nodes, _ = target_logits.shape
     return (target_logits.new_empty((batch, nodes), dtype=torch.int64),
             target_logits.new_empty((batch, nodes), dtype=torch.int64),
