@@ -132,7 +132,8 @@ fi
 
 # ---- 4. the ops' tests on CUDA ----
 md "" "## 4. The ops' tests on CUDA"
-op_tests=(python_tests/test_chain_verify.py python_tests/test_block_verify.py python_tests/test_tree_verify.py python_tests/test_tree_attention.py
+op_tests=(python_tests/test_chain_verify.py python_tests/test_block_verify.py python_tests/test_tree_verify.py
+          python_tests/test_traversal_verify.py python_tests/test_tree_attention.py
           python_tests/test_sample_without_replacement.py python_tests/test_stochastic_beam_step.py
           python_tests/test_vocab_project.py python_tests/test_ensemble_logits.py python_tests/test_ngram_match.py
           python_tests/test_quantized_linear.py python_tests/test_skinny_linear.py python_tests/test_llama_layers.py)

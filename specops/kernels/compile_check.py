@@ -178,11 +178,13 @@ def _tree_verify(run):
     for vocab in _VOCABS:
         for dtype in _LOGITS:
             for probs, replacement in ((False, False), (True, False), (True, True)):
-                b, n = 8, 16
-                q = _t(b, n, vocab) if probs else None
-                run(f"B={b} N={n} V={vocab} {dtype} q={probs} replacement={replacement}", tree_verify_triton,
-                    _t(b, n, vocab, dtype=dtype), _t(b, n, dtype=torch.int64), _t(b, n, dtype=torch.int64), q,
-                    _t(b, dtype=torch.int64), replacement, *_rows(b), 0)
+                for scheme in ("recursive", "traversal"):
+                    b, n = 8, 16
+                    q = _t(b, n, vocab) if probs else None
+                    run(f"B={b} N={n} V={vocab} {dtype} q={probs} replacement={replacement} {scheme}",
+                        tree_verify_triton, _t(b, n, vocab, dtype=dtype), _t(b, n, dtype=torch.int64),
+                        _t(b, n, dtype=torch.int64), q, _t(b, dtype=torch.int64), replacement, *_rows(b), 0,
+                        scheme=scheme)
 
 
 def _sample_without_replacement(run):
