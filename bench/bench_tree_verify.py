@@ -1,10 +1,13 @@
-"""Benchmark of `specops.ops.tree_verify` (recursive rejection sampling over a draft tree, RSD).
+"""Benchmark of `specops.ops.tree_verify` (recursive rejection sampling over a draft tree, RSD; and traversal
+verification).
 
     python bench/bench_tree_verify.py [--device cpu|cuda] [--quick] [--csv PATH] [--threads N]
         [--batches 1,8,64] [--nodes 8,16,32,64] [--vocabs 32000,262144]
 
 Providers, per case (B requests, trees of N nodes, vocabulary V) and draft setting:
 - `specops`: the op through the public wrapper, validate=False (the C++ kernel on CPU, Triton on CUDA);
+  `specops traversal`: the same with scheme="traversal" (traversal verification: it computes the softmax
+  normalizer of every node with children before its walk, and a residual at each node that loses a child);
   `specops validated`: the same with validate=True (on CUDA the wrapper's checks cost one host sync);
   `specops graph` (CUDA only): the validate=False call captured as a CUDA graph (tree 0 at offset 0).
 - `reference`: specops.reference.tree_verify, the pure-torch spec (it filters all B*N rows and walks in
@@ -202,15 +205,20 @@ class Providers:
         self.specops_module, self.x, self.setting = specops, x, setting
         self.draft_probs = x["draft_probs"] if setting == "sampled" else None
 
-    def specops(self, i: int, validate: bool = True):
+    def specops(self, i: int, validate: bool = True, scheme: str = "recursive"):
         x, tree = self.x, self.x["trees"][i]
         return self.specops_module.ops.tree_verify(x["target"], tree[self.setting]["tokens"], tree["parents"],
                                                    self.draft_probs, replacement=False, seed=x["seed"],
-                                                   offset=i, validate=validate)
+                                                   offset=i, validate=validate, scheme=scheme)
 
-    def specops_fn(self, validate: bool = True):
+    def specops_fn(self, validate: bool = True, scheme: str = "recursive"):
         trees = itertools.cycle(range(NUM_TREES))
-        return lambda: self.specops(next(trees), validate)
+        return lambda: self.specops(next(trees), validate, scheme)
+
+    def traversal_accepted(self) -> float:
+        """Mean accepted drafts per request of scheme "traversal" over all trees (also its warm-up)."""
+        counts = [self.specops(i, scheme="traversal")[2] for i in range(NUM_TREES)]
+        return float(torch.cat(counts).double().mean())
 
     def reference(self, i: int):
         x, tree = self.x, self.x["trees"][i]
@@ -309,6 +317,8 @@ def run_setting(p: Providers, case: Case, device: str, quick: bool, bandwidth: f
     add("specops", p.specops_fn(validate=False), "validate=False")
     add("specops validated", p.specops_fn(validate=True),
         "validate=True (one host sync)" if cuda else "validate=True")
+    add("specops traversal", p.specops_fn(validate=False, scheme="traversal"),
+        "scheme traversal, validate=False", acc=p.traversal_accepted())
     if cuda:
         try:
             # Capture freezes the arguments, so the graph replays tree 0 at offset 0.

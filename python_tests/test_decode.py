@@ -188,6 +188,10 @@ STAT_CASES = [
     # Stochastic Beam Search trees (RSD-S): (W, L) = 2 beams of 2 levels; 3 beams of one level at T = 0.7.
     ("rsd-s+recursive", (2, 2), 1.0, 0),
     ("rsd-s+recursive", (3, 1), 0.7, 3),
+    # The same trees verified from the leaves (traversal verification; "auto" without a seed).
+    ("rsd-c+traversal", (2, 2), 1.0, 0),
+    ("specinfer+traversal", (2, 2), 0.7, 3),
+    ("rsd-s+traversal", (2, 2), 1.0, 0),
 ]
 
 

@@ -205,7 +205,8 @@ _samples: dict = {}
 
 
 def _draws(method: str) -> tuple[str, str | None]:
-    """"se-alternate" / "se-mixture": method se with that draws option; other names as they are."""
+    """"se-alternate" / "se-mixture": method se with that draws option ("se-token": the alternate
+    proposals' scheme "token"); other names as they are."""
     name, _, draws = method.partition("-")
     return (name, draws) if name == "se" and draws else (method, None)
 
@@ -227,7 +228,9 @@ def letter_samples(method: str, rule: str, temperature: float = 1.0, top_k: int 
         tok = letter_tokenizer()
         kwargs = {}
         method, draws = _draws(method)
-        if draws:
+        if draws in ("token", "block"):
+            kwargs["options"] = {"scheme": draws}
+        elif draws:
             kwargs["options"] = {"draws": draws}
         if method in ("sd", "tli"):
             drafter_tok = tok if method == "sd" else token_tokenizer(TLI_DRAFTER_TOKENS)
@@ -256,6 +259,8 @@ STAT_CASES = [
     for rule, temperature, top_k in (("w2", 1.0, 0), ("w3", 1.0, 0), ("cd", 1.0, 0), ("w2", 1.0, 3),
                                      ("w2", 0.7, 3))
 ] + [("se", "w2", 1.0, 0, 2), ("se", "w2", 1.0, 0, (1, 3)), ("se", "w3", 0.7, 3, (2, 1, 1)),
+     # se's chains verified token by token (auto: block verification, the cases above)
+     ("se-token", "w2", 1.0, 0, (1, 3)), ("se-token", "w3", 0.7, 3, (2, 1, 1)),
      ("se-alternate", "w2", 1.0, 0, "auto"), ("se-alternate", "w3", 1.0, 0, "auto"),
      ("se-mixture", "w3", 1.0, 0, "auto"), ("sd", "w2", 1.0, 0, 2), ("tli", "w3", 1.0, 0, 2)]
 

@@ -252,7 +252,9 @@ STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 
               # trees across the vocabularies, drawn from the intersection, verified by recursive rejection
               # sampling (with a seed, "auto" would match the target's positional tokens)
               ("rsd-c+recursive", 1.0, 0, (2, 2)), ("rsd-s+recursive", 1.0, 0, (2, 2)),
-              ("rsd-s+recursive", 0.7, 3, (3, 2)), ("specinfer+recursive", 1.0, 0, (2, 2))]
+              ("rsd-s+recursive", 0.7, 3, (3, 2)), ("specinfer+recursive", 1.0, 0, (2, 2)),
+              # the same, verified from the leaves (traversal verification)
+              ("rsd-c+traversal", 1.0, 0, (2, 2)), ("rsd-s+traversal", 0.7, 3, (3, 2))]
 
 
 @pytest.mark.slow

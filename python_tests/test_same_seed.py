@@ -118,11 +118,13 @@ def test_draft_trees_with_scheme_recursive_are_not_sampled_ar(method):
     assert tree.tokens != ar.tokens
 
 
-@pytest.mark.parametrize("seed, scheme, expected", [(7, None, "positional"), (None, None, "recursive"),
-                                                    (7, "recursive", "recursive"), (None, "positional", "positional")])
-def test_tree_scheme_auto_is_positional_with_a_seed_and_recursive_without(monkeypatch, seed, scheme, expected):
+@pytest.mark.parametrize("seed, scheme, expected", [(7, None, "positional"), (None, None, "traversal"),
+                                                    (7, "recursive", "recursive"), (None, "positional", "positional"),
+                                                    (7, "traversal", "traversal")])
+def test_tree_scheme_auto_is_positional_with_a_seed_and_traversal_without(monkeypatch, seed, scheme, expected):
     """Option "scheme" of the draft-tree methods: "auto" (the default) matches positional tokens when a seed
-    is given and verifies by recursive rejection sampling (q handed to tree_verify) when not."""
+    is given and hands q to tree_verify for traversal verification when not; "recursive" and "traversal"
+    reach tree_verify as that scheme."""
     from specops.decoding import verify
 
     seen = set()
@@ -133,12 +135,12 @@ def test_tree_scheme_auto_is_positional_with_a_seed_and_recursive_without(monkey
             seen.add("positional")
         return match_tree(logits, tokens, *args)
 
-    def spy_recursive(*args, _tree_verify=specops.ops.tree_verify, **kwargs):
-        seen.add("recursive")
+    def spy_verify(*args, _tree_verify=specops.ops.tree_verify, **kwargs):
+        seen.add(kwargs["scheme"])
         return _tree_verify(*args, **kwargs)
 
     monkeypatch.setattr(verify, "_match_tree", spy)
-    monkeypatch.setattr(verify.ops, "tree_verify", spy_recursive)
+    monkeypatch.setattr(verify.ops, "tree_verify", spy_verify)
     specops.decode(PROMPTS[:2], target=TableLM(cycle_table()), tokenizer=letter_tokenizer(), method="rsd-c",
                    drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), num_draft_tokens=(2, 2),
                    max_new_tokens=6, temperature=1.0, seed=seed, options=None if scheme is None else {"scheme": scheme})

@@ -1,5 +1,5 @@
-"""Draft trees from a drafter, verified whole by recursive rejection sampling (paper 003, RSD; SpecInfer), or
-by the target's positional tokens when a seed is given (option "scheme", below):
+"""Draft trees from a drafter, verified whole by recursive rejection sampling (paper 003, RSD; SpecInfer) or
+traversal verification, or by the target's positional tokens when a seed is given (option "scheme", below):
 
 - "rsd-c": constant branching factors per level, num_draft_tokens = (b1, ..., bL): each node at level l
   gets b_{l+1} children drawn without replacement from the drafter's distribution there
@@ -16,14 +16,16 @@ num_draft_tokens="auto" chooses the shape every step from measured costs and acc
 on a CPU, where a forward's cost grows with the tokens it carries, small trees or plain steps; on a GPU
 wider and deeper ones.
 
-Option "scheme" (`TREE_SCHEMES`) says how sampled trees are verified. "recursive" is the above. "positional"
-gives each node's children the same law but draws the first child of every node from q by the inverse CDF
-at the uniform number the target's token at that position is drawn with (`verify.positional`; the
-first child of specinfer and rsd-c, rsd-c's others then without replacement among the rest; rsd-s's beams
-as drawn). The tree goes to the verifier without q, which keeps the child that is the target's positional
-token: the text is sampled "ar"'s with the same seed, whatever shapes "auto" picks and however requests are
-batched (docs/same_seed.md). "auto" (the default) is "positional" when the caller gave a seed and
-"recursive" when not.
+Option "scheme" (`TREE_SCHEMES`) says how sampled trees are verified. "recursive" is the above.
+"traversal" draws the same trees and verifies them from the leaves to the root (traversal verification,
+`specops.ops.tree_verify(..., scheme="traversal")`): lossless too, and in expectation it kept at least as
+many drafts wherever measured (docs/verification.md). "positional" gives each node's children the same law but draws the
+first child of every node from q by the inverse CDF at the uniform number the target's token at that
+position is drawn with (`verify.positional`; the first child of specinfer and rsd-c, rsd-c's others then
+without replacement among the rest; rsd-s's beams as drawn). The tree goes to the verifier without q, which
+keeps the child that is the target's positional token: the text is sampled "ar"'s with the same seed,
+whatever shapes "auto" picks and however requests are batched (docs/same_seed.md). "auto" (the default) is
+"positional" when the caller gave a seed and "traversal" when not.
 
 Any drafter: one with the target's vocabulary (or `self:N`) drafts from its own distribution; one with
 another vocabulary drafts from its distribution restricted to the tokens both share (TLI's intersection,
@@ -58,12 +60,14 @@ INITIAL_BEAMS = (2, 3)  # where "auto" starts for rsd-s: W beams, L levels
 _CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share random numbers
 
 # How sampled draft trees are verified (option "scheme" of rsd-c, rsd-s and specinfer).
-TREE_SCHEMES = ("auto", "positional", "recursive")
+TREE_SCHEMES = ("auto", "positional", "recursive", "traversal")
+UNSEEDED_SCHEME = "traversal"  # what "auto" is without a seed: the scheme that keeps the most drafts
 _SCHEME_HELP = ("how sampled draft trees are verified: positional draws each node's first child with the target's "
                 "own random number at its position and keeps the child that is the target's token (the text is "
                 "sampled ar's for the same seed, whatever the tree shapes); recursive draws every child from q and "
-                "verifies the tree by recursive rejection sampling; auto is positional when a seed is given and "
-                "recursive otherwise. Greedy decoding is the same in all")
+                "verifies the tree by recursive rejection sampling; traversal draws them the same way and verifies "
+                "the tree from its leaves (traversal verification: as many drafts kept or more, in expectation); auto is "
+                "positional when a seed is given and traversal otherwise. Greedy decoding is the same in all")
 
 
 def check_branching(setting) -> None:
@@ -111,7 +115,9 @@ class TreeDrafter(DrafterProposer):
         self.vocab = vocab
         # Sampled trees under "positional" go to the verifier without q: verify.tree accepts the child that is
         # the target's positional token (BranchingDrafter draws every node's first child with its number).
-        self.matched = self.resolve_scheme(setup, "recursive") == "positional" and not self.params.greedy
+        # Otherwise they go with q, to tree_verify's scheme ("recursive" or "traversal").
+        self.scheme = self.resolve_scheme(setup, UNSEEDED_SCHEME)
+        self.matched = self.scheme == "positional" and not self.params.greedy
         auto = setup.num_draft_tokens == "auto"
         self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
                                             setup.method) if auto else None
@@ -212,7 +218,7 @@ class TreeDrafter(DrafterProposer):
                     if old < len(probs) and probs[old] is not None:
                         q[b, new] = probs[old][b]
         draft = TreeDraft(out_tokens.to(device), out_parents.to(device), torch.tensor(counts, device=device), q,
-                          self.replacement)
+                          self.replacement, "recursive" if self.matched else self.scheme)
         self.tree = ([t for t, _, _ in kept], [p for _, p, _ in kept])
         return Proposal(tree=draft, width=self.vocab.width, size=size - 1)
 

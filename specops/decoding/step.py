@@ -65,13 +65,15 @@ class TreeDraft:
     [B, N] int64 (node 0 the root, whose token the verifier sets to the last emitted one; parents
     precede children; siblings in the order they were drawn), num_nodes [B] (later nodes are padding),
     probs [B, N, W] float32 (row n: the distribution node n's children were drawn from; None for
-    deterministic drafts) and whether siblings were drawn with replacement."""
+    deterministic drafts), whether siblings were drawn with replacement, and tree_verify's scheme for
+    trees with probs ("recursive" or "traversal")."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
     num_nodes: torch.Tensor
     probs: torch.Tensor | None = None
     replacement: bool = False
+    scheme: str = "recursive"
 
 
 @dataclass
@@ -82,7 +84,7 @@ class Proposal:
     many of them each request proposes), probs [B, K, W] float32 (the distribution each draft was drawn
     from; None for deterministic drafts, whose q is one-hot) and width W >= the target's vocabulary (ids
     from the target's vocabulary size up are tokens the target cannot emit: always rejected).
-    Trees (verifier "tree"): a draft tree per request, verified whole by recursive rejection sampling.
+    Trees (verifier "tree"): a draft tree per request, verified whole (`TreeDraft.scheme`).
     size: draft tokens per request in flight, for the statistics (None: the verifier's count). scheme:
     chain_verify's scheme for chains with probs ("token" or "block")."""
 

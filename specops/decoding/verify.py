@@ -126,7 +126,7 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
                                                num_nodes=draft.num_nodes, replacement=draft.replacement,
                                                temperature=params.temperature, top_k=params.top_k,
                                                top_p=params.top_p, seed=seeds,
-                                               offset=step, validate=False)
+                                               offset=step, validate=False, scheme=draft.scheme)
     size = tokens.shape[1]
     slots = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0)], dim=1)[:, :size]
     state.commit(size, slots, accepted + 1)

@@ -282,10 +282,10 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     scheme "traversal" is traversal verification (Weng et al., NeurIPS 2025, arXiv 2505.12398): the tree
     is verified from its leaves to the root, each path kept with a probability that weighs the whole path
     (w_c = min(1, w_parent p(x_c) / q(x_c)) from the root down), and a rejected node updates its parent's
-    target to norm(max(0, w p - q)) before the next path is tried. Lossless like the default, and never
-    keeps fewer drafts in expectation on the trees measured (docs/verification.md); on a chain it is
-    `chain_verify(..., scheme="block")`, with the same tokens for the same seeds. Rule and random numbers:
-    `specops.reference._traversal_verify_request`.
+    target to norm(max(0, w p - q)) before the next path is tried. Lossless like the default; in expectation
+    over the trees drawn it kept at least as many drafts wherever measured (docs/verification.md). On a
+    chain it is `chain_verify(..., scheme="block")`, with the same tokens for the same seeds. Rule and
+    random numbers: `specops.reference._traversal_verify_request`.
 
     Shape:
         target_logits: [B, N, V] float32, bfloat16 or float16: row n is the target's logits after the
