@@ -61,6 +61,9 @@ def recursive_expected(p_rows, q_rows, tokens, kids, replacement) -> tuple[float
         p, q, left, none = p_rows[b], q_rows[b], 1.0, 1.0
         for c in kids[b]:
             x = tokens[c]
+            # Drawn without replacement, the mass left can round to 0 before the last sibling (q is float32):
+            # such a sibling has no chance under q, and none is given to it here.
+            left = max(left, 1e-300)
             q_x = float(q[x]) / left
             accept = min(1.0, float(p[x]) / q_x) if q_x > 0 else 1.0
             expected += reach * none * accept
@@ -101,7 +104,7 @@ def traversal_expected(p_rows, q_rows, tokens, kids, replacement) -> tuple[float
                 continue
             x = tokens[c]
             pw = w_of(b) * float(r[b][x])
-            q_x = float(q_rows[b][x]) / left[b]
+            q_x = float(q_rows[b][x]) / max(left[b], 1e-300)
             weight[c] = 1.0 if pw >= q_x else pw / q_x
 
     reweigh()
@@ -120,7 +123,7 @@ def traversal_expected(p_rows, q_rows, tokens, kids, replacement) -> tuple[float
         b, x = parent[a], tokens[a]
         alive[b].remove(a)
         w_b = w_of(b)
-        update = torch.clamp(w_b * r[b] - q_rows[b] / left[b], min=0.0)
+        update = torch.clamp(w_b * r[b] - q_rows[b] / max(left[b], 1e-300), min=0.0)
         mass = float(update.sum())
         if mass > 0:
             r[b] = update / mass
