@@ -29,12 +29,11 @@ from collections import defaultdict
 
 import pytest
 import torch
-from _triton import TRITON_DEVICE, needs_triton, triton_launcher
+from _triton import needs_triton, triton_launcher
 from chain_cases import markov_tables
 from tree_cases import (
     LOGIT_DTYPES,
     N_DRAWS,
-    OFFSETS,
     P_VALUE_MIN,
     STAR_CASES,
     TARGET_LOGITS,
@@ -44,6 +43,7 @@ from tree_cases import (
     chisquare_pvalue,
     normalized_args,
     random_case,
+    run_impl,
     small_case,
     star,
     target_probs,
@@ -51,7 +51,6 @@ from tree_cases import (
 )
 
 import specops
-from specops import reference
 
 tree_verify_triton = triton_launcher("tree_verify")
 
@@ -62,15 +61,8 @@ KERNELS = ["cpp", TRITON_SLOW]
 
 
 def run(impl: str, args: tuple, offset: int = 0, scheme: str = "traversal", block_v: int | None = None):
-    """(out_tokens, out_nodes, num_accepted) on CPU from one implementation."""
-    if impl == "reference":
-        return reference.tree_verify(*args, offset, scheme=scheme)
-    if impl == "cpp":
-        return torch.ops.specops.tree_verify(*args, offset, True, scheme)
-    if impl == "triton":
-        moved = [a.to(TRITON_DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
-        return tuple(t.cpu() for t in tree_verify_triton(*moved, offset, scheme=scheme, block_v=block_v))
-    raise AssertionError(impl)
+    """(out_tokens, out_nodes, num_accepted) on CPU from one implementation; traversal unless told."""
+    return run_impl(impl, args, offset, block_v, scheme)
 
 
 def verify(device: str, logits, tokens, parents, probs=None, **kwargs):
@@ -360,48 +352,8 @@ def test_kernel_follows_the_enumerated_law(device, case):
 
 # ==== 2. Agreement ====
 
-@pytest.mark.parametrize("replacement", [False, True])
-@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
-@pytest.mark.parametrize("dtype", LOGIT_DTYPES)
-def test_cpp_matches_reference(dtype, with_probs, replacement):
-    gen = torch.Generator().manual_seed(10 + LOGIT_DTYPES.index(dtype))
-    for trial in range(8):
-        args = random_case(gen, 6, 9, 64, dtype, with_probs, replacement)
-        offset = OFFSETS[trial % 3]
-        assert_same(run("cpp", args, offset), run("reference", args, offset), f"trial {trial}: ")
-
-
-@pytest.mark.slow
-@needs_triton
-@pytest.mark.parametrize("replacement", [False, True])
-@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
-def test_triton_matches_reference(with_probs, replacement):
-    gen = torch.Generator().manual_seed(20)
-    for trial, (dtype, block_v) in enumerate([(torch.float32, 16), (torch.bfloat16, None), (torch.float16, 32)]):
-        args = random_case(gen, 6, 7, 48, dtype, with_probs, replacement)
-        assert_same(run("triton", args, OFFSETS[trial], block_v=block_v), run("reference", args, OFFSETS[trial]),
-                    f"{dtype}, block_v {block_v}: ")
-
-
-@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
-def test_wrapper_matches_reference(device, with_probs):
-    gen = torch.Generator().manual_seed(30)
-    logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed = random_case(
-        gen, 5, 8, 40, torch.float32, with_probs, with_probs)
-    got = verify(device, logits, tokens, parents, q, num_nodes=num, replacement=replacement,
-                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=3)
-    want = reference.tree_verify(logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed, 3,
-                                 scheme="traversal")
-    assert_same(got, want)
-
-
-@pytest.mark.parametrize("impl", KERNELS)
-def test_long_rows_across_chunks(impl):
-    # V above the C++ kernel's 2,048-value chunks and several Triton tiles; B = 1 splits rows across threads.
-    gen = torch.Generator().manual_seed(40)
-    for with_probs in (False, True):
-        args = random_case(gen, 1, 6, 5000, torch.float32, with_probs)
-        assert_same(run(impl, args, 1, block_v=1024), run("reference", args, 1))
+# C++, Triton and the wrapper against the reference on random ragged trees: test_tree_verify.py's agreement
+# tests, which run both schemes.
 
 
 # ==== 3. Statistics ====

@@ -170,49 +170,59 @@ def test_tiny_temperature_overflow_is_greedy(impl):
 
 
 
+# Both schemes (the recursive walk and traversal verification, test_traversal_verify.py) agree with the reference.
+SCHEMES = pytest.mark.parametrize("scheme", specops.ops.TREE_SCHEMES)
+
+
+@SCHEMES
 @pytest.mark.parametrize("replacement", [False, True])
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
 @pytest.mark.parametrize("dtype", LOGIT_DTYPES)
-def test_cpp_matches_reference(dtype, with_probs, replacement):
+def test_cpp_matches_reference(dtype, with_probs, replacement, scheme):
     gen = torch.Generator().manual_seed(10 + LOGIT_DTYPES.index(dtype))
     for trial in range(8):
         args = random_case(gen, 6, 9, 64, dtype, with_probs, replacement)
         offset = OFFSETS[trial % 3]
-        assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"trial {trial}: ")
+        assert_same(run_impl("cpp", args, offset, scheme=scheme), run_impl("reference", args, offset, scheme=scheme),
+                    f"trial {trial}: ")
 
 
 @pytest.mark.slow
 @needs_triton
+@SCHEMES
 @pytest.mark.parametrize("replacement", [False, True])
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
-def test_triton_matches_reference(with_probs, replacement):
+def test_triton_matches_reference(with_probs, replacement, scheme):
     gen = torch.Generator().manual_seed(20)
     for trial, (dtype, block_v) in enumerate([(torch.float32, 16), (torch.bfloat16, None), (torch.float16, 32)]):
         args = random_case(gen, 6, 7, 48, dtype, with_probs, replacement)
-        assert_same(run_impl("triton", args, OFFSETS[trial], block_v), run_impl("reference", args, OFFSETS[trial]),
-                    f"{dtype}, block_v {block_v}: ")
+        assert_same(run_impl("triton", args, OFFSETS[trial], block_v, scheme),
+                    run_impl("reference", args, OFFSETS[trial], scheme=scheme), f"{dtype}, block_v {block_v}: ")
 
 
+@SCHEMES
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
-def test_wrapper_matches_reference(device, with_probs):
+def test_wrapper_matches_reference(device, with_probs, scheme):
     gen = torch.Generator().manual_seed(30)
     logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed = random_case(
         gen, 5, 8, 40, torch.float32, with_probs)
     got = specops.ops.tree_verify(logits.to(device), tokens.to(device), parents.to(device),
                                   None if q is None else q.to(device), num_nodes=num.to(device),
                                   temperature=temperature.to(device), top_k=top_k.to(device), top_p=top_p.to(device),
-                                  seed=seed.to(device), offset=3)
-    want = reference.tree_verify(logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed, 3)
+                                  seed=seed.to(device), offset=3, scheme=scheme)
+    want = reference.tree_verify(logits, tokens, parents, q, num, replacement, temperature, top_k, top_p, seed, 3,
+                                 scheme=scheme)
     assert_same(tuple(t.cpu() for t in got), want)
 
 
+@SCHEMES
 @pytest.mark.parametrize("impl", KERNELS)
-def test_long_rows_across_chunks(impl):
+def test_long_rows_across_chunks(impl, scheme):
     # V above the C++ kernel's 2,048-value chunks and several Triton tiles; B = 1 splits rows across threads.
     gen = torch.Generator().manual_seed(40)
     for with_probs in (False, True):
         args = random_case(gen, 1, 6, 5000, torch.float32, with_probs)
-        assert_same(run_impl(impl, args, 1, block_v=1024), run_impl("reference", args, 1))
+        assert_same(run_impl(impl, args, 1, 1024, scheme), run_impl("reference", args, 1, scheme=scheme))
 
 
 

@@ -37,15 +37,15 @@ def normalized_args(logits, tokens, parents, probs=None, *, num_nodes=None, repl
             per_row(top_p, batch, torch.float32), per_row(seed, batch, torch.int64))
 
 
-def run_impl(impl: str, args: tuple, offset: int = 0, block_v: int | None = None):
-    """(out_tokens, out_nodes, num_accepted) on CPU from one implementation."""
+def run_impl(impl: str, args: tuple, offset: int = 0, block_v: int | None = None, scheme: str = "recursive"):
+    """(out_tokens, out_nodes, num_accepted) on CPU from one implementation, with tree_verify's `scheme`."""
     if impl == "reference":
-        return reference.tree_verify(*args, offset)
+        return reference.tree_verify(*args, offset, scheme=scheme)
     if impl == "cpp":
-        return torch.ops.specops.tree_verify(*args, offset)
+        return torch.ops.specops.tree_verify(*args, offset, True, scheme)
     if impl == "triton":
         moved = [a.to(TRITON_DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
-        return tuple(t.cpu() for t in tree_verify_triton(*moved, offset, block_v=block_v))
+        return tuple(t.cpu() for t in tree_verify_triton(*moved, offset, scheme=scheme, block_v=block_v))
     raise AssertionError(impl)
 
 
