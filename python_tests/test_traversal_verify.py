@@ -39,9 +39,7 @@ from tree_cases import (
     TARGET_LOGITS,
     Z_MAX,
     assert_same,
-    chain_case,
     chisquare_pvalue,
-    normalized_args,
     random_case,
     run_impl,
     small_case,
@@ -250,25 +248,7 @@ def test_greedy_and_point_mass_requests_are_the_recursive_schemes(impl, dtype):
             assert_same(run(impl, args, 3), run(impl, args, 3, scheme="recursive"), f"T = {temperature}: ")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_chain_is_block_verification(impl):
-    # With draft probabilities, traversal verification of a chain is block verification, draw for draw.
-    gen = torch.Generator().manual_seed(4)
-    batch, k, vocab = 12, 4, 40
-    logits, q, drafts, tokens, parents = chain_case(gen, batch, k, vocab, True)
-    num = torch.randint(0, k + 1, (batch,), generator=gen)
-    temperature = torch.tensor([1.0, 0.6, 0.0, 1.4] * 3)
-    top_k, top_p = torch.tensor([0, 5, 0, 0] * 3), torch.tensor([1.0, 1.0, 1.0, 0.8] * 3)
-    seeds = torch.arange(batch) * 7919
-    for offset in (0, 5):
-        want_out, want_accepted = torch.ops.specops.chain_verify(
-            logits, drafts, q[:, :k].contiguous(), num, temperature, top_k, top_p, seeds, offset, True, "block")
-        args = normalized_args(logits, tokens, parents, q, num_nodes=num + 1, temperature=temperature, top_k=top_k,
-                               top_p=top_p, seed=seeds)
-        out, nodes, accepted = run(impl, args, offset)
-        assert torch.equal(out, want_out) and torch.equal(accepted, want_accepted), (offset, out, want_out)
-        path = torch.arange(1, k + 2).expand(batch, k + 1)
-        assert torch.equal(nodes, torch.where(path <= accepted[:, None], path, -1))
+# A chain is block verification, draw for draw: test_tree_verify.py's test_chain_is_chain_verify.
 
 
 @pytest.mark.parametrize("mode", MODES)

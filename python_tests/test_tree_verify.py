@@ -135,9 +135,12 @@ def test_padding_nodes_are_not_read(impl):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+@pytest.mark.parametrize("scheme, with_probs", [("recursive", False), ("recursive", True), ("traversal", True)],
+                         ids=["q_one_hot", "q_given", "traversal"])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_chain_is_chain_verify(impl, with_probs):
+def test_chain_is_chain_verify(impl, scheme, with_probs):
+    # A chain is chain_verify draw for draw: token-level for the recursive walk, block verification for
+    # traversal verification (with draft probabilities: one-hot block rounds its residual differently).
     gen = torch.Generator().manual_seed(4)
     batch, k, vocab = 12, 4, 40
     logits, q, drafts, tokens, parents = chain_case(gen, batch, k, vocab, with_probs)
@@ -148,10 +151,10 @@ def test_chain_is_chain_verify(impl, with_probs):
     for offset in (0, 5):
         want_out, want_accepted = torch.ops.specops.chain_verify(
             logits, drafts, None if q is None else q[:, :k].contiguous(), num, temperature, top_k, top_p, seeds,
-            offset)
+            offset, True, "token" if scheme == "recursive" else "block")
         args = normalized_args(logits, tokens, parents, q, num_nodes=num + 1, temperature=temperature, top_k=top_k,
                                top_p=top_p, seed=seeds)
-        out, nodes, accepted = run_impl(impl, args, offset)
+        out, nodes, accepted = run_impl(impl, args, offset, scheme=scheme)
         assert torch.equal(out, want_out) and torch.equal(accepted, want_accepted)
         path = torch.arange(1, k + 2).expand(batch, k + 1)
         assert torch.equal(nodes, torch.where(path <= accepted[:, None], path, -1))
