@@ -61,7 +61,7 @@ _CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share 
 
 # How sampled draft trees are verified (option "scheme" of rsd-c, rsd-s and specinfer).
 TREE_SCHEMES = ("auto", "positional", "recursive", "traversal")
-UNSEEDED_SCHEME = "traversal"  # what "auto" is without a seed: the scheme that keeps the most drafts
+UNSEEDED_SCHEME = "traversal"  # "auto" without a seed: it kept as many drafts or more wherever measured
 _SCHEME_HELP = ("how sampled draft trees are verified: positional draws each node's first child with the target's "
                 "own random number at its position and keeps the child that is the target's token (the text is "
                 "sampled ar's for the same seed, whatever the tree shapes); recursive draws every child from q and "
