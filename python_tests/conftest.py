@@ -16,6 +16,12 @@ if not HAS_CUDA:
 
 import specops  # noqa: E402,F401  (registers the ops; after TRITON_INTERPRET is set)
 
+# The README's test command runs the suite in pytest-xdist workers, one per core: each worker's torch takes
+# its share of the cores rather than all of them, so the workers do not oversubscribe the machine.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 # Devices the public wrapper is tested on: CPU runs the C++ kernel, CUDA the Triton kernel.
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
@@ -50,11 +56,16 @@ def private_specops_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def fresh_embedded_models():
-    """Models decode loads by name are kept for the process (specops.decoding._load_embedded); a test that
-    replaces specops.models.load must neither see another test's models nor leave its own behind."""
+def fresh_embedded_models(request):
+    """Models decode loads by name are kept for the process (specops.decoding._load_embedded), so the tests
+    that name the real models (the README's blocks, test_decode_real) load each once per worker. A test that
+    can replace specops.models' loaders (it uses monkeypatch) must neither see another test's models nor
+    leave its own behind: the cache is emptied around it."""
     from specops.decoding import _load_embedded
 
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
     _load_embedded.cache_clear()
     yield
     _load_embedded.cache_clear()

@@ -18,6 +18,10 @@ _TYPES = os.environ.get("SPECOPS_SWEEP_TYPES")
 TYPES = _TYPES.split(",") if _TYPES else sweep.all_types()
 
 
+# One pytest-xdist worker takes every test here (README: --dist loadgroup), so the sweep runs once.
+pytestmark = pytest.mark.xdist_group("causal-lm-sweep")
+
+
 @pytest.fixture(scope="module")
 def results():
     return sweep.sweep(TYPES, workers=2)
