@@ -431,6 +431,8 @@ def _write_cache(path: Path, model, tokenizer, fingerprint: dict) -> None:
         model.save_pretrained(tmp)  # safetensors
         tokenizer.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+        if _read_marker(path) == fingerprint:  # another process (a test worker) wrote it meanwhile: keep that
+            return
         if path.exists():
             path.rename(stale)
         try:
