@@ -104,6 +104,11 @@ def engine_runs(tmp_path_factory):
     return target, run_engines(engines, tmp)
 
 
+def _named(runs: dict, prefix: str) -> dict:
+    """The runs of engine_runs whose name starts with `prefix`, by the rest of their name."""
+    return {name.removeprefix(prefix): run for name, run in runs.items() if name.startswith(prefix)}
+
+
 # ---- 1, 2: Gemma-3-270M, greedy and sampled ----
 
 def _gemma_engines() -> dict[str, dict]:
@@ -124,8 +129,7 @@ def _gemma_engines() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def gemma_runs(engine_runs):
-    _, runs = engine_runs
-    return {name: runs[f"gemma-{name}"] for name in _gemma_engines()}
+    return _named(engine_runs[1], "gemma-")
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
@@ -233,7 +237,7 @@ def _tiny_engines(drafter: Path) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def tiny(engine_runs):
     target, runs = engine_runs
-    return target, {name: runs[f"tiny-{name}"] for name in ("ngram", "slem", "vllm-ngram-unrepaired")}
+    return target, _named(runs, "tiny-")
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
