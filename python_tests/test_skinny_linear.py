@@ -338,13 +338,13 @@ def test_cpp_kernel_checks_its_arguments():
     """The op called directly (no wrapper) refuses what its kernel cannot run."""
     x, w, b = random_case(3, 5, 8, seed=0)
     op = torch.ops.specops.skinny_linear
-    with pytest.raises(RuntimeError, match="the CPU kernel takes float32"):
+    with pytest.raises(TypeError, match="the CPU kernel takes float32"):
         op(x.double(), w.double(), None)
-    with pytest.raises(RuntimeError, match=r"input must be \[M, K\] and weight \[N, K\]"):
+    with pytest.raises(ValueError, match=r"input must be \[M, K\] and weight \[N, K\]"):
         op(x.view(3, 2, 4), w, b)
-    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\] with K = 8, got \[5, 7\]"):
+    with pytest.raises(ValueError, match=r"weight must be \[N, K\] with K = 8, got \[5, 7\]"):
         op(x, w[:, :7], b)
-    with pytest.raises(RuntimeError, match="bias must be float32 \\[N\\] with N = 5"):
+    with pytest.raises(ValueError, match="bias must be float32 \\[N\\] with N = 5"):
         op(x, w, b[:4])
 
 

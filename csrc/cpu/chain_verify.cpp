@@ -273,8 +273,8 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   if (validate) {
     std::vector<char> prob_bad(static_cast<size_t>(batch * (k1 - 1)));
     std::vector<double> prob_sum(prob_bad.size());
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
+    parallel_rows(rows, [&](int64_t begin, int64_t end, int64_t& r) {
+      for (r = begin; r < end; ++r) {
         row_max[r] = checked_row_max("chain_verify", logit_p + r * vocab, vocab, r / k1, r % k1);
         if (prob_p != nullptr && r % k1 < k1 - 1) {
           const int64_t pr = (r / k1) * (k1 - 1) + r % k1;
@@ -303,9 +303,9 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   int64_t* acc_p = num_accepted.data_ptr<int64_t>();
   // Requests in parallel; with fewer requests than threads, each request's row passes instead.
   const bool split = batch < at::get_num_threads();
-  const auto verify_requests = [&](int64_t begin, int64_t end) {
+  const auto verify_requests = [&](int64_t begin, int64_t end, int64_t& b) {
     std::vector<float> weights(static_cast<size_t>(vocab)), scratch;
-    for (int64_t b = begin; b < end; ++b) {
+    for (b = begin; b < end; ++b) {
       const RowParams rp{b, nd_p[b], sampling.temperature[b], sampling.top_k[b], sampling.top_p[b],
                          sampling.seed[b]};
       const auto verify = block && rp.temperature > 0.0f ? verify_row_block : verify_row;
@@ -316,9 +316,10 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
     }
   };
   if (split) {
-    verify_requests(0, batch);
+    int64_t b = 0;
+    verify_requests(0, batch, b);
   } else {
-    at::parallel_for(0, batch, 1, verify_requests);
+    parallel_rows(batch, verify_requests);
   }
   return {out, num_accepted};
 }

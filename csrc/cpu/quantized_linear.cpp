@@ -69,15 +69,15 @@ const Formats& formats() {
 }
 
 void check_params(const c10::optional<at::Tensor>& t, const char* name, int64_t n) {
-  TORCH_CHECK(t.has_value() && t->defined(), "quantized_linear: this weight format needs ", name);
-  TORCH_CHECK(t->dim() == 2 && t->size(0) == n && t->size(1) >= 1 && t->scalar_type() == at::kFloat,
-              "quantized_linear: ", name, " must be float32 [N, G] with N = ", n);
+  TORCH_CHECK_VALUE(t.has_value() && t->defined(), "quantized_linear: this weight format needs ", name);
+  TORCH_CHECK_VALUE(t->dim() == 2 && t->size(0) == n && t->size(1) >= 1 && t->scalar_type() == at::kFloat,
+                    "quantized_linear: ", name, " must be float32 [N, G] with N = ", n);
 }
 
 at::Tensor quantized_linear_cpu(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& scales,
                                 const c10::optional<at::Tensor>& mins, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat, "quantized_linear: input must be float32 [M, K]");
-  TORCH_CHECK(weight.dim() == 2, "quantized_linear: weight must be 2-D");
+  TORCH_CHECK_VALUE(input.dim() == 2 && input.scalar_type() == at::kFloat, "quantized_linear: input must be float32 [M, K]");
+  TORCH_CHECK_VALUE(weight.dim() == 2, "quantized_linear: weight must be 2-D");
   const auto dtype = weight.scalar_type();
   const int64_t m = input.size(0), k_dim = input.size(1), n = weight.size(0);
   const at::Tensor w = weight.contiguous();
@@ -87,40 +87,40 @@ at::Tensor quantized_linear_cpu(const at::Tensor& input, const at::Tensor& weigh
   int64_t row_bytes;
   const Formats& f = formats();
   if (dtype == at::kBFloat16) {
-    TORCH_CHECK(weight.size(1) == k_dim, "quantized_linear: a bfloat16 weight must be [N, K] with K = ", k_dim);
-    TORCH_CHECK(!(scales.has_value() && scales->defined()) && !(mins.has_value() && mins->defined()),
-                "quantized_linear: a bfloat16 weight takes no scales or mins");
+    TORCH_CHECK_VALUE(weight.size(1) == k_dim, "quantized_linear: a bfloat16 weight must be [N, K] with K = ", k_dim);
+    TORCH_CHECK_VALUE(!(scales.has_value() && scales->defined()) && !(mins.has_value() && mins->defined()),
+                      "quantized_linear: a bfloat16 weight takes no scales or mins");
     rows_fn = f.bf16;
     row_bytes = 2 * k_dim;
   } else if (dtype == at::kChar || dtype == at::kByte) {
     const bool int4 = dtype == at::kByte;
-    TORCH_CHECK(weight.size(1) * (int4 ? 2 : 1) == k_dim, "quantized_linear: an ", int4 ? "int4 (uint8)" : "int8",
-                " weight must be [N, ", int4 ? "K / 2" : "K", "] with K = ", k_dim);
+    TORCH_CHECK_VALUE(weight.size(1) * (int4 ? 2 : 1) == k_dim, "quantized_linear: an ", int4 ? "int4 (uint8)" : "int8",
+                      " weight must be [N, ", int4 ? "K / 2" : "K", "] with K = ", k_dim);
     check_params(scales, "scales", n);
     s = scales->contiguous();
     const int64_t groups = s.size(1);
-    TORCH_CHECK(k_dim % groups == 0 && (groups == 1 || (k_dim / groups) % 32 == 0),
-                "quantized_linear: scales [N, G] must split K = ", k_dim, " into G groups of a multiple of 32 (or G = 1)");
-    TORCH_CHECK(!int4 || k_dim % 32 == 0, "quantized_linear: int4 weights need K a multiple of 32, got ", k_dim);
+    TORCH_CHECK_VALUE(k_dim % groups == 0 && (groups == 1 || (k_dim / groups) % 32 == 0),
+                      "quantized_linear: scales [N, G] must split K = ", k_dim, " into G groups of a multiple of 32 (or G = 1)");
+    TORCH_CHECK_VALUE(!int4 || k_dim % 32 == 0, "quantized_linear: int4 weights need K a multiple of 32, got ", k_dim);
     q.scales = s.data_ptr<float>();
     q.groups = groups;
     q.group_size = k_dim / groups;
     if (int4) {
       check_params(mins, "mins", n);
       z = mins->contiguous();
-      TORCH_CHECK(z.size(1) == groups, "quantized_linear: mins must have the shape of scales");
+      TORCH_CHECK_VALUE(z.size(1) == groups, "quantized_linear: mins must have the shape of scales");
       q.mins = z.data_ptr<float>();
     } else {
-      TORCH_CHECK(!(mins.has_value() && mins->defined()), "quantized_linear: int8 weights are symmetric: no mins");
+      TORCH_CHECK_VALUE(!(mins.has_value() && mins->defined()), "quantized_linear: int8 weights are symmetric: no mins");
     }
     rows_fn = int4 ? f.int4 : f.int8;
     row_bytes = k_dim;  // int4 too: de-quantizing it is compute-bound, so its tasks are sized in weights
   } else {
-    TORCH_CHECK(false, "quantized_linear: weight must be bfloat16, int8 or uint8 (packed int4), got ", dtype);
+    TORCH_CHECK_TYPE(false, "quantized_linear: weight must be bfloat16, int8 or uint8 (packed int4), got ", dtype);
   }
   const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK(!has_bias || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat),
-              "quantized_linear: bias must be float32 [N] with N = ", n);
+  TORCH_CHECK_VALUE(!has_bias || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat),
+                    "quantized_linear: bias must be float32 [N] with N = ", n);
   const at::Tensor x = input.contiguous();
   at::Tensor out = at::empty({m, n}, input.options());
   if (m == 0 || n == 0) return out;

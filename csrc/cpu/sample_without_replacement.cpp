@@ -35,10 +35,10 @@ std::tuple<at::Tensor, at::Tensor> sample_without_replacement_cpu(const at::Tens
   const float* x_p = x.data_ptr<float>();
   int64_t* tok_p = tokens.data_ptr<int64_t>();
   float* prob_p = probs.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  parallel_rows(rows, [&](int64_t begin, int64_t end, int64_t& r) {
     std::vector<float> weights, scratch;
     std::vector<int64_t> order;
-    for (int64_t r = begin; r < end; ++r) {
+    for (r = begin; r < end; ++r) {
       sample_row("sample_without_replacement", x_p + r * vocab, vocab, num_samples, sampling.temperature[r],
                  sampling.top_k[r], sampling.top_p[r], sampling.seed[r], static_cast<uint64_t>(offset), r,
                  tok_p + r * num_samples, prob_p + r * vocab, weights, scratch, order);

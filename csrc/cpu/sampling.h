@@ -9,10 +9,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -27,6 +29,36 @@ namespace {
 
 constexpr int64_t kChunk = 2048;  // chunk of the two-level inverse-CDF search
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---- rows in parallel, errors in row order ----
+
+// Runs rows [0, count) on the intra-op threads as at::parallel_for(0, count, 1, ...) does, through
+// chunk(begin, end, row), which works on rows begin..end-1 keeping `row` at the one it is on. Where rows
+// raise, the others still run, and the error of the first such row is rethrown at the end: which row an
+// error names does not depend on the number of threads or on their timing (the checks made for devices
+// whose kernels cannot raise, specops/ops, name the first bad row too).
+template <typename Chunk>
+void parallel_rows(int64_t count, const Chunk& chunk) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(count));
+  std::atomic<bool> failed{false};
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    int64_t row = begin;
+    while (row < end) {
+      try {
+        chunk(row, end, row);
+        row = end;
+      } catch (...) {
+        errors[static_cast<size_t>(row)] = std::current_exception();
+        failed = true;
+        ++row;
+      }
+    }
+  });
+  if (!failed) return;
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
 
 // ---- Philox4x32-10 (Salmon et al., SC'11): the generator shared with Triton and the reference ----
 

@@ -50,15 +50,15 @@ const Tiles& tiles() {
 }
 
 at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(input.dim() == 2 && weight.dim() == 2, "skinny_linear: input must be [M, K] and weight [N, K]");
-  TORCH_CHECK(input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "skinny_linear: the CPU kernel takes float32 input and weight");
+  TORCH_CHECK_VALUE(input.dim() == 2 && weight.dim() == 2, "skinny_linear: input must be [M, K] and weight [N, K]");
+  TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
+                   "skinny_linear: the CPU kernel takes float32 input and weight");
   const int64_t m = input.size(0), k_dim = input.size(1), n = weight.size(0);
-  TORCH_CHECK(weight.size(1) == k_dim, "skinny_linear: weight must be [N, K] with K = ", k_dim, ", got [", n, ", ",
-              weight.size(1), "]");
+  TORCH_CHECK_VALUE(weight.size(1) == k_dim, "skinny_linear: weight must be [N, K] with K = ", k_dim, ", got [", n, ", ",
+                    weight.size(1), "]");
   const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK(!has_bias || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat),
-              "skinny_linear: bias must be float32 [N] with N = ", n);
+  TORCH_CHECK_VALUE(!has_bias || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat),
+                    "skinny_linear: bias must be float32 [N] with N = ", n);
   const at::Tensor x = input.contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor out = at::empty({m, n}, input.options());

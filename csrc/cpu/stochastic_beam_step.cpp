@@ -114,10 +114,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stochasti
   std::vector<float> draw_scores(draws.size(), -kInf), draw_log_probs(draws.size(), -kInf);
   const float* x_p = x.data_ptr<float>();
   float* prob_p = probs.data_ptr<float>();
-  at::parallel_for(0, batch * beams, 1, [&](int64_t begin, int64_t end) {
+  parallel_rows(batch * beams, [&](int64_t begin, int64_t end, int64_t& r) {
     std::vector<float> weights, scratch;
     std::vector<int64_t> order;
-    for (int64_t r = begin; r < end; ++r) {
+    for (r = begin; r < end; ++r) {
       const Beam beam{phi[r], beam_score[r]};
       if (!beam.live()) {
         std::fill(prob_p + r * vocab, prob_p + (r + 1) * vocab, 0.0f);

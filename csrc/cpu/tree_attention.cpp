@@ -268,8 +268,11 @@ at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& key, co
               "tree_attention: need N >= 1, Hq a multiple of Hkv and S >= N");
   TORCH_CHECK_VALUE(key.sizes() == at::IntArrayRef({batch, kv_heads, slots, dim}) && value.sizes() == key.sizes(),
               "tree_attention: key and value must be [B, Hkv, S, D]");
-  TORCH_CHECK_VALUE(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(),
-              "tree_attention: key and value must have query's dtype");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+                   "tree_attention: query must be float32, bfloat16 or float16");
+  TORCH_CHECK_TYPE(key.scalar_type() == dtype && value.scalar_type() == dtype,
+                   "tree_attention: key and value must have query's dtype");
   TORCH_CHECK_VALUE(tree_mask.scalar_type() == at::kInt && tree_mask.sizes() == at::IntArrayRef({batch, nodes, words}),
               "tree_attention: tree_mask must be [B, N, ceil(N/32)] int32");
   TORCH_CHECK_VALUE(kv_mask.scalar_type() == at::kBool && kv_mask.sizes() == at::IntArrayRef({batch, slots - nodes}),

@@ -307,8 +307,8 @@ void check_structure(const int64_t* tokens, const int64_t* parents, const int64_
 void check_values(const float* logits, const float* probs, const int64_t* tokens, const int64_t* parents,
                   const int64_t* counts, int64_t batch, int64_t nodes, int64_t vocab, bool replacement,
                   float* row_max) {
-  at::parallel_for(0, batch * nodes, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
+  parallel_rows(batch * nodes, [&](int64_t begin, int64_t end, int64_t& r) {
+    for (r = begin; r < end; ++r) {
       if (r % nodes < counts[r / nodes]) {
         row_max[r] = checked_row_max("tree_verify", logits + r * vocab, vocab, r / nodes, r % nodes);
       }
@@ -390,11 +390,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
   int64_t* out_node_p = out_nodes.data_ptr<int64_t>();
   int64_t* acc_p = num_accepted.data_ptr<int64_t>();
   const bool split = batch < at::get_num_threads();
-  const auto verify_requests = [&](int64_t begin, int64_t end) {
+  const auto verify_requests = [&](int64_t begin, int64_t end, int64_t& b) {
     Scratch s;
     s.residual.resize(static_cast<size_t>(vocab));
     s.next.resize(static_cast<size_t>(vocab));
-    for (int64_t b = begin; b < end; ++b) {
+    for (b = begin; b < end; ++b) {
       const Request rq{logit_p + b * nodes * vocab, token_p + b * nodes, parent_p + b * nodes,
                        prob_p == nullptr ? nullptr : prob_p + b * nodes * vocab, count_p[b], b,
                        sampling.temperature[b], sampling.top_k[b], sampling.top_p[b], sampling.seed[b]};
@@ -404,9 +404,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     }
   };
   if (split) {
-    verify_requests(0, batch);
+    int64_t b = 0;
+    verify_requests(0, batch, b);
   } else {
-    at::parallel_for(0, batch, 1, verify_requests);
+    parallel_rows(batch, verify_requests);
   }
   return {out_tokens, out_nodes, num_accepted};
 }

@@ -231,11 +231,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> vocab_project_cpu(
   int64_t* drafts_p = draft_tokens.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "vocab_project", [&] {
     const scalar_t* logit_p = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    parallel_rows(rows, [&](int64_t begin, int64_t end, int64_t& r) {
       Scratch s;
       s.x.resize(static_cast<size_t>(n));
       s.w.resize(static_cast<size_t>(n));
-      for (int64_t r = begin; r < end; ++r) {
+      for (r = begin; r < end; ++r) {
         const RowParams rp{r, sampling.temperature[r], sampling.top_k[r], sampling.top_p[r], sampling.seed[r]};
         const int64_t j = project_row(logit_p + r * draft_vocab, map, draft_vocab, target_vocab, rp,
                                       static_cast<uint64_t>(offset), validate, probs_p + r * target_vocab, s);
