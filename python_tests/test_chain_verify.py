@@ -735,15 +735,17 @@ def test_inputs_on_another_device_raise(device, name):
 
 def _check_draft_probs(check: str, inputs: dict) -> None:
     """chain_verify's value checks on `inputs`, by `check`: "op" is the public wrapper (on CPU the C++
-    kernel's validation pass, on CUDA the wrapper's one-sync check); "one_sync_check" calls that check,
-    `specops.ops.sampling._check_values`, directly, so that it is tested on machines without a GPU too."""
+    kernel's validation pass, on CUDA the op's contract before its Triton kernel); "one_sync_check" calls
+    that contract, `specops.ops.CONTRACTS["chain_verify"]`, directly, so that it is tested on machines
+    without a GPU too."""
     if check == "op":
         specops.ops.chain_verify(**inputs)
     else:
         args = normalized_args(inputs["target_logits"], inputs["draft_tokens"], inputs["draft_probs"],
                                num_draft=inputs["num_draft"], temperature=inputs["temperature"],
                                top_k=inputs["top_k"], top_p=inputs["top_p"])
-        specops.ops.sampling._check_values(*[a.to(inputs["target_logits"].device) for a in args[:7]])
+        device = inputs["target_logits"].device
+        specops.ops.CONTRACTS["chain_verify"](*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args], 0)
 
 
 DRAFT_PROBS_CHECKS = ["op", "one_sync_check"]

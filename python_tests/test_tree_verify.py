@@ -49,8 +49,6 @@ from tree_cases import (
 
 import specops
 from specops import reference
-from specops.ops._checks import _raise_first
-from specops.ops.sampling import _tree_verify_checks
 
 # ---- helpers ----
 
@@ -407,11 +405,12 @@ def test_bad_values_raise(case):
         d = change(_valid())
     with pytest.raises(ValueError, match=pattern):
         specops.ops.tree_verify(d["target_logits"], d["tokens"], d["parents"], d["draft_probs"])
-    # The accelerator path's one-sync checks find the same problem.
-    num = torch.full((2,), 4, dtype=torch.int64)
+    # The op's contract, which runs before the Triton kernel, finds the same problem.
+    num, rows = torch.full((2,), 4, dtype=torch.int64), torch.ones(2)
     with pytest.raises(ValueError, match=pattern):
-        _raise_first("tree_verify", _tree_verify_checks(d["target_logits"], d["tokens"], d["parents"],
-                                                        d["draft_probs"], num, False))
+        specops.ops.CONTRACTS["tree_verify"](d["target_logits"], d["tokens"], d["parents"], d["draft_probs"], num,
+                                             False, rows, torch.zeros(2, dtype=torch.int64), rows,
+                                             torch.zeros(2, dtype=torch.int64), 0)
 
 
 def test_repeated_sibling_is_allowed_with_replacement_or_one_hot_q():

@@ -607,7 +607,7 @@ NAN_OR_INF = r"draft_logits.*NaN or \+inf"
 ID_RANGE = r"target_ids.*must be -1 or in \[0, 10\)"
 TARGET_VOCAB_INT = r"target_vocab must be an int >= 1"
 # Values the wrapper cannot see without reading the tensors: the C++ kernel checks them on CPU, the
-# wrapper's one-sync check (`_check_projection`) on accelerators. Patterns match both messages.
+# op's contract before the Triton kernel on accelerators. Patterns match both messages.
 BAD_VALUES = {
     "nan_mapped_logit": (_with("draft_logits", _logit_set((1, 0), float("nan"))), NAN_OR_INF),
     "nan_unmapped_logit": (_with("draft_logits", _logit_set((2, 1), float("nan"))), NAN_OR_INF),
@@ -672,7 +672,7 @@ def test_bad_values_raise(device, case):
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_accelerator_value_check_messages(case):
-    # `_check_projection` is what accelerators run for validate=True; here on CPU tensors, so that its
+    # The op's contract is what accelerators run before the Triton kernel; here on CPU tensors, so that its
     # messages are tested on a machine without a GPU too.
     change, pattern = BAD_VALUES[case]
     inputs = _valid_inputs("cpu")
@@ -680,7 +680,7 @@ def test_accelerator_value_check_messages(case):
     args = normalized_args(inputs["draft_logits"], inputs["target_ids"], inputs["target_vocab"],
                            temperature=inputs["temperature"], top_k=inputs["top_k"], top_p=inputs["top_p"])
     with pytest.raises(ValueError, match=r"^vocab_project: .*" + pattern):
-        specops.ops.sampling._check_projection(*args[:6])
+        specops.ops.CONTRACTS["vocab_project"](*args, 0)
 
 
 @pytest.mark.parametrize("case", list(BAD_ARGUMENTS))

@@ -29,6 +29,8 @@ from specops.kernels._sampling import (_KEEP_ALL, _STREAM_ACCEPT, _STREAM_SAMPLE
                                        _inverse_cdf_tile, _ordered_key, _request_sampling, _row_argmax,
                                        _row_normalizer, _row_tile_stats, _scaled_tile, _uniform, offset_words,
                                        tile_stat_buffers, vocab_tiling)
+from specops.ops._checks import guarded
+from specops.ops.sampling import check_chain_verify
 
 __all__ = ["chain_verify_triton"]
 
@@ -540,4 +542,7 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     return out_tokens, num_accepted
 
 
-torch.library.register_kernel("specops::chain_verify", "cuda", chain_verify_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+chain_verify_cuda = guarded(check_chain_verify, chain_verify_triton)
+torch.library.register_kernel("specops::chain_verify", "cuda", chain_verify_cuda)

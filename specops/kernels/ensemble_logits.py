@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.ops._checks import guarded
+from specops.ops.ensemble import check_ensemble_logits
+
 __all__ = ["ensemble_logits_triton"]
 
 _NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))  # a plain float global does not compile for a GPU
@@ -107,6 +110,11 @@ def ensemble_logits_triton(members: list[torch.Tensor], weights: torch.Tensor, m
     return out
 
 
-@torch.library.register_kernel("specops::ensemble_logits", "cuda")
-def _ensemble_logits_cuda(members, weights, mode, mu, alpha, validate=True):
+def _launch(members, weights, mode, mu, alpha, validate=True):
     return ensemble_logits_triton(list(members), weights, mode, mu, alpha)
+
+
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+ensemble_logits_cuda = guarded(check_ensemble_logits, _launch)
+torch.library.register_kernel("specops::ensemble_logits", "cuda", ensemble_logits_cuda)

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.ops._checks import guarded
+from specops.ops.ngram import check_ngram_match
+
 __all__ = ["ngram_match_triton"]
 
 # As specops.reference.NGRAM_KEY_BITS: key = (level << 56) | (count << 28) | recency.
@@ -259,4 +262,7 @@ def ngram_match_triton(tokens: torch.Tensor, lengths: torch.Tensor, min_ngram: i
     return candidates, counts, ngram
 
 
-torch.library.register_kernel("specops::ngram_match", "cuda", ngram_match_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+ngram_match_cuda = guarded(check_ngram_match, ngram_match_triton)
+torch.library.register_kernel("specops::ngram_match", "cuda", ngram_match_cuda)

@@ -15,6 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.ops._checks import guarded
+from specops.ops.linear import check_quantized_linear
+
 __all__ = ["quantized_linear_triton"]
 
 # FORMAT, named by the weight's dtype.
@@ -98,4 +101,7 @@ def quantized_linear_triton(input: torch.Tensor, weight: torch.Tensor, scales: t
     return out
 
 
-torch.library.register_kernel("specops::quantized_linear", "cuda", quantized_linear_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+quantized_linear_cuda = guarded(check_quantized_linear, quantized_linear_triton)
+torch.library.register_kernel("specops::quantized_linear", "cuda", quantized_linear_cuda)

@@ -33,6 +33,8 @@ import triton.language as tl
 from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_WITHOUT_REPLACEMENT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _row_tile_stats, _scaled_tile,
                                        _uniform, offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
+from specops.ops._checks import guarded
+from specops.ops.sampling import check_sample_without_replacement
 
 __all__ = ["sample_without_replacement_triton"]
 
@@ -241,4 +243,7 @@ def sample_without_replacement_triton(logits: torch.Tensor, num_samples: int, te
     return tokens, probs
 
 
-torch.library.register_kernel("specops::sample_without_replacement", "cuda", sample_without_replacement_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+sample_without_replacement_cuda = guarded(check_sample_without_replacement, sample_without_replacement_triton)
+torch.library.register_kernel("specops::sample_without_replacement", "cuda", sample_without_replacement_cuda)

@@ -13,6 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.ops._checks import guarded
+from specops.ops.linear import check_skinny_linear
+
 __all__ = ["skinny_linear_triton"]
 
 
@@ -68,4 +71,7 @@ def skinny_linear_triton(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     return out
 
 
-torch.library.register_kernel("specops::skinny_linear", "cuda", skinny_linear_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+skinny_linear_cuda = guarded(check_skinny_linear, skinny_linear_triton)
+torch.library.register_kernel("specops::skinny_linear", "cuda", skinny_linear_cuda)

@@ -25,6 +25,8 @@ import triton.language as tl
 from specops._seeds import beam_seeds
 from specops.kernels._sampling import _GREEDY, _SAMPLED, _STREAM_BEAM, _uniform, offset_words, vocab_tiling
 from specops.kernels.sample_without_replacement import sample_rows
+from specops.ops._checks import guarded
+from specops.ops.sampling import check_stochastic_beam_step
 
 __all__ = ["stochastic_beam_step_triton"]
 
@@ -140,4 +142,7 @@ def stochastic_beam_step_triton(logits: torch.Tensor, beam_log_probs: torch.Tens
             probs.view(batch, beams, vocab))
 
 
-torch.library.register_kernel("specops::stochastic_beam_step", "cuda", stochastic_beam_step_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+stochastic_beam_step_cuda = guarded(check_stochastic_beam_step, stochastic_beam_step_triton)
+torch.library.register_kernel("specops::stochastic_beam_step", "cuda", stochastic_beam_step_cuda)

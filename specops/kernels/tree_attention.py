@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specops.ops._checks import guarded
+from specops.ops.attention import check_tree_attention
+
 __all__ = ["tree_attention_triton"]
 
 _NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
@@ -225,4 +228,7 @@ def tree_attention_triton(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out
 
 
-torch.library.register_kernel("specops::tree_attention", "cuda", tree_attention_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+tree_attention_cuda = guarded(check_tree_attention, tree_attention_triton)
+torch.library.register_kernel("specops::tree_attention", "cuda", tree_attention_cuda)

@@ -42,6 +42,8 @@ from specops.kernels._sampling import (_SAMPLED, _STREAM_ACCEPT, _STREAM_SAMPLE,
                                        _inverse_cdf_index, _inverse_cdf_tile, _ordered_key, _request_sampling,
                                        _row_argmax, _row_normalizer, _row_state, _row_tile_stats, _uniform,
                                        offset_words, tile_stat_buffers, vocab_tiling)
+from specops.ops._checks import guarded
+from specops.ops.sampling import check_tree_verify
 
 __all__ = ["tree_verify_triton"]
 
@@ -666,4 +668,7 @@ def tree_verify_triton(target_logits: torch.Tensor, tokens: torch.Tensor, parent
     return out_tokens, out_nodes, num_accepted
 
 
-torch.library.register_kernel("specops::tree_verify", "cuda", tree_verify_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+tree_verify_cuda = guarded(check_tree_verify, tree_verify_triton)
+torch.library.register_kernel("specops::tree_verify", "cuda", tree_verify_cuda)

@@ -28,6 +28,8 @@ import triton.language as tl
 from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_DRAFT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _store_tile_stats, _uniform,
                                        offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
+from specops.ops._checks import guarded
+from specops.ops.sampling import check_vocab_project
 
 __all__ = ["vocab_project_triton"]
 
@@ -179,4 +181,7 @@ def vocab_project_triton(draft_logits: torch.Tensor, target_ids: torch.Tensor, t
     return probs, tokens, draft_tokens
 
 
-torch.library.register_kernel("specops::vocab_project", "cuda", vocab_project_triton)
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+vocab_project_cuda = guarded(check_vocab_project, vocab_project_triton)
+torch.library.register_kernel("specops::vocab_project", "cuda", vocab_project_cuda)

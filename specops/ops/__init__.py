@@ -1,8 +1,9 @@
 """Typed wrappers around `torch.ops.specops.*`, with the fake (meta) implementation of every op.
 
 The wrappers normalize arguments (scalars to per-row tensors, default seeds) and validate shapes,
-dtypes and devices without touching tensor values; the op itself (or, on accelerators, a one-sync
-check here) rejects bad values. The dispatcher picks the C++ CPU or Triton CUDA kernel by device.
+dtypes and devices without touching tensor values; the op itself rejects bad values: the C++ kernel on
+the CPU, and on accelerators the op's contract (CONTRACTS below: the same checks and messages, one host
+sync for the values) before its Triton kernel. The dispatcher picks the C++ CPU or Triton CUDA kernel by device.
 
 One module per op family, each holding its ops' wrappers, fakes and checks: `sampling` (chain_verify,
 tree_verify, sample_without_replacement, stochastic_beam_step, vocab_project), `ngram` (ngram_match),
@@ -10,6 +11,7 @@ tree_verify, sample_without_replacement, stochastic_beam_step, vocab_project), `
 llama_layers); `_checks` holds the argument checks they share.
 """
 
+from specops.ops import attention, ensemble, linear, ngram, sampling
 from specops.ops.attention import tree_attention
 from specops.ops.ensemble import ensemble_logits
 from specops.ops.linear import llama_layers, quantized_linear, skinny_linear
@@ -17,6 +19,17 @@ from specops.ops.ngram import ngram_match
 from specops.ops.sampling import (CHAIN_SCHEMES, TREE_SCHEMES, chain_verify, sample_without_replacement,
                                   stochastic_beam_step, tree_verify, vocab_project)
 
-__all__ = ["CHAIN_SCHEMES", "TREE_SCHEMES", "chain_verify", "ensemble_logits", "llama_layers", "ngram_match",
+# Each op's contract on its own arguments, for the kernels that cannot check for themselves: the checks
+# its C++ kernel makes, with the same messages (`specops.ops._checks.guarded` runs it before a Triton
+# launch; python_tests/test_validation.py holds the two to the same outcome on the same bad inputs).
+CONTRACTS = {"chain_verify": sampling.check_chain_verify, "tree_verify": sampling.check_tree_verify,
+             "sample_without_replacement": sampling.check_sample_without_replacement,
+             "stochastic_beam_step": sampling.check_stochastic_beam_step,
+             "vocab_project": sampling.check_vocab_project, "ngram_match": ngram.check_ngram_match,
+             "ensemble_logits": ensemble.check_ensemble_logits, "tree_attention": attention.check_tree_attention,
+             "skinny_linear": linear.check_skinny_linear, "quantized_linear": linear.check_quantized_linear}
+
+__all__ = ["CHAIN_SCHEMES", "CONTRACTS", "TREE_SCHEMES", "chain_verify", "ensemble_logits", "llama_layers",
+           "ngram_match",
            "quantized_linear", "sample_without_replacement", "skinny_linear", "stochastic_beam_step", "tree_attention",
            "tree_verify", "vocab_project"]

@@ -3,6 +3,7 @@ one-sync value checks for devices whose kernels cannot raise."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -81,31 +82,112 @@ def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensor
             row_seeds(draw_seed() if seed is None else seed, rows, device))
 
 
-def _ids_out_of_range(draft_tokens: torch.Tensor, num_draft: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Whether a valid draft (position < num_draft) lies outside [0, vocab); later positions are ignored."""
-    valid = torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < num_draft.unsqueeze(1)
-    return (valid & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()
+def _c_number(value) -> str:
+    """`value` as the C++ kernels print it in their messages (an ostream's defaults: %g, 6 digits), so
+    that a check made here says exactly what the CPU kernel says."""
+    value = value.item() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+    return "%g" % value
+
+
+_C_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                  torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short", torch.int32: "Int",
+                  torch.int64: "Long", torch.bool: "Bool"}
+
+
+def _c_dtype(dtype: torch.dtype) -> str:
+    """A dtype as the C++ kernels print it (c10's ScalarType names)."""
+    return _C_DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _c_sizes(t: torch.Tensor) -> str:
+    """A shape as the C++ kernels print it: [2, 3]."""
+    return "[" + ", ".join(map(str, t.shape)) + "]"
+
+
+def _first(mask: torch.Tensor) -> list[int]:
+    """The index of the first set element of `mask`, in row-major order (the order the C++ kernels scan)."""
+    return mask.nonzero()[0].tolist()
+
+
+def _require(ok: bool, op: str, message: str, error: type[Exception] = ValueError) -> None:
+    if not ok:
+        raise error(f"{op}: {message}")
+
+
+def _check_per_row(op: str, tensors: tuple, rows: int, dtype: torch.dtype, rule: str) -> None:
+    """Per-row tensors, each [rows] of `dtype` (the C++ kernels' check_per_row, with its message)."""
+    for t in tensors:
+        _require(isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == rows and t.dtype == dtype, op, rule)
+
+
+def _check_logit_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    _require(t.dtype in _LOGIT_DTYPES, op, f"{name} must be float32, bfloat16 or float16", TypeError)
+
+
+def _check_devices(op: str, anchor: str, tensors: dict) -> None:
+    """Every tensor of `tensors` (name -> tensor or None) on the device of tensors[anchor]. The C++ kernels
+    need no such check: the dispatcher sends a call with a CUDA tensor among its arguments to CUDA."""
+    device = tensors[anchor].device
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {anchor} is on {device}")
 
 
 def _raise_first(op: str, checks: list[tuple[torch.Tensor, str | Callable[[], str]]]) -> None:
     """Value checks for devices whose kernels cannot raise: the flags of all (flag, message) checks in
     one host sync, then ValueError with the message of the first flag that is set (a callable message,
     one that names where the problem is, is called only then)."""
+    if not checks:
+        return
     flags = torch.stack([flag for flag, _ in checks]).tolist()
     for flag, (_, message) in zip(flags, checks):
         if flag:
             raise ValueError(f"{op}: {message() if callable(message) else message}")
 
 
-def _nan_or_posinf(logits: torch.Tensor) -> torch.Tensor:
-    return torch.isnan(logits).any() | torch.isposinf(logits).any()
+def _where(mask: torch.Tensor, message: Callable[[list[int]], str]) -> tuple[torch.Tensor, Callable[[], str]]:
+    """A `_raise_first` check: set where any element of `mask` is; its message names the first one."""
+    return mask.any(), lambda: message(_first(mask))
 
 
 def _sampling_checks(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> list:
-    """The value checks of the per-row sampling arguments, for `_raise_first`."""
-    return [(((temperature < 0) | ~torch.isfinite(temperature)).any(), "temperature must be finite and >= 0"),
-            ((top_k < 0).any(), "top_k must be >= 0"),
-            (~((top_p > 0) & (top_p <= 1)).all(), "top_p must be in (0, 1]")]
+    """The value checks of the per-row sampling arguments, for `_raise_first` (the C++ SamplingRows::check)."""
+    return [_where((temperature < 0) | ~torch.isfinite(temperature),
+                   lambda at: f"temperature[{at[0]}] = {_c_number(temperature[at[0]])} must be finite and >= 0"),
+            _where(top_k < 0, lambda at: f"top_k[{at[0]}] = {_c_number(top_k[at[0]])} must be >= 0"),
+            _where(~((top_p > 0) & (top_p <= 1)),
+                   lambda at: f"top_p[{at[0]}] = {_c_number(top_p[at[0]])} must be in (0, 1]")]
+
+
+def _logit_row_checks(op: str, name: str, logits: torch.Tensor, rows: torch.Tensor | None = None,
+                      no_finite: str = "has no finite logit") -> list:
+    """NaN / +inf and no finite value in the logit rows [..., V] (those `rows` marks, default all), named
+    `name[i, j]` as the C++ kernels' checked_row_max names them."""
+    x = logits.float()
+    bad = (torch.isnan(x) | torch.isposinf(x)).any(-1)
+    empty = ~(x > float("-inf")).any(-1)
+    if rows is not None:
+        bad, empty = bad & rows, empty & rows
+
+    def index(at: list[int]) -> str:
+        return ", ".join(map(str, at))
+    return [_where(bad, lambda at: f"{name}[{index(at)}] contains NaN or +inf"),
+            _where(empty, lambda at: f"{name}[{index(at)}] {no_finite}")]
+
+
+def guarded(check: Callable, launcher: Callable) -> Callable:
+    """The kernel to register for a device whose kernels cannot raise: the op's contract `check` (the
+    checks its C++ kernel makes, with the same messages), then `launcher`. So the same bad input gets the
+    same error whether it reaches the CPU kernel or a Triton one, through the wrapper or torch.ops."""
+    def run(*args, **kwargs):
+        check(*args, **kwargs)
+        return launcher(*args, **kwargs)
+    run.__name__, run.__doc__, run.__wrapped__ = launcher.__name__, launcher.__doc__, launcher
+    return run
 
 
 def _finite_positive(number) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specops.ops._checks import (_INT64_MAX, _LOGIT_DTYPES, _check_int, _check_tensor, _finite_positive,
-                                 _raise_first)
+                                 _raise_first, _require)
 
 __all__ = ["tree_attention"]
 
@@ -38,7 +38,7 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         sinks: [Hq] float, one extra logit per query head in each row's softmax denominator, with no
             value (attention sinks; None: off).
         validate: check the mask's values (no bit at or past N, every node sees itself). On CPU the kernel
-            does this in its pass over the rows; on accelerators it costs one host sync here. Shapes,
+            does this in its pass over the rows; on accelerators it costs one host sync in the op's contract. Shapes,
             dtypes and devices are always checked, and no kernel reads out of bounds either way.
 
     NaN and inf: what a row does not see never enters it, whatever it holds: a prefix slot kv_mask hides
@@ -92,8 +92,6 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             raise ValueError(f"{op}: {name} must be a finite number > 0, got {number!r}")
     if window is not None:
         _check_int(op, "window", window, 1, _INT64_MAX, "an int >= 1 or None (at most 2**63 - 1)")
-    if validate and device.type != "cpu":
-        _raise_first(op, _tree_mask_checks(tree_mask, nodes))
     return torch.ops.specops.tree_attention(
         query.contiguous(), key.contiguous(), value.contiguous(), tree_mask.contiguous(), kv_mask.contiguous(),
         float(scale), int(window or 0), float(softcap or 0.0),
@@ -115,6 +113,35 @@ def _tree_mask_checks(tree_mask: torch.Tensor, nodes: int) -> list:
     own = torch.diagonal(sees, dim1=1, dim2=2)
     return [(high, f"tree_mask has a bit set at or past node N = {nodes}"),
             (~own.all(), "tree_mask has a node that does not see itself (its own bit is clear)")]
+
+
+def check_tree_attention(query, key, value, tree_mask, kv_mask, scale, window, softcap, sinks, validate=True) -> None:
+    """tree_attention's contract where its kernel cannot check: the C++ kernel's checks and messages
+    (`specops.ops.sampling.check_chain_verify` says more), and the dtypes and devices the Triton kernel
+    needs."""
+    op = "tree_attention"
+    _require(query.dim() == 4 and key.dim() == 4 and value.dim() == 4, op, "query, key and value must be 4-D")
+    batch, heads, nodes, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    words = (nodes + 31) // 32
+    _require(nodes >= 1 and kv_heads >= 1 and heads % kv_heads == 0 and slots >= nodes, op,
+             "need N >= 1, Hq a multiple of Hkv and S >= N")
+    _require(tuple(key.shape) == (batch, kv_heads, slots, dim) and value.shape == key.shape, op,
+             "key and value must be [B, Hkv, S, D]")
+    _require(query.dtype in _LOGIT_DTYPES, op, "query must be float32, bfloat16 or float16", TypeError)
+    _require(key.dtype == query.dtype and value.dtype == query.dtype, op, "key and value must have query's dtype",
+             TypeError)
+    _require(tree_mask.dtype == torch.int32 and tuple(tree_mask.shape) == (batch, nodes, words), op,
+             "tree_mask must be [B, N, ceil(N/32)] int32")
+    _require(kv_mask.dtype == torch.bool and tuple(kv_mask.shape) == (batch, slots - nodes), op,
+             "kv_mask must be [B, S - N] bool")
+    _require(sinks is None or (sinks.dtype == torch.float32 and sinks.dim() == 1 and sinks.shape[0] == heads), op,
+             "sinks must be a float32 [Hq] tensor")
+    for name, t in (("key", key), ("value", value), ("tree_mask", tree_mask), ("kv_mask", kv_mask), ("sinks", sinks)):
+        _require(t is None or t.device == query.device, op, f"{name} is on {getattr(t, 'device', None)} but query is "
+                 f"on {query.device}")
+    if validate and batch and heads:
+        _raise_first(op, _tree_mask_checks(tree_mask, nodes))
 
 
 @torch.library.register_fake("specops::tree_attention")

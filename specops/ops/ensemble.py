@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from specops.ops._checks import _LOGIT_DTYPES, _nan_or_posinf, _raise_first
+from specops.ops._checks import _LOGIT_DTYPES, _c_number, _c_sizes, _raise_first, _require, _where
 
 __all__ = ["ensemble_logits"]
 
@@ -77,15 +77,50 @@ def ensemble_logits(members, weights=None, *, mode: str = "weighted", mu: float 
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
             raise ValueError(f"{op}: alpha must be in [0, 1), got {alpha!r}")
         weights = torch.empty(0, dtype=torch.float32, device=device)
-    if validate and device.type != "cpu":
-        checks = []
-        for i, m in enumerate(members):
-            x = m.float()
-            checks += [(_nan_or_posinf(x), f"members[{i}] contains NaN or +inf"),
-                       (~(x > float("-inf")).any(-1).all(), f"members[{i}] has a row with no finite logit")]
-        _raise_first(op, checks)
     return torch.ops.specops.ensemble_logits(list(members), weights, _ENSEMBLE_MODES[mode], float(mu), float(alpha),
                                              validate)
+
+
+def check_ensemble_logits(members, weights, mode, mu, alpha, validate=True) -> None:
+    """ensemble_logits's contract where its kernel cannot check: the C++ kernel's checks and messages
+    (`specops.ops.sampling.check_chain_verify` says more); members on one device where the CPU kernel
+    needs them on the CPU. The weights are values too: with validate=False they are trusted here."""
+    op = "ensemble_logits"
+    _require(mode in (0, 1), op, "mode must be 0 (weighted) or 1 (contrastive)")
+    count = len(members)
+    _require(count >= 1, op, "needs at least one member")
+    _require(mode != 1 or count == 2, op,
+             f"a contrastive ensemble has exactly 2 members (expert, amateur), got {count}")
+    first = members[0]
+    _require(first.dim() >= 1 and first.shape[-1] >= 1, op, "members must be [..., V] with V >= 1")
+    for m, member in enumerate(members):
+        _require(member.shape == first.shape, op, f"member {m} has shape {_c_sizes(member)}, member 0 has "
+                 f"{_c_sizes(first)}")
+        _require(member.device == first.device, op, f"member {m} is on {member.device}, member 0 on {first.device}")
+        _require(member.dtype in _LOGIT_DTYPES, op, "members must be float32, bfloat16 or float16", TypeError)
+    if mode == 0:
+        _require(weights.dim() == 1 and weights.shape[0] == count, op, f"weights must be [{count}] (one per member)")
+        _require(weights.dtype == torch.float32, op, "weights must be float32", TypeError)
+    else:
+        _require(math.isfinite(mu) and mu >= 0, op, f"mu must be finite and >= 0, got {_c_number(float(mu))}")
+        _require(0 <= alpha < 1, op, f"alpha must be in [0, 1), got {_c_number(float(alpha))}")
+    if not validate:
+        return
+    if mode == 0:
+        values = weights.double().tolist()
+        for m, w in enumerate(values):
+            _require(math.isfinite(w) and w >= 0, op, f"weights must be finite and >= 0, got {_c_number(w)} for "
+                     f"member {m}")
+        total = 0.0
+        for w in values:
+            total += w
+        _require(abs(total - 1) <= _WEIGHT_SUM_TOLERANCE, op, f"weights must sum to 1, got {_c_number(total)}")
+    vocab = first.shape[-1]
+    x = torch.stack([member.reshape(-1, vocab).float() for member in members], 1)  # [rows, M, V]
+    bad = (torch.isnan(x) | torch.isposinf(x)).any(-1)
+    empty = ~(x > float("-inf")).any(-1)
+    _raise_first(op, [_where(bad, lambda at: f"member {at[1]}, row {at[0]} contains NaN or +inf"),
+                      _where(empty, lambda at: f"member {at[1]}, row {at[0]} has no finite logit")])
 
 
 @torch.library.register_fake("specops::ensemble_logits")

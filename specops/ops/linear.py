@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from specops.ops._checks import _check_bias, _check_int, _check_linear_input
+from specops.ops._checks import _LOGIT_DTYPES, _c_dtype, _check_bias, _check_int, _check_linear_input, _require
 
 __all__ = ["skinny_linear", "quantized_linear", "llama_layers"]
 
@@ -55,6 +55,36 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     rows = input.reshape(math.prod(input.shape[:-1]), input.shape[-1])
     out = torch.ops.specops.skinny_linear(rows, weight, bias)
     return out.reshape(*input.shape[:-1], weight.shape[0])
+
+
+def _input_rule(input: torch.Tensor) -> tuple[tuple, str]:
+    """The input dtypes the kernel on input's device takes, and their names: float32 on the CPU, the logit dtypes
+    on accelerators."""
+    if input.device.type == "cpu":
+        return (torch.float32,), "float32"
+    return _LOGIT_DTYPES, "float32, bfloat16 or float16"
+
+
+def check_skinny_linear(input, weight, bias) -> None:
+    """skinny_linear's contract where its kernel cannot check: the C++ kernel's checks and messages, with the
+    dtypes of the device's kernel (`specops.ops.sampling.check_chain_verify` says more)."""
+    op = "skinny_linear"
+    _require(input.dim() == 2 and weight.dim() == 2, op, "input must be [M, K] and weight [N, K]")
+    allowed, names = _input_rule(input)
+    rule = ("the CPU kernel takes float32 input and weight" if input.device.type == "cpu"
+            else f"input and weight must be {names}, of one dtype")
+    _require(input.dtype in allowed and weight.dtype == input.dtype, op, rule, TypeError)
+    k, n = input.shape[1], weight.shape[0]
+    _require(weight.shape[1] == k, op, f"weight must be [N, K] with K = {k}, got [{n}, {weight.shape[1]}]")
+    _require(bias is None or (bias.dim() == 1 and bias.shape[0] == n and bias.dtype == input.dtype), op,
+             f"bias must be {_dtype_name(input.dtype)} [N] with N = {n}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        _require(t is None or t.device == input.device, op, f"{name} is on {getattr(t, 'device', None)} but input "
+                 f"is on {input.device}")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @torch.library.register_fake("specops::skinny_linear")
@@ -153,6 +183,46 @@ def quantized_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Te
     rows = input.reshape(math.prod(input.shape[:-1]), k)
     out = torch.ops.specops.quantized_linear(rows, weight, scales, mins, bias)
     return out.reshape(*input.shape[:-1], n)
+
+
+def check_quantized_linear(input, weight, scales, mins, bias) -> None:
+    """quantized_linear's contract where its kernel cannot check: the C++ kernel's checks and messages, with the
+    input dtypes of the device's kernel."""
+    op = "quantized_linear"
+    allowed, names = _input_rule(input)
+    _require(input.dim() == 2 and input.dtype in allowed, op, f"input must be {names} [M, K]")
+    _require(weight.dim() == 2, op, "weight must be 2-D")
+    k, n = input.shape[1], weight.shape[0]
+
+    def params(t, name):
+        _require(t is not None, op, f"this weight format needs {name}")
+        _require(t.dim() == 2 and t.shape[0] == n and t.shape[1] >= 1 and t.dtype == torch.float32, op,
+                 f"{name} must be float32 [N, G] with N = {n}")
+    if weight.dtype == torch.bfloat16:
+        _require(weight.shape[1] == k, op, f"a bfloat16 weight must be [N, K] with K = {k}")
+        _require(scales is None and mins is None, op, "a bfloat16 weight takes no scales or mins")
+    elif weight.dtype in (torch.int8, torch.uint8):
+        int4 = weight.dtype == torch.uint8
+        _require(weight.shape[1] * (2 if int4 else 1) == k, op, f"an {'int4 (uint8)' if int4 else 'int8'} weight "
+                 f"must be [N, {'K / 2' if int4 else 'K'}] with K = {k}")
+        params(scales, "scales")
+        groups = scales.shape[1]
+        _require(k % groups == 0 and (groups == 1 or (k // groups) % 32 == 0), op,
+                 f"scales [N, G] must split K = {k} into G groups of a multiple of 32 (or G = 1)")
+        _require(not int4 or k % 32 == 0, op, f"int4 weights need K a multiple of 32, got {k}")
+        if int4:
+            params(mins, "mins")
+            _require(mins.shape[1] == groups, op, "mins must have the shape of scales")
+        else:
+            _require(mins is None, op, "int8 weights are symmetric: no mins")
+    else:
+        _require(False, op, f"weight must be bfloat16, int8 or uint8 (packed int4), got {_c_dtype(weight.dtype)}",
+                 TypeError)
+    _require(bias is None or (bias.dim() == 1 and bias.shape[0] == n and bias.dtype == input.dtype), op,
+             f"bias must be {_dtype_name(input.dtype)} [N] with N = {n}")
+    for name, t in (("weight", weight), ("scales", scales), ("mins", mins), ("bias", bias)):
+        _require(t is None or t.device == input.device, op, f"{name} is on {getattr(t, 'device', None)} but input "
+                 f"is on {input.device}")
 
 
 @torch.library.register_fake("specops::quantized_linear")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specops.ops._checks import _raise_first
+from specops.ops._checks import _c_dtype, _c_number, _c_sizes, _raise_first, _require, _where
 
 __all__ = ["ngram_match"]
 
@@ -26,9 +26,9 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, mi
         min_ngram, max_ngram: ints with 1 <= min_ngram <= max_ngram <= 63.
         num_candidates (k), width: ints in [1, 2**28).
         validate: check that context tokens are >= 0 (on CPU the kernel does, in its row pass; on
-            accelerators it costs one host sync here, together with the lengths check). With False,
-            the CPU kernel still rejects lengths outside [0, L] and GPU kernels clamp them, so no
-            kernel reads out of bounds either way.
+            accelerators it costs one host sync in the op's contract, together with the lengths check).
+            With False, the CPU kernel still rejects lengths outside [0, L] and GPU kernels clamp them,
+            so no kernel reads out of bounds either way.
 
     Returns (all int64, on tokens' device):
         candidates: [B, k, width] continuations, -1 past the end of the context and where there is
@@ -66,12 +66,35 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, mi
     if not (1 <= num_candidates < 2**28 and 1 <= width < 2**28):
         raise ValueError(f"ngram_match: num_candidates and width must be >= 1 and < 2**28 (as L), got "
                          f"{num_candidates} and {width}")
-    if validate and device.type != "cpu":
-        valid = torch.arange(length, device=device) < lengths.unsqueeze(1)
-        _raise_first("ngram_match", [(((lengths < 0) | (lengths > length)).any(), f"lengths must be in [0, {length}]"),
-                                     ((valid & (tokens < 0)).any(), "tokens has negative ids inside a context")])
     return torch.ops.specops.ngram_match(tokens.contiguous(), lengths.contiguous(), min_ngram, max_ngram,
                                          num_candidates, width, validate)
+
+
+def check_ngram_match(tokens, lengths, min_ngram, max_ngram, num_candidates, width, validate=True) -> None:
+    """ngram_match's contract where its kernel cannot check: the C++ kernel's checks and messages
+    (`specops.ops.sampling.check_chain_verify` says more)."""
+    op = "ngram_match"
+    _require(tokens.dim() == 2, op, f"tokens must be [B, L], got {tokens.dim()} dimensions")
+    _require(tokens.dtype in (torch.int32, torch.int64), op,
+             f"tokens must be int32 or int64, got {_c_dtype(tokens.dtype)}", TypeError)
+    batch, length = tokens.shape
+    _require(length < 2**28, op, f"tokens must have L < 2**28 columns, got {length}")
+    _require(lengths.dim() == 1 and lengths.shape[0] == batch, op,
+             f"lengths must be [B] = [{batch}], got {_c_sizes(lengths)}")
+    _require(lengths.dtype == torch.int64, op, f"lengths must be int64, got {_c_dtype(lengths.dtype)}", TypeError)
+    _require(lengths.device == tokens.device, op, f"lengths is on {lengths.device} but tokens is on {tokens.device}")
+    _require(1 <= min_ngram <= max_ngram <= 63, op, f"need 1 <= min_ngram <= max_ngram <= 63, got min_ngram = "
+             f"{min_ngram}, max_ngram = {max_ngram}")
+    _require(num_candidates >= 1, op, f"num_candidates must be >= 1, got {num_candidates}")
+    _require(width >= 1, op, f"width must be >= 1, got {width}")
+    if not validate:
+        return
+    inside = torch.arange(length, device=tokens.device) < lengths.unsqueeze(1)
+    _raise_first(op, [_where((lengths < 0) | (lengths > length),
+                             lambda at: f"lengths[{at[0]}] = {_c_number(lengths[at[0]])} is outside [0, {length}]"),
+                      _where(inside & (tokens < 0),
+                             lambda at: f"tokens[{at[0]}, {at[1]}] = {_c_number(tokens[at[0], at[1]])} is negative; "
+                                        "context tokens must be ids >= 0")])
 
 
 @torch.library.register_fake("specops::ngram_match")

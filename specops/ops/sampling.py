@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _check_int, _check_logits, _check_tensor, _count_arg,
-                                 _ids_out_of_range, _nan_or_posinf, _raise_first, _sampling_args,
-                                 _sampling_checks)
+from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _c_number, _check_devices, _check_int, _check_logit_dtype,
+                                 _check_logits, _check_per_row, _check_tensor, _count_arg, _logit_row_checks,
+                                 _raise_first, _require, _sampling_args, _sampling_checks, _where)
 
 __all__ = ["CHAIN_SCHEMES", "TREE_SCHEMES", "chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify",
            "vocab_project"]
@@ -16,28 +16,51 @@ CHAIN_SCHEMES = ("token", "block")  # chain_verify's verification schemes
 TREE_SCHEMES = ("recursive", "traversal")  # tree_verify's verification schemes
 
 
-def _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p) -> None:
-    """chain_verify's value checks for devices whose kernels cannot raise: one host sync for all of them."""
+def check_chain_verify(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, seed, offset,
+                       validate=True, scheme="token") -> None:
+    """chain_verify's contract where its kernel cannot check (the Triton one): every check the C++ kernel
+    makes, in its order and with its messages, on the op's own arguments; the values (validate=True) in
+    one host sync. `test_validation.py` holds the two to the same outcome on the same bad inputs."""
+    op = "chain_verify"
+    _require(target_logits.dim() == 3, op, "target_logits must be [B, K+1, V]")
     batch, k1, vocab = target_logits.shape
-    logits = target_logits.float()
-    checks = [(_nan_or_posinf(logits), "target_logits contains NaN or +inf"),
-              (~(logits > float("-inf")).any(-1).all(), "target_logits has a row with no finite logit"),
-              (_ids_out_of_range(draft_tokens, num_draft, vocab), f"draft_tokens has ids outside [0, {vocab})"),
-              (((num_draft < 0) | (num_draft > k1 - 1)).any(), f"num_draft must be in [0, {k1 - 1}]"),
-              *_sampling_checks(temperature, top_k, top_p)]
+    _require(k1 >= 1 and vocab >= 1, op, "target_logits needs K+1 >= 1 and V >= 1")
+    _require(draft_tokens.dim() == 2 and tuple(draft_tokens.shape) == (batch, k1 - 1), op,
+             "draft_tokens must be [B, K] matching target_logits [B, K+1, V]")
+    _require(draft_tokens.dtype == torch.int64, op, "draft_tokens must be int64", TypeError)
+    _check_per_row(op, (num_draft, top_k, seed), batch, torch.int64, "num_draft, top_k and seed must be [B] int64")
+    _check_per_row(op, (temperature, top_p), batch, torch.float32, "temperature and top_p must be [B] float32")
+    _require(offset >= 0, op, "offset must be >= 0")
+    _require(scheme in CHAIN_SCHEMES, op, f"scheme must be 'token' or 'block', got '{scheme}'")
+    _check_logit_dtype(op, "target_logits", target_logits)
     if draft_probs is not None:
-        # float32 sums: torch's reductions are tree-shaped, ~1e-6 off at V = 262,144, far inside the tolerance.
+        _require(tuple(draft_probs.shape) == (batch, k1 - 1, vocab), op,
+                 "draft_probs must be [B, K, V] matching target_logits")
+        _require(draft_probs.dtype == torch.float32, op, "draft_probs must be float32", TypeError)
+    _check_devices(op, "target_logits", {"target_logits": target_logits, "draft_tokens": draft_tokens,
+                                         "draft_probs": draft_probs, "num_draft": num_draft,
+                                         "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    if not validate:
+        return
+    used = torch.arange(k1 - 1, device=num_draft.device) < num_draft.unsqueeze(1)
+    checks = [_where((num_draft < 0) | (num_draft > k1 - 1),
+                     lambda at: f"num_draft[{at[0]}] = {_c_number(num_draft[at[0]])} is outside [0, {k1 - 1}]"),
+              *_sampling_checks(temperature, top_k, top_p),
+              _where(used & ((draft_tokens < 0) | (draft_tokens >= vocab)),
+                     lambda at: f"draft_tokens[{at[0]}, {at[1]}] = {_c_number(draft_tokens[at[0], at[1]])} is "
+                                f"outside the vocabulary [0, {vocab})"),
+              *_logit_row_checks(op, "target_logits", target_logits)]
+    if draft_probs is not None:
+        # float32 sums: torch's reductions are tree-shaped, ~1e-6 off at V = 262,144, far inside the tolerance;
+        # the message gives the float64 sum, as the C++ kernel does.
         sums = draft_probs.sum(-1)
-        used = torch.arange(k1 - 1, device=sums.device) < num_draft.unsqueeze(1)
-        unnormalized = used & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)
-
-        def unnormalized_row() -> str:
-            b, i = unnormalized.nonzero()[0].tolist()
-            return (f"draft_probs[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 "
-                    "(each used row must be a distribution)")
-        checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
-                   (unnormalized.any(), unnormalized_row)]
-    _raise_first("chain_verify", checks)
+        checks += [_where((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(-1),
+                          lambda at: f"draft_probs[{at[0]}, {at[1]}] contains NaN, inf or negative values"),
+                   _where(used & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE),
+                          lambda at: f"draft_probs[{at[0]}, {at[1]}] sums to "
+                                     f"{_c_number(draft_probs[at[0], at[1]].double().sum())}, not 1 "
+                                     "(each used row must be a distribution)")]
+    _raise_first(op, checks)
 
 
 def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
@@ -80,7 +103,7 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         validate: check every value (NaN / +inf logits, rows without a finite logit, NaN / inf /
             negative draft probabilities, ids) wherever it lies, and that every used draft_probs row
             (b, i < num_draft[b]; padding rows are not checked) sums to 1 within 1e-3. On CPU the
-            kernel does this in one extra pass; on accelerators it costs one host sync here. With
+            kernel does this in one extra pass; on accelerators it costs one host sync in the op's contract. With
             False, the CPU kernel still rejects bad logits in the rows it reads but skips the rest,
             and GPU kernels trust the values. Shapes, dtypes, devices and scalar ranges are always
             checked, and no kernel reads out of bounds either way.
@@ -119,8 +142,6 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         raise ValueError(f"chain_verify: scheme must be one of {', '.join(map(repr, CHAIN_SCHEMES))}, got {scheme!r}")
     temperature, top_k, top_p, seeds = _sampling_args("chain_verify", "target_logits", device, batch, tensors,
                                                       temperature, top_k, top_p, seed, offset)
-    if validate and device.type != "cpu":
-        _check_values(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p)
     return torch.ops.specops.chain_verify(
         target_logits.contiguous(), draft_tokens.contiguous(),
         None if draft_probs is None else draft_probs.contiguous(), num_draft.contiguous(),
@@ -156,8 +177,8 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, *, temper
         temperature, top_p: float or [N] tensor. top_k: int or [N] tensor (0 = off).
         seed, offset: as chain_verify; draw i uses position i of Philox stream 3, so it never shares
             random numbers with chain_verify / tree_verify (streams 0, 1) or vocab_project (2).
-        validate: check the logits for NaN / +inf and rows without a finite value: one host sync here
-            on accelerators. The CPU kernel reads every row and always checks them.
+        validate: check the logits for NaN / +inf and rows without a finite value: one host sync in the
+            op's contract on accelerators. The CPU kernel reads every row and always checks them.
 
     Returns:
         tokens: [N, num_samples] int64.
@@ -172,13 +193,28 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, *, temper
         raise ValueError(f"{op}: num_samples must be an int in [1, V = {vocab}], got {num_samples!r}")
     temperature, top_k, top_p, seeds = _sampling_args(op, "logits", logits.device, rows, {}, temperature, top_k,
                                                       top_p, seed, offset)
-    if validate and logits.device.type != "cpu":
-        x = logits.float()
-        _raise_first(op, [(_nan_or_posinf(x), "logits contains NaN or +inf"),
-                          (~(x > float("-inf")).any(-1).all(), "logits has a row with no finite value"),
-                          *_sampling_checks(temperature, top_k, top_p)])
     return torch.ops.specops.sample_without_replacement(logits.contiguous(), num_samples, temperature, top_k, top_p,
                                                         seeds, offset, validate)
+
+
+def check_sample_without_replacement(logits, num_samples, temperature, top_k, top_p, seed, offset,
+                                     validate=True) -> None:
+    """sample_without_replacement's contract where its kernel cannot check: the C++ kernel's checks and
+    messages (check_chain_verify says more)."""
+    op = "sample_without_replacement"
+    _require(logits.dim() == 2, op, "logits must be [N, V]")
+    rows, vocab = logits.shape
+    _require(vocab >= 1, op, "logits has no columns")
+    _require(1 <= num_samples <= vocab, op, f"num_samples must be in [1, {vocab}], got {num_samples}")
+    _check_per_row(op, (top_k, seed), rows, torch.int64, "top_k and seed must be [N] int64")
+    _check_per_row(op, (temperature, top_p), rows, torch.float32, "temperature and top_p must be [N] float32")
+    _require(offset >= 0, op, "offset must be >= 0")
+    _check_logit_dtype(op, "logits", logits)
+    _check_devices(op, "logits", {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                                  "seed": seed})
+    if validate:
+        _raise_first(op, [*_sampling_checks(temperature, top_k, top_p),
+                          *_logit_row_checks(op, "logits", logits, no_finite="has no finite value")])
 
 
 @torch.library.register_fake("specops::sample_without_replacement")
@@ -217,7 +253,7 @@ def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, bea
             2**64), its tokens from Philox stream 3 (as sample_without_replacement) and its Gumbels from
             stream 4.
         validate: check the live beams' logits for NaN / +inf and rows without a finite value, and phi and
-            G for NaN / +inf: one host sync here on accelerators. The CPU kernel always checks.
+            G for NaN / +inf: one host sync in the op's contract on accelerators. The CPU kernel always checks.
 
     Returns:
         parents: [B, K] int64, the beam of each kept child, best score first; -1 past the children there are.
@@ -237,18 +273,39 @@ def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, bea
     temperature, top_k, top_p, seeds = _sampling_args(
         op, "logits", logits.device, batch, {"beam_log_probs": beam_log_probs, "beam_scores": beam_scores},
         temperature, top_k, top_p, seed, offset)
-    if validate and logits.device.type != "cpu":
-        live = (beam_log_probs > float("-inf")) & (beam_scores > float("-inf"))
-        x = logits.float()
-        _raise_first(op, [(live[..., None].expand_as(x).logical_and(torch.isnan(x) | torch.isposinf(x)).any(),
-                           "logits of a live beam contains NaN or +inf"),
-                          ((live & ~(x > float("-inf")).any(-1)).any(), "logits of a live beam has no finite value"),
-                          (_nan_or_posinf(beam_log_probs) | _nan_or_posinf(beam_scores),
-                           "beam_log_probs and beam_scores must not hold NaN or +inf"),
-                          *_sampling_checks(temperature, top_k, top_p)])
     return torch.ops.specops.stochastic_beam_step(logits.contiguous(), beam_log_probs.contiguous(),
                                                   beam_scores.contiguous(), beam_width, temperature, top_k, top_p,
                                                   seeds, offset, validate)
+
+
+def check_stochastic_beam_step(logits, beam_log_probs, beam_scores, beam_width, temperature, top_k, top_p, seed,
+                               offset, validate=True) -> None:
+    """stochastic_beam_step's contract where its kernel cannot check: the C++ kernel's checks and messages
+    (check_chain_verify says more). Logit rows are named as the kernel names them, by beam row b * W + w."""
+    op = "stochastic_beam_step"
+    _require(logits.dim() == 3, op, "logits must be [B, W, V]")
+    batch, beams, vocab = logits.shape
+    _require(beams >= 1 and vocab >= 1, op, "logits needs W >= 1 and V >= 1")
+    _require(1 <= beam_width <= vocab, op, f"beam_width must be in [1, {vocab}], got {beam_width}")
+    for t in (beam_log_probs, beam_scores):
+        _require(t.dim() == 2 and tuple(t.shape) == (batch, beams) and t.dtype == torch.float32, op,
+                 "beam_log_probs and beam_scores must be [B, W] float32")
+    _check_per_row(op, (top_k, seed), batch, torch.int64, "top_k and seed must be [B] int64")
+    _check_per_row(op, (temperature, top_p), batch, torch.float32, "temperature and top_p must be [B] float32")
+    _require(offset >= 0, op, "offset must be >= 0")
+    _check_logit_dtype(op, "logits", logits)
+    _check_devices(op, "logits", {"logits": logits, "beam_log_probs": beam_log_probs, "beam_scores": beam_scores,
+                                  "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    if not validate:
+        return
+    live = (beam_log_probs > float("-inf")) & (beam_scores > float("-inf"))
+    beam_bad = torch.isnan(beam_log_probs) | torch.isposinf(beam_log_probs) | torch.isnan(beam_scores) | \
+        torch.isposinf(beam_scores)
+    _raise_first(op, [_where(beam_bad, lambda at: "beam_log_probs and beam_scores must not hold NaN or +inf "
+                                                  f"(beam {at[1]} of request {at[0]})"),
+                      *_sampling_checks(temperature, top_k, top_p),
+                      *_logit_row_checks(op, "logits", logits.reshape(batch * beams, vocab), live.reshape(-1),
+                                         no_finite="has no finite value")])
 
 
 @torch.library.register_fake("specops::stochastic_beam_step")
@@ -303,7 +360,7 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
             [0, V), parents not before their children, draft_probs rows that are not finite and >= 0 or
             (for nodes with children) do not sum to 1 within chain_verify's 1e-3, a child whose q is 0
             (it could not have been drawn; without replacement this includes a repeated sibling).
-            On CPU the kernel checks; on accelerators it costs one host sync here. With False the values
+            On CPU the kernel checks; on accelerators it costs one host sync in the op's contract. With False the values
             are trusted, and no kernel reads out of bounds either way.
         scheme: "recursive" (the default: recursive rejection sampling) or "traversal".
 
@@ -332,46 +389,88 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         raise ValueError(f"{op}: scheme must be one of {', '.join(map(repr, TREE_SCHEMES))}, got {scheme!r}")
     temperature, top_k, top_p, seeds = _sampling_args(op, "target_logits", device, batch, tensors, temperature,
                                                       top_k, top_p, seed, offset)
-    if validate and device.type != "cpu":
-        _raise_first(op, _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement)
-                     + _sampling_checks(temperature, top_k, top_p))
     return torch.ops.specops.tree_verify(
         target_logits.contiguous(), tokens.contiguous(), parents.contiguous(),
         None if draft_probs is None else draft_probs.contiguous(), num_nodes.contiguous(), replacement,
         temperature, top_k, top_p, seeds, offset, validate, scheme)
 
 
-def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement) -> list:
-    """tree_verify's value checks (the CPU kernel makes the same ones), for `_raise_first`."""
+def check_tree_verify(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k, top_p,
+                      seed, offset, validate=True, scheme="recursive") -> None:
+    """tree_verify's contract where its kernel cannot check (the Triton one): every check the C++ kernel
+    makes, with its messages (check_chain_verify says more)."""
+    op = "tree_verify"
+    _require(scheme in TREE_SCHEMES, op, f"scheme must be 'recursive' or 'traversal', got '{scheme}'")
+    _require(target_logits.dim() == 3, op, "target_logits must be [B, N, V]")
+    batch, nodes, vocab = target_logits.shape
+    _require(nodes >= 1 and vocab >= 1, op, "target_logits needs N >= 1 and V >= 1")
+    for t in (tokens, parents):
+        _require(t.dim() == 2 and tuple(t.shape) == (batch, nodes), op,
+                 "tokens and parents must be [B, N] matching target_logits")
+        _require(t.dtype == torch.int64, op, "tokens and parents must be int64", TypeError)
+    _check_per_row(op, (num_nodes, top_k, seed), batch, torch.int64, "num_nodes, top_k and seed must be [B] int64")
+    _check_per_row(op, (temperature, top_p), batch, torch.float32, "temperature and top_p must be [B] float32")
+    _require(offset >= 0, op, "offset must be >= 0")
+    _check_logit_dtype(op, "target_logits", target_logits)
+    if draft_probs is not None:
+        _require(tuple(draft_probs.shape) == (batch, nodes, vocab), op,
+                 "draft_probs must be [B, N, V] matching target_logits")
+        _require(draft_probs.dtype == torch.float32, op, "draft_probs must be float32", TypeError)
+    _check_devices(op, "target_logits", {"target_logits": target_logits, "tokens": tokens, "parents": parents,
+                                         "draft_probs": draft_probs, "num_nodes": num_nodes,
+                                         "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    if validate:
+        _raise_first(op, _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement,
+                                             temperature, top_k, top_p))
+
+
+def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k,
+                        top_p) -> list:
+    """tree_verify's value checks, in the C++ kernel's order and words, for `_raise_first`: the node
+    counts, the sampling arguments, parents before children and ids in the vocabulary (nodes >= 1 below
+    num_nodes), then the valid nodes' logit rows, the draft_probs rows of nodes with children, each
+    child's q > 0 and (without replacement) distinct siblings. Rows of leaves and of padding nodes are
+    not read, so anything in them is accepted."""
     batch, nodes, vocab = target_logits.shape
     index = torch.arange(nodes, device=target_logits.device)
     valid = index < num_nodes.unsqueeze(1)  # [B, N]
     drafts = valid & (index > 0)
-    logits = target_logits.float()
-    checks = [(((num_nodes < 1) | (num_nodes > nodes)).any(), f"num_nodes must be in [1, {nodes}]"),
-              ((valid & (torch.isnan(logits) | torch.isposinf(logits)).any(-1)).any(),
-               "target_logits contains NaN or +inf"),
-              ((valid & ~(logits > float("-inf")).any(-1)).any(), "target_logits has a row with no finite logit"),
-              ((drafts & ((tokens < 0) | (tokens >= vocab))).any(), f"tokens has draft ids outside [0, {vocab})"),
-              ((drafts & ((parents < 0) | (parents >= index))).any(),
-               "parents must satisfy 0 <= parents[b, n] < n for every valid node n >= 1")]
-    if draft_probs is not None:
-        parent = parents.clamp(0, nodes - 1).masked_fill(~drafts, 0)
-        has_children = torch.zeros(batch, nodes, dtype=torch.bool, device=target_logits.device)
-        has_children.scatter_(1, parent, drafts)
-        sums = draft_probs.sum(-1)
-        q_child = draft_probs.gather(1, parent.unsqueeze(-1).expand(batch, nodes, vocab))
-        q_child = q_child.gather(2, tokens.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
-        checks += [((~torch.isfinite(draft_probs) | (draft_probs < 0)).any(), "draft_probs must be finite and >= 0"),
-                   ((has_children & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE)).any(),
-                    "draft_probs has a row of a node with children that does not sum to 1"),
-                   ((drafts & (q_child <= 0)).any(),
-                    "a child has q = 0 under its parent's draft_probs row (it could not have been drawn)")]
-        if not replacement:
-            same = (parent.unsqueeze(2) == parent.unsqueeze(1)) & (tokens.unsqueeze(2) == tokens.unsqueeze(1))
-            pairs = same & drafts.unsqueeze(2) & drafts.unsqueeze(1) & ~torch.eye(nodes, dtype=torch.bool,
-                                                                                   device=same.device)
-            checks.append((pairs.any(), "two siblings share a token although drawn without replacement"))
+    checks = [_where((num_nodes < 1) | (num_nodes > nodes),
+                     lambda at: f"num_nodes[{at[0]}] = {_c_number(num_nodes[at[0]])} is outside [1, {nodes}]"),
+              *_sampling_checks(temperature, top_k, top_p),
+              _where(drafts & ((parents < 0) | (parents >= index)),
+                     lambda at: f"parents[{at[0]}, {at[1]}] = {_c_number(parents[at[0], at[1]])} must be in "
+                                f"[0, {at[1]}) (parents come before their children)"),
+              _where(drafts & ((tokens < 0) | (tokens >= vocab)),
+                     lambda at: f"tokens[{at[0]}, {at[1]}] = {_c_number(tokens[at[0], at[1]])} is outside the "
+                                f"vocabulary [0, {vocab})"),
+              *_logit_row_checks("tree_verify", "target_logits", target_logits, valid)]
+    if draft_probs is None:
+        return checks
+    parent = parents.clamp(0, nodes - 1).masked_fill(~drafts, 0)
+    has_children = torch.zeros(batch, nodes, dtype=torch.bool, device=target_logits.device)
+    has_children.scatter_(1, parent, drafts)
+    sums = draft_probs.sum(-1)
+    q_child = draft_probs.gather(1, parent.unsqueeze(-1).expand(batch, nodes, vocab))
+    q_child = q_child.gather(2, tokens.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
+    checks += [_where(has_children & (~torch.isfinite(draft_probs) | (draft_probs < 0)).any(-1),
+                      lambda at: f"draft_probs[{at[0]}, {at[1]}] contains NaN, inf or negative values"),
+               _where(has_children & ((sums - 1).abs() > _PROBS_SUM_TOLERANCE),
+                      lambda at: f"draft_probs[{at[0]}, {at[1]}] sums to "
+                                 f"{_c_number(draft_probs[at[0], at[1]].double().sum())}, not 1 (each row of a node "
+                                 "with children must be a distribution)"),
+               _where(drafts & ~(q_child > 0),
+                      lambda at: f"tokens[{at[0]}, {at[1]}] = {_c_number(tokens[at[0], at[1]])} has q = 0 under "
+                                 f"draft_probs[{at[0]}, {_c_number(parents[at[0], at[1]])}] (it could not have been "
+                                 "drawn)")]
+    if not replacement:
+        # [B, c, e]: node e < c is a sibling of c with its token (the C++ kernel's loop order: c, then e).
+        same = (parent.unsqueeze(2) == parent.unsqueeze(1)) & (tokens.unsqueeze(2) == tokens.unsqueeze(1))
+        earlier = index.unsqueeze(1) > index.unsqueeze(0)
+        pairs = same & drafts.unsqueeze(2) & drafts.unsqueeze(1) & earlier
+        checks.append(_where(pairs, lambda at: f"nodes {at[2]} and {at[1]} of request {at[0]} are siblings with "
+                                               f"the same token {_c_number(tokens[at[0], at[1]])} although drawn "
+                                               "without replacement"))
     return checks
 
 
@@ -406,7 +505,7 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
         seed: int or [N] int64 per-row seeds (None draws one); offset: int counter (e.g. the step).
         validate: check the values (NaN / +inf logits, rows with no finite logit inside the
             intersection, ids out of range or repeated). On CPU the kernel does this as it goes; on
-            accelerators it costs one host sync here. With False no kernel reads out of bounds, but
+            accelerators it costs one host sync in the op's contract. With False no kernel reads out of bounds, but
             bad values give unspecified results.
 
     Returns:
@@ -429,27 +528,53 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
     tensors = {"target_ids": target_ids}
     temperature, top_k, top_p, seeds = _sampling_args("vocab_project", "draft_logits", device, rows, tensors,
                                                       temperature, top_k, top_p, seed, offset)
-    if validate and device.type != "cpu":
-        _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p)
     return torch.ops.specops.vocab_project(draft_logits.contiguous(), target_ids.contiguous(), target_vocab,
                                            temperature, top_k, top_p, seeds, offset, validate)
 
 
-def _check_projection(draft_logits, target_ids, target_vocab, temperature, top_k, top_p) -> None:
-    """vocab_project's value checks for devices whose kernels cannot raise: one host sync for all of them."""
-    logits = draft_logits.float()
-    inside = torch.where(target_ids >= 0, logits, float("-inf"))
-    # Ids are clamped before counting repeats: out-of-range ids must reach their own message.
+def check_vocab_project(draft_logits, target_ids, target_vocab, temperature, top_k, top_p, seed, offset,
+                        validate=True) -> None:
+    """vocab_project's contract where its kernel cannot check: the C++ kernel's checks and messages
+    (check_chain_verify says more)."""
+    op = "vocab_project"
+    _require(draft_logits.dim() == 2, op, "draft_logits must be an [N, V_d] tensor")
+    _check_logit_dtype(op, "draft_logits", draft_logits)
+    rows, draft_vocab = draft_logits.shape
+    _require(draft_vocab >= 1, op, "draft_logits has no columns")
+    _require(target_ids.dim() == 1 and target_ids.shape[0] == draft_vocab, op,
+             f"target_ids must be [V_d] = [{draft_vocab}] to match draft_logits")
+    _require(target_ids.dtype == torch.int64, op, "target_ids must be int64", TypeError)
+    _require(target_vocab >= 1, op, f"target_vocab must be an int >= 1, got {target_vocab}")
+    _require(draft_vocab < 2**31 and target_vocab < 2**31, op,
+             "vocabularies of 2**31 tokens or more are not supported")
+    _check_per_row(op, (top_k, seed), rows, torch.int64, "top_k and seed must be [N] int64")
+    _check_per_row(op, (temperature, top_p), rows, torch.float32, "temperature and top_p must be [N] float32")
+    _require(offset >= 0, op, "offset must be >= 0")
+    _check_devices(op, "draft_logits", {"draft_logits": draft_logits, "target_ids": target_ids,
+                                        "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    if not validate:
+        return
+    # The first bad drafter id v, as the kernel scans them: out of range, or a target id an earlier one took.
+    index = torch.arange(draft_vocab, device=target_ids.device)
     in_range = (target_ids >= 0) & (target_ids < target_vocab)
-    uses = torch.zeros(target_vocab + 1, dtype=torch.int64, device=target_ids.device).scatter_add_(
-        0, torch.where(in_range, target_ids + 1, 0), torch.ones_like(target_ids))[1:]
-    _raise_first("vocab_project", [
-        (_nan_or_posinf(logits), "draft_logits contains NaN or +inf"),
-        (((target_ids < -1) | (target_ids >= target_vocab)).any(), f"target_ids must be -1 or in [0, {target_vocab})"),
-        (uses.gt(1).any(), "target_ids maps two drafter ids to the same target id"),
-        (~(inside > float("-inf")).any(-1).all(),
-         "draft_logits has a row with no finite logit inside the intersection (target_ids >= 0)"),
-        *_sampling_checks(temperature, top_k, top_p)])
+    slot = torch.where(in_range, target_ids, target_vocab)
+    first = torch.full((target_vocab + 1,), draft_vocab, dtype=torch.int64, device=target_ids.device)
+    first = first.scatter_reduce(0, slot, index, "amin")
+    repeated = in_range & (first[slot] < index)
+    bad_id = (~in_range & (target_ids != -1)) | repeated
+
+    def id_message(at: list[int]) -> str:
+        v, target = at[0], int(target_ids[at[0]])
+        if not repeated[v]:
+            return f"target_ids[{v}] = {target} must be -1 or in [0, {target_vocab})"
+        return (f"target_ids maps two drafter ids to the same target id (drafter ids {int(first[target])} and "
+                f"{v} to target id {target})")
+    x = draft_logits.float()
+    nan_rows = _logit_row_checks(op, "draft_logits", x)[0]
+    _raise_first(op, [*_sampling_checks(temperature, top_k, top_p), _where(bad_id, id_message), nan_rows,
+                      _where(~torch.where(in_range, x, float("-inf")).gt(float("-inf")).any(-1),
+                             lambda at: f"draft_logits[{at[0]}] has no finite logit inside the intersection "
+                                        "(target_ids >= 0)")])
 
 
 @torch.library.register_fake("specops::vocab_project")
