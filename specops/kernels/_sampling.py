@@ -265,6 +265,15 @@ def vocab_tiling(op: str, vocab: int, block_v: int | None) -> tuple[int, int, in
     return block_v, n_tiles, max(2, triton.next_power_of_2(n_tiles)), num_warps
 
 
+def register_cap(num_warps: int) -> int:
+    """The registers a thread may take in a block of `num_warps` warps: an SM's 65,536 shared by the block's
+    threads, at most 255. Passed as `maxnreg` to the one-block-per-row kernels that ptxas otherwise holds to
+    half of that, where they spill: chain_verify's `_chain_kernel` at 16 warps took 64 registers and spilled
+    72 bytes for sm_90, and takes 119 and spills nothing with the cap (docs/gpu.md). The tile kernels keep
+    ptxas's choice: they run many blocks to an SM, which a higher count would keep out."""
+    return min(255, 65536 // (32 * num_warps))
+
+
 def tile_stat_buffers(rows: int, n_tiles: int, device) -> tuple[torch.Tensor, ...]:
     """What `_store_tile_stats` writes for `rows` rows of `n_tiles` tiles: each tile's maximum, sum and raw
     maximum (float32) and the raw maximum's first index (int32)."""

@@ -28,7 +28,7 @@ import triton.language as tl
 from specops.kernels._sampling import (_KEEP_ALL, _STREAM_ACCEPT, _STREAM_SAMPLE, _filter_cut, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _request_sampling, _row_argmax,
                                        _row_normalizer, _row_tile_stats, _scaled_tile, _uniform, offset_words,
-                                       tile_stat_buffers, vocab_tiling)
+                                       register_cap, tile_stat_buffers, vocab_tiling)
 from specops.ops._checks import guarded
 from specops.ops.sampling import check_chain_verify
 
@@ -527,7 +527,7 @@ def chain_verify_triton(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         tile_max, tile_sum, tile_raw, tile_arg, out_tokens, num_accepted, row_max, row_z, row_cut, row_emitted,
         stride_lb, stride_lj, stride_db, stride_pb, stride_pj, out_tokens.stride(0),
         vocab, k1, n_tiles, offset_lo, offset_hi,
-        HAS_PROBS=has_probs, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+        HAS_PROBS=has_probs, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps, maxnreg=register_cap(num_warps))
     _residual_partials_kernel[(batch, n_tiles)](
         target_logits, draft_tokens, probs, num_draft, temperature, num_accepted, row_max, row_z, row_cut,
         row_emitted, mass_r, mass_p,

@@ -38,6 +38,26 @@ import torch
 
 _SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}  # bytes per block (opt-in maximum) on sm_90 / sm_80
 _REGISTER_LIMIT = 255
+
+# The kernels that spill at a configuration their launcher takes, each with the most bytes a thread spilled
+# (any configuration, sm_90 or sm_80, Triton 3.9 or 3.6: docs/gpu.md) and the reason. test_compile_check
+# fails on a spill that is not listed here, or larger than listed.
+_TILE_LOOP = ("16 warps at BLOCK_V 8,192 cap a thread at 128 registers (65,536 / 512 threads), and its tile loop "
+              "(a tile of float32 values, float64 sums, Philox state) needs more; at 8 warps it spills nothing but "
+              "has half the threads per tile: which is faster is for a GPU to time")
+EXPLAINED_SPILLS = {
+    "tree_verify._walk_kernel": (32, _TILE_LOOP),
+    "sample_without_replacement._draw_kernel": (40, _TILE_LOOP),
+    "vocab_project._sample_kernel": (24, _TILE_LOOP),
+    "chain_verify._sample_kernel": (8, _TILE_LOOP),
+    "chain_verify._block_sample_kernel": (16, _TILE_LOOP),
+    "chain_verify._block_chain_kernel": (8, _TILE_LOOP + " (sm_80 only)"),
+    "vocab_project._mask_stats_kernel": (8, "sm_80 only, at BLOCK_V 8,192: " + _TILE_LOOP),
+    "tree_verify._traversal_kernel": (56, "8 warps already (at 4 or 16 it spills more); float32 logits at BLOCK_V "
+                                          "8,192 on sm_90, as _walk_kernel"),
+    "tree_attention._tree_attention_kernel": (40, "float32 at D = 256 (16 x 16 tiles), and bfloat16 at D = 256 with "
+                                                  "Triton 3.6 (24 bytes); smaller tiles would re-read the keys more"),
+}
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg")
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
           torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",

@@ -32,7 +32,8 @@ import triton.language as tl
 
 from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_WITHOUT_REPLACEMENT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _row_tile_stats, _scaled_tile,
-                                       _uniform, offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
+                                       _uniform, offset_words, register_cap, row_state_buffers, tile_stat_buffers,
+                                       vocab_tiling)
 from specops.ops._checks import guarded
 from specops.ops.sampling import check_sample_without_replacement
 
@@ -217,7 +218,8 @@ def sample_rows(logits: torch.Tensor, num_samples: int, temperature: torch.Tenso
         BLOCK_V=block_v, num_warps=num_warps)
     _row_kernel[(rows,)](
         logits, temperature, top_k, top_p, tile_max, tile_sum, tile_raw, tile_arg, row_max, row_z, row_cut,
-        row_state, row_best, stride_ln, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+        row_state, row_best, stride_ln, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps,
+        maxnreg=register_cap(num_warps))
     _probs_kernel[(rows, n_tiles)](
         logits, temperature, row_max, row_z, row_cut, row_state, row_best, probs, weights, mass,
         stride_ln, vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from specops.kernels._sampling import (_EMPTY, _GREEDY, _SAMPLED, _STREAM_DRAFT, _inverse_cdf_index,
                                        _inverse_cdf_tile, _ordered_key, _row_state, _store_tile_stats, _uniform,
-                                       offset_words, row_state_buffers, tile_stat_buffers, vocab_tiling)
+                                       offset_words, register_cap, row_state_buffers, tile_stat_buffers, vocab_tiling)
 from specops.ops._checks import guarded
 from specops.ops.sampling import check_vocab_project
 
@@ -170,7 +170,8 @@ def vocab_project_triton(draft_logits: torch.Tensor, target_ids: torch.Tensor, t
         draft_logits.stride(0), vocab, target_vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
     _row_kernel[(rows,)](
         x, temperature, top_k, top_p, tile_max, tile_sum, tile_raw, tile_arg, row_max, row_z, row_cut,
-        row_state, draft_tokens, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps)
+        row_state, draft_tokens, vocab, n_tiles, BLOCK_V=block_v, BLOCK_T=block_t, num_warps=num_warps,
+        maxnreg=register_cap(num_warps))
     _scatter_kernel[(rows, n_tiles)](
         x, target_ids, row_max, row_z, row_cut, row_state, draft_tokens, probs, mass,
         probs.stride(0), vocab, target_vocab, n_tiles, BLOCK_V=block_v, num_warps=num_warps)
