@@ -22,6 +22,7 @@ Inputs and random numbers are all made before the timed region; times are median
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import sys
@@ -188,7 +189,7 @@ def bench_cpu_case(specops, case, quick: bool, have_hf: bool) -> list[dict]:
 def read_bandwidth_cuda() -> float:
     """Achievable read bandwidth in bytes/s: torch.sum over a 1 GiB float32 tensor."""
     big = torch.ones(2**28, dtype=torch.float32, device="cuda")
-    seconds = cuda_median_time(lambda: big.sum(), warmup_ms=50, rep_ms=300)
+    seconds = cuda_median_time(big.sum, warmup_ms=50, rep_ms=300)
     del big
     torch.cuda.empty_cache()
     return 2**30 / seconds
@@ -222,7 +223,7 @@ def bench_cuda_case(specops, case, quick: bool, have_hf: bool, flashinfer) -> li
     add("triton", p.specops_fn(validate=False), "eager, validate=False", accepted)
     try:
         # Capture freezes the arguments, so the graph replays draft chain 0 at offset 0.
-        graph = cuda_graph_of(lambda: p.specops(0, validate=False))
+        graph = cuda_graph_of(functools.partial(p.specops, 0, validate=False))
     except Exception as error:  # noqa: BLE001 - capture is optional; say why it did not happen
         out.append(skipped(case, "triton graph", f"capture failed: {type(error).__name__}: {error}"[:80]))
     else:
