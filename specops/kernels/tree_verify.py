@@ -102,6 +102,17 @@ def _draft_update(r, q, scale_r, scale_q):
 
 
 @triton.jit
+def _request_tree(tokens_ptr, parents_ptr, num_nodes_ptr, out_tokens_ptr, out_nodes_ptr, stride_tb, stride_pb,
+                  stride_ob, b, N):
+    """Request b's tree as both walks read it: its node count, clamped to [1, N] so that an unchecked count
+    (validate=False) never indexes past the rows, and its rows of tokens, parents and outputs."""
+    b64 = b.to(tl.int64)
+    count = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), N).to(tl.int32)
+    return (count, tokens_ptr + b64 * stride_tb, parents_ptr + b64 * stride_pb, out_tokens_ptr + b64 * stride_ob,
+            out_nodes_ptr + b64 * stride_ob)
+
+
+@triton.jit
 def _greedy_child(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, tokens_row_ptr, parents_row_ptr, node, count, V):
     """A greedy step at `node`: the first argmax of its raw logits, and the first child drafting it (or -1)."""
     _raw_max, best = _row_argmax(tile_raw_ptr, tile_arg_ptr, stats, tile_ok, V)
@@ -146,14 +157,10 @@ def _walk_kernel(logits_ptr, tokens_ptr, parents_ptr, draft_probs_ptr, num_nodes
     overflowing) follow the first child equal to the first argmax and emit the argmax where none is."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
-    # Clamped so that unchecked counts (validate=False) never index past the rows.
-    count = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), N).to(tl.int32)
+    count, tokens_row_ptr, parents_row_ptr, out_tokens_row_ptr, out_nodes_row_ptr = _request_tree(
+        tokens_ptr, parents_ptr, num_nodes_ptr, out_tokens_ptr, out_nodes_ptr, stride_tb, stride_pb, stride_ob, b, N)
     temperature, top_k, top_p, seed, greedy, scale, tiles, tile_ok = _request_sampling(
         temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, b, n_tiles, BLOCK_T)
-    tokens_row_ptr = tokens_ptr + b64 * stride_tb
-    parents_row_ptr = parents_ptr + b64 * stride_pb
-    out_tokens_row_ptr = out_tokens_ptr + b64 * stride_ob
-    out_nodes_row_ptr = out_nodes_ptr + b64 * stride_ob
     res_base_ptr = residual_ptr + b64 * stride_rb
 
     node = tl.zeros([], tl.int32)
@@ -480,14 +487,10 @@ def _traversal_kernel(logits_ptr, tokens_ptr, parents_ptr, draft_probs_ptr, num_
     requests (T = 0) walk the argmax path, as `_walk_kernel`."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
-    # Clamped so that unchecked counts (validate=False) never index past the rows.
-    count = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), N).to(tl.int32)
+    count, tokens_row_ptr, parents_row_ptr, out_tokens_row_ptr, out_nodes_row_ptr = _request_tree(
+        tokens_ptr, parents_ptr, num_nodes_ptr, out_tokens_ptr, out_nodes_ptr, stride_tb, stride_pb, stride_ob, b, N)
     temperature, top_k, top_p, seed, greedy, scale, tiles, tile_ok = _request_sampling(
         temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, b, n_tiles, BLOCK_T)
-    tokens_row_ptr = tokens_ptr + b64 * stride_tb
-    parents_row_ptr = parents_ptr + b64 * stride_pb
-    out_tokens_row_ptr = out_tokens_ptr + b64 * stride_ob
-    out_nodes_row_ptr = out_nodes_ptr + b64 * stride_ob
     f64_ptr = node_f64_ptr + b64 * _F64_FIELDS * N
     f32_ptr = node_f32_ptr + b64 * _F32_FIELDS * N
     i32_ptr = node_i32_ptr + b64 * _I32_FIELDS * N
