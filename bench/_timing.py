@@ -52,6 +52,36 @@ def parse_bench_args(parser: argparse.ArgumentParser, op: str) -> tuple[argparse
     return args, Path(args.csv or Path(__file__).parent / "results" / f"{op}_{args.device}.csv")
 
 
+def e2e_parser(doc: str, name: str, *, prompts: int, new_tokens: int = 64, modes: str = "greedy,sample",
+               modes_help: str = "comma-separated: greedy, sample", threads: int | None = 2,
+               seed: bool = True) -> argparse.ArgumentParser:
+    """The options every end-to-end benchmark takes (which HumanEval prompts, how many new tokens, the
+    decoding modes, seed, threads, device, CSV); the script's docstring's first paragraph describes it.
+    Add the script's own, then call `parse_e2e_args`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=prompts, help="number of HumanEval prompts")
+    parser.add_argument("--first", type=int, default=0, help="first HumanEval problem")
+    parser.add_argument("--new-tokens", type=int, default=new_tokens, help="new tokens per prompt")
+    parser.add_argument("--modes", default=modes, help=modes_help)
+    if seed:
+        parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+    parser.add_argument("--threads", type=int, default=threads, help="torch CPU threads (none: torch's default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--csv", default=None, help=f"CSV path (default bench/results/{name}_<device>.csv)")
+    return parser
+
+
+def parse_e2e_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed arguments, with torch's CPU threads set; a clear error for --device cuda without one."""
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device available to torch")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
 def int_list(text: str) -> list[int]:
     """A comma-separated list of ints (a command-line type)."""
     return [int(v) for v in text.split(",") if v]

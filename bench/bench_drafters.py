@@ -18,7 +18,6 @@ Writes bench/results/drafters_<device>.csv and, with --plot, docs/drafters_cpu.p
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import CpuLoad, format_table, machine_info, write_csv_columns
+from _timing import CpuLoad, e2e_parser, format_table, machine_info, parse_e2e_args, write_csv_columns
 
 MODES = {"greedy": dict(temperature=0.0, method="slem"), "sample": dict(temperature=1.0, method="tli")}
 WEIGHTS = ("float32", "bf16", "int8", "int4")
@@ -250,19 +249,11 @@ def run(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=4, help="number of HumanEval prompts")
-    parser.add_argument("--first", type=int, default=0, help="first HumanEval problem")
-    parser.add_argument("--new-tokens", type=int, default=64, help="new tokens per prompt")
-    parser.add_argument("--modes", default="greedy,sample", help="greedy (slem), sample (tli at T=1)")
+    parser = e2e_parser(__doc__, "drafters", prompts=4, modes_help="greedy (slem), sample (tli at T=1)")
     parser.add_argument("--weights", default=",".join(WEIGHTS), help="drafter weights to compare")
-    parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--csv", default=None, help="CSV path (default bench/results/drafters_<device>.csv)")
     parser.add_argument("--plot", action="store_true", help="also draw docs/drafters_cpu.png")
     parser.add_argument("--plot-from", default=None, help="only draw the plot from this CSV")
-    args = parser.parse_args()
+    args = parse_e2e_args(parser)
     if args.plot_from:
         plot(args.plot_from, Path(__file__).parent.parent / "docs" / "drafters_cpu.png")
         return

@@ -107,7 +107,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import CpuLoad, format_table, machine_info, write_csv
+from _timing import CpuLoad, e2e_parser, format_table, machine_info, parse_e2e_args, write_csv
 
 MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0),
          "nucleus": dict(temperature=0.8, top_k=0, top_p=0.95)}  # --modes nucleus: on request
@@ -605,12 +605,7 @@ def _shape(text: str) -> tuple[int, int]:
 def main() -> None:
     from specops.decoding.ngram import TABLES as NGRAM_TABLES
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=6, help="number of HumanEval prompts")
-    parser.add_argument("--first", type=int, default=0, help="first HumanEval problem")
-    parser.add_argument("--new-tokens", type=int, default=64, help="new tokens per prompt")
-    parser.add_argument("--modes", default="greedy,sample", help="comma-separated: greedy, sample")
+    parser = e2e_parser(__doc__, "e2e", prompts=6)
     parser.add_argument("--configs", default=",".join(DEFAULT_GROUPS),
                         help="comma-separated configurations to run (module docstring), or all (adds union); "
                              "'ensembles' alone runs bench_ensemble.py, 'drafters' alone bench_drafters.py")
@@ -639,12 +634,8 @@ def main() -> None:
                              "sampling only changes)")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
-    parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--csv", default=None, help="CSV path (default bench/results/e2e_<device>.csv)")
     parser.add_argument("--plot", action="store_true", help="also draw docs/e2e_<device>.png")
-    args = parser.parse_args()
+    args = parse_e2e_args(parser)
     modes = _names(args.modes)
     if any(m not in MODES for m in modes):
         parser.error(f"--modes: choose from {', '.join(MODES)}")

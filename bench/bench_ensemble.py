@@ -30,7 +30,6 @@ round-robin per prompt; `others` is the load other processes put on the machine 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import CpuLoad, format_table, machine_info, write_csv
+from _timing import CpuLoad, e2e_parser, format_table, machine_info, parse_e2e_args, write_csv
 
 MODES = {"greedy": dict(temperature=0.0), "sample": dict(temperature=1.0)}
 WARMUP_TOKENS = 4
@@ -67,25 +66,16 @@ def rules(specops):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--first", type=int, default=0)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--modes", default="greedy,sample")
+    parser = e2e_parser(__doc__, "ensemble", prompts=4)
     parser.add_argument("--pairs", default="hetero,same")
     parser.add_argument("--rules", default="w55,w73,cd")
     parser.add_argument("--methods", default="all",
                         help="comma-separated methods to run beside the ensemble (se, se alternate, ensemble-SD, "
                              "hf ensemble), or all")
     parser.add_argument("--early-exit", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--csv", default=None)
     parser.add_argument("--plot", default=None, metavar="PNG", help="also draw the speed-ups into this PNG")
     parser.add_argument("--plot-from", default=None, metavar="CSV", help="only draw --plot from an earlier run's CSV")
-    args = parser.parse_args()
+    args = parse_e2e_args(parser)
     if args.plot_from:
         plot(args.plot_from, args.plot or "docs/ensembles_cpu.png")
         return

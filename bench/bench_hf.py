@@ -21,14 +21,14 @@ docs/hf_generate_<device>.png.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from _timing import CpuLoad, format_table, import_specops, machine_info, write_csv_columns
+from _timing import (CpuLoad, e2e_parser, format_table, import_specops, machine_info, parse_e2e_args,
+                     write_csv_columns)
 
 CONFIGS = ("generate", "ngram", "smollm2")
 MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, temperature=1.0, top_k=0)}
@@ -59,27 +59,16 @@ def new_tokens(sequences: torch.Tensor, width: int, eos: set[int]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--first", type=int, default=0)
+    parser = e2e_parser(__doc__, "hf", prompts=4, threads=None, seed=False)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--modes", default="greedy,sample")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=1, help="times each batch is timed per config")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--csv", default=None)
     parser.add_argument("--plot", action="store_true", help="also draw docs/hf_generate_<device>.png")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_e2e_args(parser)
     configs = [c for c in args.configs.split(",") if c]
     modes = [m for m in args.modes.split(",") if m]
     if set(configs) - set(CONFIGS) or set(modes) - set(MODES) or "generate" not in configs:
         raise SystemExit(f"--configs from {CONFIGS} (generate included), --modes from {tuple(MODES)}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device")
 
     specops = import_specops()
     model, tokenizer = specops.models.load("gemma-3-270m", device=args.device, progress=False)
