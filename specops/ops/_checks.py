@@ -69,9 +69,7 @@ def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensor
     for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
         if isinstance(value, torch.Tensor):
             tensors[name] = value
-    for name, t in tensors.items():
-        if t.device != device:
-            raise ValueError(f"{op}: {name} is on {t.device} but {anchor} is on {device}")
+    _check_devices(op, anchor, device, tensors)
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
     if not 0 <= offset < 2**63:
@@ -128,10 +126,9 @@ def _check_logit_dtype(op: str, name: str, t: torch.Tensor) -> None:
     _require(t.dtype in _LOGIT_DTYPES, op, f"{name} must be float32, bfloat16 or float16", TypeError)
 
 
-def _check_devices(op: str, anchor: str, tensors: dict) -> None:
-    """Every tensor of `tensors` (name -> tensor or None) on the device of tensors[anchor]. The C++ kernels
-    need no such check: the dispatcher sends a call with a CUDA tensor among its arguments to CUDA."""
-    device = tensors[anchor].device
+def _check_devices(op: str, anchor: str, device: torch.device, tensors: dict) -> None:
+    """Every tensor of `tensors` (name -> tensor or None) on `device`, where argument `anchor` is. The C++
+    kernels need no such check: the dispatcher sends a call with a CUDA tensor among its arguments to CUDA."""
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but {anchor} is on {device}")

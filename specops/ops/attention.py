@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specops.ops._checks import (_INT64_MAX, _LOGIT_DTYPES, _check_int, _check_tensor, _finite_positive,
-                                 _raise_first, _require)
+from specops.ops._checks import (_INT64_MAX, _LOGIT_DTYPES, _check_devices, _check_int, _check_tensor,
+                                 _finite_positive, _raise_first, _require)
 
 __all__ = ["tree_attention"]
 
@@ -137,9 +137,8 @@ def check_tree_attention(query, key, value, tree_mask, kv_mask, scale, window, s
              "kv_mask must be [B, S - N] bool")
     _require(sinks is None or (sinks.dtype == torch.float32 and sinks.dim() == 1 and sinks.shape[0] == heads), op,
              "sinks must be a float32 [Hq] tensor")
-    for name, t in (("key", key), ("value", value), ("tree_mask", tree_mask), ("kv_mask", kv_mask), ("sinks", sinks)):
-        _require(t is None or t.device == query.device, op, f"{name} is on {getattr(t, 'device', None)} but query is "
-                 f"on {query.device}")
+    _check_devices(op, "query", query.device, {"key": key, "value": value, "tree_mask": tree_mask,
+                                               "kv_mask": kv_mask, "sinks": sinks})
     if validate and batch and heads:
         _raise_first(op, _tree_mask_checks(tree_mask, nodes))
 

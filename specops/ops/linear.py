@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from specops.ops._checks import _LOGIT_DTYPES, _c_dtype, _check_bias, _check_int, _check_linear_input, _require
+from specops.ops._checks import (_LOGIT_DTYPES, _c_dtype, _check_bias, _check_devices, _check_int, _check_linear_input,
+                                 _require)
 
 __all__ = ["skinny_linear", "quantized_linear", "llama_layers"]
 
@@ -78,9 +79,7 @@ def check_skinny_linear(input, weight, bias) -> None:
     _require(weight.shape[1] == k, op, f"weight must be [N, K] with K = {k}, got [{n}, {weight.shape[1]}]")
     _require(bias is None or (bias.dim() == 1 and bias.shape[0] == n and bias.dtype == input.dtype), op,
              f"bias must be {_dtype_name(input.dtype)} [N] with N = {n}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        _require(t is None or t.device == input.device, op, f"{name} is on {getattr(t, 'device', None)} but input "
-                 f"is on {input.device}")
+    _check_devices(op, "input", input.device, {"weight": weight, "bias": bias})
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -220,9 +219,7 @@ def check_quantized_linear(input, weight, scales, mins, bias) -> None:
                  TypeError)
     _require(bias is None or (bias.dim() == 1 and bias.shape[0] == n and bias.dtype == input.dtype), op,
              f"bias must be {_dtype_name(input.dtype)} [N] with N = {n}")
-    for name, t in (("weight", weight), ("scales", scales), ("mins", mins), ("bias", bias)):
-        _require(t is None or t.device == input.device, op, f"{name} is on {getattr(t, 'device', None)} but input "
-                 f"is on {input.device}")
+    _check_devices(op, "input", input.device, {"weight": weight, "scales": scales, "mins": mins, "bias": bias})
 
 
 @torch.library.register_fake("specops::quantized_linear")

@@ -37,9 +37,9 @@ def check_chain_verify(target_logits, draft_tokens, draft_probs, num_draft, temp
         _require(tuple(draft_probs.shape) == (batch, k1 - 1, vocab), op,
                  "draft_probs must be [B, K, V] matching target_logits")
         _require(draft_probs.dtype == torch.float32, op, "draft_probs must be float32", TypeError)
-    _check_devices(op, "target_logits", {"target_logits": target_logits, "draft_tokens": draft_tokens,
-                                         "draft_probs": draft_probs, "num_draft": num_draft,
-                                         "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    _check_devices(op, "target_logits", target_logits.device,
+                   {"draft_tokens": draft_tokens, "draft_probs": draft_probs, "num_draft": num_draft,
+                    "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
     if not validate:
         return
     used = torch.arange(k1 - 1, device=num_draft.device) < num_draft.unsqueeze(1)
@@ -210,8 +210,8 @@ def check_sample_without_replacement(logits, num_samples, temperature, top_k, to
     _check_per_row(op, (temperature, top_p), rows, torch.float32, "temperature and top_p must be [N] float32")
     _require(offset >= 0, op, "offset must be >= 0")
     _check_logit_dtype(op, "logits", logits)
-    _check_devices(op, "logits", {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                                  "seed": seed})
+    _check_devices(op, "logits", logits.device, {"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                                                 "seed": seed})
     if validate:
         _raise_first(op, [*_sampling_checks(temperature, top_k, top_p),
                           *_logit_row_checks(op, "logits", logits, no_finite="has no finite value")])
@@ -294,8 +294,9 @@ def check_stochastic_beam_step(logits, beam_log_probs, beam_scores, beam_width, 
     _check_per_row(op, (temperature, top_p), batch, torch.float32, "temperature and top_p must be [B] float32")
     _require(offset >= 0, op, "offset must be >= 0")
     _check_logit_dtype(op, "logits", logits)
-    _check_devices(op, "logits", {"logits": logits, "beam_log_probs": beam_log_probs, "beam_scores": beam_scores,
-                                  "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    _check_devices(op, "logits", logits.device, {"beam_log_probs": beam_log_probs, "beam_scores": beam_scores,
+                                                 "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                                                 "seed": seed})
     if not validate:
         return
     live = (beam_log_probs > float("-inf")) & (beam_scores > float("-inf"))
@@ -416,9 +417,9 @@ def check_tree_verify(target_logits, tokens, parents, draft_probs, num_nodes, re
         _require(tuple(draft_probs.shape) == (batch, nodes, vocab), op,
                  "draft_probs must be [B, N, V] matching target_logits")
         _require(draft_probs.dtype == torch.float32, op, "draft_probs must be float32", TypeError)
-    _check_devices(op, "target_logits", {"target_logits": target_logits, "tokens": tokens, "parents": parents,
-                                         "draft_probs": draft_probs, "num_nodes": num_nodes,
-                                         "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    _check_devices(op, "target_logits", target_logits.device,
+                   {"tokens": tokens, "parents": parents, "draft_probs": draft_probs, "num_nodes": num_nodes,
+                    "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
     if validate:
         _raise_first(op, _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, replacement,
                                              temperature, top_k, top_p))
@@ -550,8 +551,8 @@ def check_vocab_project(draft_logits, target_ids, target_vocab, temperature, top
     _check_per_row(op, (top_k, seed), rows, torch.int64, "top_k and seed must be [N] int64")
     _check_per_row(op, (temperature, top_p), rows, torch.float32, "temperature and top_p must be [N] float32")
     _require(offset >= 0, op, "offset must be >= 0")
-    _check_devices(op, "draft_logits", {"draft_logits": draft_logits, "target_ids": target_ids,
-                                        "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed})
+    _check_devices(op, "draft_logits", draft_logits.device, {"target_ids": target_ids, "temperature": temperature,
+                                                             "top_k": top_k, "top_p": top_p, "seed": seed})
     if not validate:
         return
     # The first bad drafter id v, as the kernel scans them: out of range, or a target id an earlier one took.
