@@ -197,9 +197,15 @@ def _finite_positive(number) -> bool:
         return False
 
 
+def _linear_input_dtypes(device: torch.device) -> tuple:
+    """The input dtypes of the skinny_linear / quantized_linear kernel on `device`: float32 on the CPU, the
+    logit dtypes on accelerators."""
+    return (torch.float32,) if device.type == "cpu" else _LOGIT_DTYPES
+
+
 def _check_linear_input(op: str, input: torch.Tensor) -> None:
-    """The input of skinny_linear / quantized_linear: float32 on the CPU, a logit dtype on accelerators."""
-    allowed = (torch.float32,) if input.device.type == "cpu" else _LOGIT_DTYPES
+    """The input of skinny_linear / quantized_linear, for the wrappers: `_linear_input_dtypes` of its device."""
+    allowed = _linear_input_dtypes(input.device)
     if input.dtype not in allowed:
         names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
         raise TypeError(f"{op}: input on {input.device.type} must be {names}, got {input.dtype}")

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from specops.ops._checks import (_LOGIT_DTYPES, _c_dtype, _check_bias, _check_devices, _check_int, _check_linear_input,
-                                 _require)
+from specops.ops._checks import (_c_dtype, _check_bias, _check_devices, _check_int, _check_linear_input,
+                                 _linear_input_dtypes, _require)
 
 __all__ = ["skinny_linear", "quantized_linear", "llama_layers"]
 
@@ -59,11 +59,11 @@ def skinny_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 def _input_rule(input: torch.Tensor) -> tuple[tuple, str]:
-    """The input dtypes the kernel on input's device takes, and their names: float32 on the CPU, the logit dtypes
-    on accelerators."""
-    if input.device.type == "cpu":
-        return (torch.float32,), "float32"
-    return _LOGIT_DTYPES, "float32, bfloat16 or float16"
+    """The input dtypes the kernel on input's device takes (`_linear_input_dtypes`), and their names as the C++
+    kernel's messages give them."""
+    allowed = _linear_input_dtypes(input.device)
+    return allowed, ", ".join(_dtype_name(d) for d in allowed[:-1]) + (" or " if len(allowed) > 1 else "") + \
+        _dtype_name(allowed[-1])
 
 
 def check_skinny_linear(input, weight, bias) -> None:
