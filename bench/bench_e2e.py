@@ -416,11 +416,11 @@ def configurations(args) -> list[Config]:
     if args.fixed_k:
         configs.append(Config(f"specops sd self:{n} K={args.fixed_k}", "specops", "sd", assisted,
                               {**sd, "num_draft_tokens": args.fixed_k}))
-    shape = ",".join(map(str, args.tree_shape))
+    shape = args.tree_shape if args.tree_shape == "auto" else ",".join(map(str, args.tree_shape))
     for method in ("rsd-c", "specinfer"):
         configs.append(Config(f"specops {method} self:{n} ({shape})", "specops", "trees", assisted,
                               {**sd, "method": method, "num_draft_tokens": args.tree_shape}))
-    beams = ",".join(map(str, args.beam_shape))
+    beams = args.beam_shape if args.beam_shape == "auto" else ",".join(map(str, args.beam_shape))
     configs.append(Config(f"specops rsd-s self:{n} ({beams})", "specops", "trees", assisted,
                           {**sd, "method": "rsd-s", "num_draft_tokens": args.beam_shape}))
     configs += [Config("hf prompt lookup", "hf", "hf-lookup", None,
@@ -602,6 +602,11 @@ def _shape(text: str) -> tuple[int, int]:
     return k, w
 
 
+def _auto_or(parse):
+    """An argument type: "auto" (the shape chosen every step), else what `parse` makes of the text."""
+    return lambda text: "auto" if text == "auto" else parse(text)
+
+
 def main() -> None:
     from specops.decoding.ngram import TABLES as NGRAM_TABLES
 
@@ -622,10 +627,10 @@ def main() -> None:
     parser.add_argument("--ngram-shape", type=_shape, default=None, metavar="K,W",
                         help="also run specops ngram with a fixed shape of K rows of W tokens (with bigram tables, "
                              "K > 8 needs a bigram table of its own, built on first use)")
-    parser.add_argument("--tree-shape", type=lambda text: tuple(int(b) for b in text.split(",")), default=(2, 2),
-                        metavar="B1,B2,...", help="children per node at each level for specops rsd-c and specinfer "
-                                                  "(configs trees)")
-    parser.add_argument("--beam-shape", type=_shape, default=(3, 2), metavar="W,L",
+    parser.add_argument("--tree-shape", type=_auto_or(lambda text: tuple(int(b) for b in text.split(","))),
+                        default=(2, 2), metavar="B1,B2,...|auto",
+                        help="children per node at each level for specops rsd-c and specinfer (configs trees)")
+    parser.add_argument("--beam-shape", type=_auto_or(_shape), default=(3, 2), metavar="W,L|auto",
                         help="beams W and levels L for specops rsd-s (configs trees)")
     parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
                         help="specops ngram's option tables: model n-grams that fill rows the context does not")
