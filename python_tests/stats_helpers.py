@@ -21,7 +21,7 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from specops.decoding.draft_length import DraftLength
+from specops.decoding.cost_model import DraftLength
 from toy_models import random_table, sequence_distribution, token_sequence_distribution
 
 # ==== test_decode.py: the same-vocabulary toy pair ====
@@ -119,7 +119,7 @@ def _simulate(cost, draft_cost: float, acceptance: float, steps: int = 200, rows
     controller = DraftLength("auto")
     chosen = []
     for _ in range(steps):
-        k = controller.choose()
+        k = controller.choose(rows)
         chosen.append(k)
         accepted = []
         for _ in range(rows):

@@ -12,7 +12,7 @@
 3. Engine behaviours: EOS, max_new_tokens, stop strings, streaming, statistics, result shapes,
    reproducibility from a seed.
 4. Bad input raises ValueError / TypeError naming the problem.
-5. The draft-length controller (draft_length.py) on synthetic CPU-like and GPU-like costs.
+5. The draft-length controller (cost_model.DraftLength) on synthetic CPU-like and GPU-like costs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 
 import specops
 from specops._machine_load import auto_threads, decoding_threads
-from specops.decoding.draft_length import DraftLength
+from specops.decoding.cost_model import DraftLength
 from stats_helpers import (ALPHA, N_SEQUENCES, PROMPTS, STEP_COST, _fit, _simulate, _true_rate,
                            assert_follows_target, check_stats, cpu_like)
 from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
@@ -120,7 +120,7 @@ def test_greedy_sd_with_plain_steps_equals_ar(models, tok, ar_reference, monkeyp
     and 6, in a fixed order, so the K = 0 path runs deterministically."""
     script = [0, 3, 0, 0, 1, 6, 0, 2]
     calls = iter(range(10_000))
-    monkeypatch.setattr(DraftLength, "choose", lambda self: script[next(calls) % len(script)])
+    monkeypatch.setattr(DraftLength, "choose", lambda self, requests=1: script[next(calls) % len(script)])
     result = specops.decode(PROMPTS, target=models["llama"], tokenizer=tok, drafter="self:3",
                             max_new_tokens=MAX_NEW, num_draft_tokens="auto")
     assert result.tokens == ar_reference["llama"]
@@ -253,7 +253,7 @@ def test_sampled_sd_with_plain_steps_follows_target(monkeypatch):
     """Scripted draft lengths with plain (K = 0) steps between drafting steps, ragged across rows."""
     script = [0, 2, 1, 0, 2]
     calls = iter(range(10_000))
-    monkeypatch.setattr(DraftLength, "choose", lambda self: script[next(calls) % len(script)])
+    monkeypatch.setattr(DraftLength, "choose", lambda self, requests=1: script[next(calls) % len(script)])
     tok = letter_tokenizer()
     result = specops.decode(_stat_prompts(), target=TableLM(TARGET_TABLE), tokenizer=tok,
                             drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, max_new_tokens=STAT_NEW,
@@ -669,10 +669,10 @@ def test_draft_length_bad_setting(setting):
 
 def test_draft_length_recovers_from_unlucky_start():
     controller = DraftLength("auto")
-    assert controller.choose() == 3
+    assert controller.choose() == 3  # a drafted step measures the drafter ...
     controller.observe(3, cpu_like(4), 0.02, STEP_COST, [0], [3])
-    assert controller.choose() == 1
-    controller.observe(1, cpu_like(2), 0.02, STEP_COST, [0], [1])
+    assert controller.choose() == 0  # ... a plain one gives the cost a slope
+    controller.observe(0, cpu_like(1), None, STEP_COST, [0], [0])
     rng = random.Random(0)
     chosen = []
     for _ in range(200):  # from here on the drafter is good: acceptance 0.9

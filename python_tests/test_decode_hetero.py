@@ -159,7 +159,7 @@ def _draft_size(method: str, k) -> int:
     if isinstance(k, int):
         return k
     if k == "auto":
-        return 8 if method in METHODS else 48  # a chain's longest, a tree's most nodes (tree_shape.py)
+        return 8 if method in METHODS else 48  # a chain's longest, a tree's most nodes (cost_model.py)
     if method == "rsd-s":
         return k[0] * k[1]
     return sum(math.prod(k[:level + 1]) for level in range(len(k)))

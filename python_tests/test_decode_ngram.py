@@ -28,7 +28,6 @@ import torch
 import specops
 from specops.decoding import model_ngrams
 from specops.decoding.batch import Batch
-from specops.decoding.draft_length import CostLine
 from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, tree_nodes
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
@@ -581,7 +580,7 @@ def test_draft_shape_fixed(setting, shape):
     rows = torch.full((2, *shape), 3)
     for seconds in (0.01, 10.0):  # costs never change a fixed shape
         assert draft_shape.choose(rows, torch.zeros(2, dtype=torch.long)) == shape
-        draft_shape.observe_cost(2, seconds)
+        draft_shape.observe_cost(2, 2, seconds)
 
 
 def _distinct_rows(batch: int, k: int, w: int) -> torch.Tensor:
@@ -609,7 +608,7 @@ def _drive(shape: DraftShape, cost, truth_row, steps: int, batch: int = 2):
         else:
             assert (k, w) == (0, 0)  # nothing measured yet: plain decoding first
         chosen.append(((k, w), size))
-        shape.observe_cost(size, cost(size))
+        shape.observe_cost(batch, size, cost(size))
         shape.record(list(range(batch)), [len(g) for g in generated], source, rows)
         row = truth_row(step)
         for g in generated:
@@ -653,7 +652,7 @@ def test_draft_shape_widths_spend_tokens_where_they_pay():
     shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=8, sources=3)
     _chains(shape, {0: 0, 2: 6})
     for n in (2, 8, 16):
-        shape.observe_cost(n, 0.1 + 0.01 * n)
+        shape.observe_cost(2, n, 0.1 + 0.01 * n)
     rows = torch.arange(1, 9).view(1, 1, 8).repeat(2, 1, 1)
     widths = shape.widths(rows, torch.tensor([2, 0]))
     assert widths[1] == 0 and widths[0] == 6, widths
@@ -671,7 +670,7 @@ def test_draft_shape_widths_for_requests_submitted_together():
     shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=8, sources=3)
     _chains(shape, {0: 0, 2: 6})
     for n in (2, 8, 16):
-        shape.observe_cost(n, 0.1 + 0.02 * n)
+        shape.observe_cost(2, n, 0.1 + 0.02 * n)
     rows = torch.arange(1, 9).view(1, 1, 8).repeat(2, 1, 1)
     mixed, good = torch.tensor([2, 0]), torch.tensor([2, 2])
     assert shape.widths(rows, mixed)[0] == 6
@@ -690,83 +689,26 @@ def test_draft_shape_widths_explore_and_stop():
     rows = torch.arange(1, 9).view(1, 1, 8).repeat(4, 1, 1)
     source = torch.ones(4, dtype=torch.long)
     assert shape.widths(rows, source) == [0] * 4
-    shape.observe_cost(4, 0.1)
+    shape.observe_cost(4, 4, 0.1)
     first = shape.widths(rows, source)
     assert 0 < sum(first) <= 4, first  # 4 requests + at most 4 drafts = twice the 4 measured
     _chains(shape, {1: 1})
-    shape.observe_cost(8, 0.3)
-    shape.observe_cost(4, 0.1)
+    shape.observe_cost(4, 8, 0.3)
+    shape.observe_cost(4, 4, 0.1)
     assert shape.widths(rows, source) == [0] * 4
     with pytest.raises(ValueError, match="one row per request"):
         shape.widths(rows.repeat(1, 2, 1), source)
     assert DraftShape(3, _ModelKey(), "cpu", k_max=1, w_max=8).widths(rows, source) == [3] * 4
 
 
-def test_cost_line_fits_and_pools():
-    """CostLine: None before any step, flat through one size, the exact line through two or more, a slope
-    never below 0, newer steps weighing more; and a noisy step at one size moves that size's prediction
-    only by its share of all the steps."""
-    line = CostLine()
-    assert line(3) is None and line.largest() == 0
-    line.observe(2, 0.04)
-    assert line(2) == pytest.approx(0.04) and line(9) == pytest.approx(0.04)
-    for n in (1, 4, 8):
-        line.observe(n, 0.03 + 0.005 * n)
-    assert line(16) == pytest.approx(0.11) and line(1) == pytest.approx(0.035)
-    assert line.at(torch.tensor([[1, 16]]))[0].tolist() == pytest.approx([0.035, 0.11])
-    assert line.largest() == 8 and 4 in line and 5 not in line and len(line) == 4
-    falling = CostLine()
-    for n, seconds in ((1, 0.05), (4, 0.04)):
-        falling.observe(n, seconds)
-    assert falling(1) == falling(4) == pytest.approx((0.97 * 0.05 + 0.04) / 1.97)  # falling is noise: flat
-    drifting = CostLine(decay=0.5)
-    drifting.observe(1, 0.10)
-    drifting.observe(1, 0.02)
-    assert drifting(1) == pytest.approx((0.5 * 0.10 + 0.02) / 1.5)
-    pooled = CostLine()
-    for step in range(40):
-        pooled.observe(1 + step % 8, 0.05 + 0.001 * (1 + step % 8))
-    pooled.observe(3, 0.5)  # one step ten times too slow
-    assert pooled(3) < 0.08 and pooled(8) < 0.09
-
-
-def test_cost_plane_fits_requests_and_drafts():
-    """CostPlane: None before any step; only plain steps: drafts cost 0 (optimism); one batch size: the
-    requests and product terms are 0 (they cannot be told apart from the others yet); the exact surface
-    through steps of several sizes, read at any number of requests through its view; a slope fitted
-    below 0 is 0."""
-    from specops.decoding.draft_length import CostPlane
-
-    plane = CostPlane()
-    assert plane.coefficients() is None and plane.at_requests(3)(3) is None
-    plane.observe(1, 1, 0.111)
-    plane.observe(1, 1, 0.111)
-    assert plane.coefficients().tolist() == pytest.approx([0.111, 0.0, 0.0, 0.0])
-    for drafts in (2, 5):
-        plane.observe(1, 1 + drafts, 0.111 + 0.0045 * drafts)
-    assert plane.coefficients().tolist() == pytest.approx([0.111, 0.0, 0.0045, 0.0], abs=1e-6)
-    assert plane.at_requests(8)(16) == pytest.approx(0.111 + 0.0045 * 8, abs=1e-6)  # nothing else known yet
-    for requests, drafts in ((8, 0), (4, 3), (8, 8), (2, 0)):
-        plane.observe(requests, requests + drafts, 0.105 + 0.006 * requests + 0.004 * drafts +
-                      0.0005 * requests * drafts)
-    assert plane.coefficients().tolist() == pytest.approx([0.105, 0.006, 0.004, 0.0005], abs=1e-6)
-    view = plane.at_requests(8)
-    assert view.largest() == 16 and view.at(torch.tensor([8, 16])).tolist() == pytest.approx([0.153, 0.217])
-    falling = CostPlane()
-    for drafts, seconds in ((0, 0.1), (4, 0.09)):
-        falling.observe(1, 1 + drafts, seconds)
-    fit = falling.coefficients()
-    assert fit[2] == 0.0 and fit[0] == pytest.approx((0.97 * 0.1 + 0.09) / 1.97)
-
-
 def test_draft_shape_costs_shared_per_model():
     """A later decode call on the same model starts from the costs earlier ones measured."""
     key = _ModelKey()
     first = DraftShape("auto", key, "cpu")
-    first.observe_cost(1, 0.05)
+    first.observe_cost(1, 1, 0.05)
     second = DraftShape("auto", key, "cpu")
-    assert second.cost(1) == 0.05
-    assert DraftShape("auto", _ModelKey(), "cpu").cost(1) is None
+    assert second.cost(1, 1) == pytest.approx(0.05)
+    assert DraftShape("auto", _ModelKey(), "cpu").cost(1, 1) is None
 
 
 def test_draft_shape_acceptance_carried_to_the_next_call():

@@ -41,7 +41,7 @@ import arch_zoo
 import specops
 from specops import models, reference
 from specops.decoding.cpu_forward import CpuForward
-from specops.decoding.draft_length import DraftLength
+from specops.decoding.cost_model import DraftLength
 from specops.quantization import QuantizedLinear, pack, quantize, weights_of
 from stats_helpers import (ALPHA, CLOSE_TABLE, DRAFTER_TOKENS, MERGED_WORDS, N_SEQUENCES, PROMPTS,
                            SD_DRAFTER_TABLE, SD_STAT_PROMPTS, SD_TARGET_TABLE, STAT_K, TARGET_TOKENS,
@@ -688,9 +688,9 @@ def test_cheaper_drafter_drafts_longer():
         for draft_cost in (0.02, 0.005):
             controller = DraftLength("auto")
             for n in range(1, controller.max_drafts + 2):
-                controller.target_cost.observe(n, cpu_like(n))
-            controller.draft_cost, controller.step_cost = draft_cost, 0.002
-            controller.accepted, controller.rejected = 100 * acceptance, 100 * (1 - acceptance)
+                controller.cost.observe(1, n, cpu_like(n))
+            controller.cost.drafter, controller.cost.outside = draft_cost, 0.002
+            controller.acceptance.hits[1], controller.acceptance.seen[1] = 100 * acceptance - 1, 98
             assert controller.choose() == best(draft_cost, acceptance)
             chosen.append(controller.choose())
         assert chosen[0] < chosen[1]  # 1 -> 2 drafts at acceptance 0.6, 2 -> 4 at 0.85

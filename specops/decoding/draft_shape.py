@@ -1,14 +1,10 @@
 """Draft shape for n-gram drafting: how many rows k and how many tokens w per row, chosen every step to
 maximize expected tokens per second from measured costs and measured acceptance.
 
-Cost: the wall time of a whole step as a function of the tokens the target forward carries (rows of the
-batch x nodes of the draft tree): a line fitted to every step measured (`CostLine`), since single step times
-scatter too much to rank sizes one by one. Sizes never measured are explored at most doubling the largest
-measured size per step, at the cost the line predicts for them: flat while one size has been measured (so
-the first drafts look free), then its slope. (Pricing them at the largest measured size's cost instead let
-specops.vllm's NgramProposer, with 8 requests on a CPU, try 32 and 64 tokens in flight after 16 had already
-cost 1.4 plain steps: two steps of 3 and 5 plain steps' time, for nothing.) Where a forward reads its
-weights once for any few tokens (a GPU; a CPU through skinny_linear) the line stays nearly flat and the
+Cost: the wall time of a whole step from the requests it carries and its tokens in flight (rows of the
+batch x nodes of the draft tree), the one cost model every draft-size choice asks (cost_model.StepCost, whose
+module docstring says how it is fitted and how sizes never measured are explored). Where a forward reads its
+weights once for any few tokens (a GPU; a CPU through skinny_linear) the fit stays nearly flat and the
 choice grows to trees; where compute dominates it climbs, and the choice settles on one short row or on
 plain decoding. Costs are kept per model for the life of the process, so later decode calls start from what
 earlier ones measured.
@@ -33,7 +29,7 @@ import weakref
 
 import torch
 
-from specops.decoding.draft_length import CostLine, swap_learned
+from specops.decoding.cost_model import StepCost, swap_learned
 
 __all__ = ["DraftShape"]
 
@@ -50,16 +46,16 @@ _AHEAD_WORTH = 0.25
 _CARRIED = 16.0  # steps' worth of acceptance per source carried into the next decode call
 # target model -> {(device and settings, "ngram"): the DraftShape of the last call}
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_COSTS: "weakref.WeakKeyDictionary[object, dict[str, CostLine]]" = weakref.WeakKeyDictionary()
+_COSTS: "weakref.WeakKeyDictionary[object, dict[str, StepCost]]" = weakref.WeakKeyDictionary()
 
 
-def _cost_curve(model, device) -> CostLine:
-    """The step-cost curve of a model on a device, shared by every decode call in this process."""
+def _shared_cost(model, device) -> StepCost:
+    """The step cost of a model on a device, shared by every decode call in this process."""
     try:
         per_model = _COSTS.setdefault(model, {})
     except TypeError:  # not weak-referenceable: measure per call
-        return CostLine()
-    return per_model.setdefault(str(device), CostLine())
+        return StepCost()
+    return per_model.setdefault(str(device), StepCost())
 
 
 def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
@@ -81,13 +77,14 @@ class DraftShape:
     K_MAX = W_MAX = 8  # the largest "auto" shape
 
     def __init__(self, setting, model, device, k_max: int = K_MAX, w_max: int = W_MAX, sources: int = 2,
-                 memory: str | None = None):
+                 memory: str | None = None, cost: StepCost | None = None):
         """memory: what acceptance depends on besides the model (sampling settings, tables); "auto" keeps
         what this call learns under it and starts from what the last such call learned, worth at most
-        _CARRIED steps per source (None: start from the prior)."""
+        _CARRIED steps per source (None: start from the prior). cost: the steps' cost model (None: the one
+        this model on this device shares in the process)."""
         self.fixed = self.check(setting)
         self.k_max, self.w_max = self.fixed or (k_max, w_max)
-        self.cost = _cost_curve(model, device)
+        self.cost = cost if cost is not None else _shared_cost(model, device)
         self.sources = sources
         self.accepted = torch.zeros(sources, self.k_max, self.w_max, dtype=torch.float64)
         self.weight = torch.zeros(sources, dtype=torch.float64)
@@ -124,15 +121,14 @@ class DraftShape:
         if self.fixed is not None:
             return self.fixed
         batch = rows.shape[0]
-        plain = self.cost(batch)
+        plain = self.cost(batch, batch)
         if plain is None:
             return 0, 0  # measure plain decoding first
         source = source.cpu().clamp(max=self.sources - 1)
         tokens = self.expected_accepted()[source].sum(0) + batch  # [k_max, w_max]
         sizes = batch * (1 + tree_nodes(rows.cpu()).amax(0))  # tokens in flight of each shape
-        largest = self.cost.largest()
-        cost = self.cost.at(sizes)  # the line, past the largest size measured too (flat through one size)
-        rate = torch.where(sizes <= 2 * largest, tokens / cost, float("-inf"))
+        cost = self.cost.at(batch, sizes)  # the fit, past the largest size measured too (flat through one)
+        rate = torch.where(sizes <= self.cost.reach(), tokens / cost, float("-inf"))
         best_rate = rate.max()
         if not float(best_rate) > batch / plain:
             return 0, 0
@@ -144,7 +140,7 @@ class DraftShape:
     def widths(self, rows: torch.Tensor, source: torch.Tensor, lead: torch.Tensor | None = None) -> list[int]:
         """Draft length per request for one chain each (k_max 1; rows [B, 1, w_max], -1 past a row's end;
         source [B]), for engines that verify ragged chains (vLLM): the lengths with the most expected
-        tokens per second under the cost line, 0 for all where no drafting beats plain decoding.
+        tokens per second under the step cost, 0 for all where no drafting beats plain decoding.
 
         Alone (lead None, or lead[b] < 0), a request's w-th draft token is worth its expected gain
         P(its first w drafts are accepted) = e(w) - e(w - 1) for its source, made non-increasing along the
@@ -166,7 +162,7 @@ class DraftShape:
             raise ValueError(f"DraftShape.widths: one row per request (k_max 1), got {k_max}")
         if self.fixed is not None:
             return [self.fixed[1]] * batch
-        plain = self.cost(batch)
+        plain = self.cost(batch, batch)
         if plain is None:
             return [0] * batch  # measure plain decoding first
         source = source.cpu().clamp(max=self.sources - 1)
@@ -181,7 +177,7 @@ class DraftShape:
         if int(member.sum()) < 2:
             member[:] = False
         worth = torch.where(member, _AHEAD_WORTH, 1.0)[:, None].double()  # of each request's own gains
-        budget = max(2 * self.cost.largest() - batch, 0)
+        budget = max(self.cost.reach() - batch, 0)
         best_rate, best_widths = batch / plain, [0] * batch
         group_depths = int(w_max + lead[member].max()) if member.any() else 0
         for depth in range(group_depths + 1):
@@ -201,15 +197,16 @@ class DraftShape:
             order = torch.sort(extra.flatten(), descending=True, stable=True)
             usable = min(int((order.values > 0).sum()), budget - spent)
             total = tokens + torch.cat([torch.zeros(1, dtype=torch.float64), order.values[:usable].cumsum(0)])
-            rate = total / self.cost.at(batch + spent + torch.arange(usable + 1))
+            rate = total / self.cost.at(batch, batch + spent + torch.arange(usable + 1))
             pick = int(rate.argmax())  # the first best: the fewest tokens in flight
             if float(rate[pick]) > best_rate:
                 widths = base + torch.bincount(order.indices[:pick] // w_max, minlength=batch)
                 best_rate, best_widths = float(rate[pick]), widths.tolist()
         return best_widths
 
-    def observe_cost(self, size: int, seconds: float) -> None:
-        self.cost.observe(size, seconds)
+    def observe_cost(self, requests: int, tokens: int, seconds: float) -> None:
+        """A step's wall time with `requests` requests and `tokens` in flight."""
+        self.cost.observe(requests, tokens, seconds)
 
     def record(self, requests: list[int], at: list[int], source: torch.Tensor, rows: torch.Tensor) -> None:
         """Keep this step's draft lists: request r's rows predict its tokens from index at[r] on."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specops.decoding.draft_length import DraftLength
+from specops.decoding.cost_model import DraftLength
 from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, Proposer, Setup, StepResult
 from specops.decoding.verify import positional
@@ -86,7 +86,7 @@ class DrafterProposer(Proposer):
 
     def choose(self, budget: torch.Tensor) -> tuple[int, torch.Tensor]:
         """This step's draft length and the drafts each request may offer."""
-        num_draft = torch.clamp(budget, max=self.draft_length.choose())
+        num_draft = torch.clamp(budget, max=self.draft_length.choose(budget.shape[0]))
         self.k = int(num_draft.max()) if num_draft.numel() else 0
         return self.k, num_draft
 

@@ -154,7 +154,7 @@ class NgramProposer(Proposer):
 
     def accept(self, result: StepResult) -> None:
         self.contexts.extend_contexts(result.emitted)
-        self.shape.observe_cost(len(result.emitted) * (result.size + 1), result.step_seconds)
+        self.shape.observe_cost(len(result.emitted), len(result.emitted) * (result.size + 1), result.step_seconds)
         self.shape.resolve(self.batch.generated, result.finished)
 
     def select(self, rows: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from specops.decoding.draft_length import DraftLength
+from specops.decoding.cost_model import DraftLength
 from specops.decoding.step import Given, Method
 
 __all__ = ["METHODS", "NAMES", "check_draft_setting", "check_options", "plain", "resolve"]

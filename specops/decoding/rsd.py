@@ -52,7 +52,7 @@ from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import DrafterProposer, scheme_option
 from specops.decoding.step import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
-from specops.decoding.tree_shape import TreeShape
+from specops.decoding.cost_model import TreeShape
 from specops.decoding.verify import positional
 
 INITIAL_BRANCHING = (2, 2)  # where "auto" starts for rsd-c / specinfer
@@ -139,7 +139,7 @@ class TreeDrafter(DrafterProposer):
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         batch, device = budget.shape[0], budget.device
         if self.chooser is not None:
-            self.shape = self.chooser.choose()
+            self.shape = self.chooser.choose(batch)
         depth = min(self.depth(), int(budget.min()))  # every request's path fits its budget
         self.k = depth
         if depth == 0:  # plain decoding: the drafter reads nothing now and catches up later
@@ -233,8 +233,8 @@ class TreeDrafter(DrafterProposer):
                                                   zip(*self.tree, result.emitted, result.accepted)]
             # the shape drawn: fewer levels than chosen where a request's budget cut the tree
             drawn = () if not self.k else (self.shape[0], self.k) if self.beams else self.shape[:self.k]
-            self.chooser.observe(drawn, result.target_seconds, result.drafter_seconds, result.outside_seconds,
-                                 paths)
+            self.chooser.observe(drawn, len(result.emitted), result.target_seconds, result.drafter_seconds,
+                                 result.outside_seconds, paths)
 
     def select(self, rows: torch.Tensor) -> None:
         super().select(rows)

@@ -19,7 +19,7 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
   to 4-token matches; in a replay of the same outputs one length for every match gave 6 % fewer tokens/s);
 - cost: the wall time of each engine step, from one proposal to the next, against the requests and draft
   tokens it carried (a + b * requests + c * drafts + e * requests * drafts, fitted to every step that
-  decoded the same requests the last one proposed for, `CostPlane`): vLLM's batch changes at every step, and
+  decoded the same requests the last one proposed for, `StepCost`): vLLM's batch changes at every step, and
   a line per batch size had to be measured again at each size, drafts and all, before it could stop drafting
   there. On this CPU a draft token costs about 4.4 ms with one request and 7.5 ms with eight, on a 110-160
   ms step, hence a requests x drafts term.
@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from specops.decoding import model_ngrams
-from specops.decoding.draft_length import CostPlane
+from specops.decoding.cost_model import StepCost
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.ngram import DraftTables
 from specops.vllm._requests import Requests
@@ -102,8 +102,9 @@ class NgramProposer:
         self.tables = DraftTables(bigram, None, "cpu", MIN_NGRAM, MAX_NGRAM)
         # One row of drafts per request (vLLM verifies chains); costs are this proposer's own steps.
         # Acceptance kept per source: the match length 1..4, or 0 for the bigram (see the module docstring).
+        self.costs = StepCost()  # seconds per step from its requests and tokens in flight
         self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts,
-                                sources=MAX_NGRAM + 1)
+                                sources=MAX_NGRAM + 1, cost=self.costs)
         self.requests = Requests()
         self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
@@ -111,7 +112,6 @@ class NgramProposer:
         self.steps = 0  # proposals made
         self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
         self.step_requests = 0  # requests it carries
-        self.costs = CostPlane()  # seconds per step from its requests and draft tokens
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: the drafts come from the context and the bigram table (read at construction)."""
@@ -132,7 +132,6 @@ class NgramProposer:
         lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
         candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
-        self.shape.cost = self.costs.at_requests(len(rows))
         widths = self.shape.widths(candidates, source, self._leads([ids[row] for row in rows], lengths))
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from specops.decoding.retokenize import Retokenizer
-from specops.decoding.draft_length import DraftLength
+from specops.decoding.cost_model import DraftLength
 from specops.decoding.engine import CausalLM, KVState
 from specops.vllm._requests import Requests
 from specops.vllm.ngram import draft_length_setting, speculative_tokens
@@ -111,7 +111,7 @@ class SlemProposer:
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.proposed = {}
         live = [r for r in ids if r is not None]
-        self.k = self._length(len(live)).choose() if live else 0
+        self.k = self._length(len(live)).choose(len(live)) if live else 0
         if self.k:
             began = time.perf_counter()
             drafted = self._draft(self.k)

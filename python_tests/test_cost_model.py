@@ -1,0 +1,231 @@
+"""Tests of the cost model every draft-size choice asks (`specops.decoding.cost_model`): the fitted step
+cost (CostPlane, StepCost), acceptance counted per number of children from the paths verification walked,
+expected tokens, the tree chooser (`TreeShape`, num_draft_tokens="auto" for rsd-c, rsd-s and specinfer)
+under GPU-like and CPU-like costs, the probe out of plain decoding, what a call carries to the next, decode()
+with "auto" equal to greedy "ar" on the toy models, and a same-tokenizer drafter whose LM head has padding
+rows (never drafted). The chain chooser (`DraftLength`) is driven in test_decode.py, n-gram shapes in
+test_decode_ngram.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specops
+from specops.decoding.rsd import _path
+from specops.decoding.cost_model import CostPlane, DraftLength, StepCost, TreeShape, nodes
+from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
+from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
+from toy_models import TableLM, letter_tokenizer
+
+
+def _measured(beams: bool, target_cost, draft_cost: float, accept_first: float, steps: int = 400) -> TreeShape:
+    """A chooser fed `steps` synthetic observations: the target forward costs target_cost(nodes + 1), a
+    drafter forward draft_cost, and the first child of every path node is accepted with probability
+    accept_first (else the second, half as often), on (2, 2) trees or (2, 2) beams."""
+    chooser = TreeShape(beams, (2, 2))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        path, level = [], 0
+        while level < 2:
+            u = float(torch.rand((), generator=gen))
+            rank = 1 if u < accept_first else 2 if u < accept_first + (1 - accept_first) / 2 else 0
+            path.append((2, rank))
+            if not rank:
+                break
+            level += 1
+        if level == 2:
+            path.append((0, 0))
+        chooser.observe((2, 2), 1, target_cost(nodes((2, 2), beams) + 1), draft_cost, 1e-4, [path])
+        chooser.observe((), 1, target_cost(1), None, 1e-4, [])
+    return chooser
+
+
+def test_acceptance_counts_each_prefix_of_children():
+    chooser = TreeShape(False, (2, 2))
+    # root: 3 children, the second accepted; then 2 children, none accepted
+    chooser.observe((3, 2), 1, 0.01, 0.001, 0.0, [[(3, 2), (2, 0)]])
+    acceptance = chooser.acceptance
+    assert acceptance.seen[1:4].tolist() == [2, 2, 1]
+    assert acceptance.hits[1:4].tolist() == [0, 1, 1]
+    # a(2) = (1 + 1) / (2 + 2) with the Beta(1, 1) prior
+    assert acceptance(2) == pytest.approx(0.5)
+    # past the widest measured (3): independent children, 1 - (1 - a(3)) (1 - a(1))^(b - 3)
+    a3, a1 = 2 / 3, 1 / 4
+    assert acceptance(4) == pytest.approx(1 - (1 - a3) * (1 - a1))
+    assert acceptance(2.5) == pytest.approx(0.5 + 0.5 * (a3 - 0.5))  # fractional: interpolated
+
+
+def test_expected_tokens_of_a_branching():
+    chooser = TreeShape(False, (2,))
+    acceptance = chooser.acceptance
+    acceptance.seen[1:3] = 1e6
+    acceptance.hits[1], acceptance.hits[2] = 0.5e6, 0.75e6
+    a1, a2 = acceptance(1), acceptance(2)
+    assert chooser.expected_tokens((2, 1)) == pytest.approx(1 + a2 + a2 * a1)
+    assert chooser.expected_tokens(()) == 1
+    # a chain is the path (1, ..., 1): E = (1 - a^(K+1)) / (1 - a)
+    chain = DraftLength("auto")
+    chain.acceptance.hits[1], chain.acceptance.seen[1] = 0.8e6 - 1, 1e6 - 2
+    assert chain.expected_tokens((1,) * 4) == pytest.approx((1 - 0.8 ** 5) / (1 - 0.8))
+
+
+def test_flat_costs_choose_a_big_tree_and_steep_costs_plain_decoding():
+    for beams in (False, True):
+        gpu = _measured(beams, lambda n: 0.010, 0.0005, 0.8)  # a forward of 40 tokens costs one of 1
+        shape = gpu.choose()
+        assert shape and nodes(shape, beams) >= 6, shape
+        cpu = _measured(beams, lambda n: 0.010 * n, 0.008, 0.8)  # cost grows with every token
+        assert cpu.choose() == ()
+
+
+def test_plain_decoding_probes_a_one_node_tree():
+    """A poor drafter where one node could pay if always accepted: plain decoding, with a one-node probe
+    after 8 plain steps; where even that could not pay (every token costs a plain step), no probe."""
+    poor = _measured(False, lambda n: 0.010 * (1 + 0.5 * (n - 1)), 0.004, 0.1)
+    shapes = [poor.choose() for _ in range(9)]
+    assert shapes[:7] == [()] * 7 and (1,) in shapes
+    steep = _measured(False, lambda n: 0.010 * n, 0.008, 0.8)
+    assert [steep.choose() for _ in range(20)] == [()] * 20
+
+
+def test_path_from_emitted_tokens():
+    # root -> children 1 (token 5), 2 (token 6); node 2 -> child 3 (token 7)
+    tokens, parents = [0, 5, 6, 7], [0, 0, 0, 2]
+    assert _path(tokens, parents, [6, 7, 9], 2) == [(2, 2), (1, 1), (0, 0)]
+    assert _path(tokens, parents, [4], 0) == [(2, 0)]
+
+
+@pytest.mark.parametrize("method", ["rsd-c", "rsd-s", "specinfer"])
+def test_auto_greedy_equals_ar(method):
+    tok = letter_tokenizer()
+    prompts = ["ab", "ba", "abab"]
+    kwargs = dict(target=TableLM(TARGET_TABLE), tokenizer=tok, max_new_tokens=12)
+    expected = specops.decode(prompts, method="ar", **kwargs).tokens
+    result = specops.decode(prompts, method=method, drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok,
+                            num_draft_tokens="auto", **kwargs)
+    assert result.tokens == expected
+    assert result.stats.draft_lengths[0] > 0  # the first step measures a tree
+
+
+@pytest.mark.parametrize("method", ["rsd-c", "rsd-s"])
+def test_drafter_with_a_padded_head_equals_ar(method):
+    """The target's tokenizer over a drafter LM head with more rows (padding): the rows past the target's
+    vocabulary are never drafted, and greedy output equals ar's."""
+    from toy_models import BYTE_VOCAB, byte_tokenizer, tiny_llama
+
+    tok = byte_tokenizer()
+    target = tiny_llama(layers=2, seed=0, vocab=BYTE_VOCAB + 1)
+    drafter = tiny_llama(layers=1, seed=1, vocab=BYTE_VOCAB + 9)
+    with torch.no_grad():  # the padding rows would win most draws if they could be drafted
+        drafter.lm_head.weight[BYTE_VOCAB + 1:] *= 100
+    prompts = ["abcab", "the cat; the cat; "]
+    expected = specops.decode(prompts, target=target, tokenizer=tok, method="ar", max_new_tokens=10).tokens
+    result = specops.decode(prompts, target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok,
+                            method=method, num_draft_tokens=(2, 2), max_new_tokens=10)
+    assert result.tokens == expected
+    assert result.stats.drafted > 0
+
+
+# ---- the step cost ----
+
+def test_step_cost_fits_and_pools():
+    """With one request: None before any step, flat through one size, the exact line through two or more, a
+    slope never below 0, newer steps weighing more; a noisy step at one size moves that size's prediction
+    only by its share of all the steps; drafter forwards and the time outside forwards add on."""
+    cost = StepCost()
+    assert cost(1, 3) is None and cost.largest() == 0 and cost.reach() == 0 and not cost.measured_plain()
+    cost.observe(1, 2, 0.04)
+    assert cost(1, 2) == pytest.approx(0.04) and cost(1, 9) == pytest.approx(0.04)
+    assert cost.reach() == 4 and not cost.measured_plain()
+    for n in (1, 4, 8):
+        cost.observe(1, n, 0.03 + 0.005 * n)
+    assert cost(1, 16) == pytest.approx(0.11) and cost(1, 1) == pytest.approx(0.035)
+    assert cost.at(1, torch.tensor([[1, 16]]))[0].tolist() == pytest.approx([0.035, 0.11])
+    assert cost.largest() == 8 and (1, 4) in cost.sizes and len(cost.sizes) == 4 and cost.measured_plain()
+    cost.observe(1, 1, 0.035, drafter_seconds=0.01, outside_seconds=0.002)
+    assert cost(1, 4, forwards=3) == pytest.approx(0.05 + 3 * 0.01 + 0.002)
+    copied = cost.copy()
+    copied.observe(1, 1, 1.0, 1.0, 1.0)
+    assert cost(1, 4, forwards=3) == pytest.approx(0.05 + 3 * 0.01 + 0.002)  # a copy, not a view
+    falling = StepCost()
+    for n, seconds in ((1, 0.05), (4, 0.04)):
+        falling.observe(1, n, seconds)
+    assert falling(1, 1) == falling(1, 4) == pytest.approx((0.97 * 0.05 + 0.04) / 1.97)  # falling is noise: flat
+    drifting = StepCost(decay=0.5)
+    drifting.observe(1, 1, 0.10)
+    drifting.observe(1, 1, 0.02)
+    assert drifting(1, 1) == pytest.approx((0.5 * 0.10 + 0.02) / 1.5)
+    pooled = StepCost()
+    for step in range(40):
+        pooled.observe(1, 1 + step % 8, 0.05 + 0.001 * (1 + step % 8))
+    pooled.observe(1, 3, 0.5)  # one step ten times too slow
+    assert pooled(1, 3) < 0.08 and pooled(1, 8) < 0.09
+
+
+def test_cost_plane_fits_requests_and_drafts():
+    """CostPlane: None before any step; only plain steps: drafts cost 0 (optimism); one batch size: the
+    requests and product terms are 0 (they cannot be told apart from the others yet); the exact surface
+    through steps of several sizes, read at any number of requests; a slope fitted below 0 is 0."""
+    plane = CostPlane()
+    assert plane.coefficients() is None
+    plane.observe(1, 1, 0.111)
+    plane.observe(1, 1, 0.111)
+    assert plane.coefficients().tolist() == pytest.approx([0.111, 0.0, 0.0, 0.0])
+    for drafts in (2, 5):
+        plane.observe(1, 1 + drafts, 0.111 + 0.0045 * drafts)
+    assert plane.coefficients().tolist() == pytest.approx([0.111, 0.0, 0.0045, 0.0], abs=1e-6)
+    cost = StepCost()
+    cost.target = plane
+    assert cost(8, 16) == pytest.approx(0.111 + 0.0045 * 8, abs=1e-6)  # nothing else known yet
+    for requests, drafts in ((8, 0), (4, 3), (8, 8), (2, 0)):
+        plane.observe(requests, requests + drafts, 0.105 + 0.006 * requests + 0.004 * drafts +
+                      0.0005 * requests * drafts)
+    assert plane.coefficients().tolist() == pytest.approx([0.105, 0.006, 0.004, 0.0005], abs=1e-6)
+    assert cost.at(8, torch.tensor([8, 16])).tolist() == pytest.approx([0.153, 0.217])
+    falling = CostPlane()
+    for drafts, seconds in ((0, 0.1), (4, 0.09)):
+        falling.observe(1, 1 + drafts, seconds)
+    fit = falling.coefficients()
+    assert fit[2] == 0.0 and fit[0] == pytest.approx((0.97 * 0.1 + 0.09) / 1.97)
+
+
+# ---- the choosers ----
+
+def test_chains_explore_by_doubling():
+    """A flat cost and a drafter whose drafts are always accepted: the chain grows, but a step never carries
+    more than twice the tokens in flight any step before it did."""
+    chooser = DraftLength("auto")
+    largest, chosen = 0, []
+    for _ in range(12):
+        k = chooser.choose(2)
+        if largest:
+            assert 2 * (k + 1) <= 2 * largest, (k, largest)
+        largest = max(largest, 2 * (k + 1))
+        chosen.append(k)
+        chooser.observe(k, 0.05, 0.001 if k else None, 1e-4, [k, k], [k, k])
+    assert chosen[:3] == [3, 0, 7] and chosen[-1] == 8, chosen
+
+
+class _Key:
+    """A weak-referenceable stand-in for a target model."""
+
+
+def test_what_a_call_learned_starts_the_next():
+    """The next call with the same target, drafter and method starts from the costs measured and from the
+    acceptance, worth at most 16 one-child observations; another method or drafter starts afresh."""
+    target = _Key()
+    first = DraftLength.remembered("auto", target, "self:4", "sd")
+    for _ in range(40):
+        first.observe(2, 0.05, 0.01, 1e-4, [2], [2])  # every draft accepted
+        first.observe(0, 0.04, None, 1e-4, [0], [0])
+    second = DraftLength.remembered("auto", target, "self:4", "sd")
+    assert second.cost(1, 3, 2) == pytest.approx(first.cost(1, 3, 2))
+    assert float(second.acceptance.seen[1]) == 16.0 and second.acceptance(1) == pytest.approx(17 / 18)
+    assert second.choose() == first.choose()  # no exploration again
+    assert DraftLength.remembered("auto", target, "self:4", "tli").cost(1, 1) is None
+    assert DraftLength.remembered("auto", target, "self:6", "sd").cost(1, 1) is None
+    beams = TreeShape.remembered(True, (2, 2), target, "self:4", "rsd-s")
+    beams.observe((4, 3), 1, 0.05, 0.01, 1e-4, [[(4, 1), (3, 1), (2, 0)]])
+    again = TreeShape.remembered(True, (2, 2), target, "self:4", "rsd-s")
+    assert again.kept == beams.kept == {4: pytest.approx(0.7 * 3 + 0.3 * 2)} and again.cost.drafter == 0.01

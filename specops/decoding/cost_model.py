@@ -1,0 +1,430 @@
+"""How much to draft: one cost model that chains, draft trees and n-gram shapes all ask.
+
+Cost (`StepCost`). A step that carries n tokens in flight for r requests and runs the drafter d times costs
+
+    seconds(r, n, d) = target(r, n) + d * drafter + outside,
+
+where target(r, n) = a + b r + c (n - r) + e r (n - r), slopes >= 0, is fitted by decayed least squares to
+every step's target forward (`CostPlane`), and drafter (one drafter forward) and outside (the step's time
+outside forwards) are moving averages. On a CPU a forward over 8 tokens costs about 2.4x one over 1, and the
+fit finds short drafts or none; where a forward reads its weights once for any few tokens (a GPU; a CPU
+through skinny_linear) the fit stays nearly flat and drafts grow. One surface fitted to every step, rather
+than a point per size, keeps one slow step from shutting a size out for good (step times scatter 10-20 %
+on a CPU) and prices a batch size before any step of it ran.
+
+Acceptance (`Acceptance`), of a draft-tree node by how many children it had: a(b) = P(one of its first b
+children is accepted | the node was reached), pooled over depths. Recursive rejection sampling tries a
+node's children in draw order, so a node with c children tells, for every b <= c, whether one of its first
+b was accepted; every path node of every step (the root, then each accepted draft) is one such observation.
+Past the widest b measured, each further child is assumed to catch what one alone would of the mass left:
+1 - a(b) = (1 - a(B)) (1 - a(1))^(b - B), independent children, pessimistic for RSD. A path through nodes
+with c_1, c_2, ... children emits E = 1 + sum_l prod_{j <= l} a(c_j) tokens; a chain of K drafts is the path
+(1, ..., 1), E = (1 - a^(K+1)) / (1 - a).
+
+The choice (`ShapeChooser`): among the candidate shapes, the most expected tokens per predicted second.
+Steps are priced at most at twice the most tokens in flight any step carried, so sizes never measured are
+explored by doubling (priced at the largest measured cost, specops.vllm's n-gram proposer with 8 requests
+on a CPU once tried 32 and 64 tokens in flight after 16 had cost 1.4 plain steps). The first step drafts
+(to measure the drafter), the second is plain (so the fit has a slope); while plain decoding wins, the
+smallest drafting shape is probed now and then, at doubling intervals, if it could pay at all (plain
+decoding measures no acceptance, so an unlucky start would otherwise lock drafting out for good).
+
+Who asks: chains (`DraftLength`: sd, tli, slem, slrs and specops.vllm's slem proposer), trees (`TreeShape`:
+rsd-c, rsd-s, specinfer), and n-gram drafting (draft_shape.py), which scores its own acceptance per rows x
+tokens, counterfactually, and asks the same `StepCost`. What a decode call learned starts the next call
+with the same target, drafter and method in the process (costs as measured; acceptance worth at most
+_MEMORY_WEIGHT observations), so a serving process does not explore again for every request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+
+import torch
+
+__all__ = ["Acceptance", "CostPlane", "DraftLength", "ShapeChooser", "StepCost", "TreeShape"]
+
+_EMA = 0.3  # weight of a new measurement
+_EXPLORE = 2  # a step is priced at most at this many times the most tokens in flight measured
+_PROBE_EVERY = 8  # plain steps before the first probe of drafting
+_PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
+_MEMORY_WEIGHT = 16.0  # one-child observations' worth of acceptance carried into the next decode call
+
+# Tree candidates: rsd-c / specinfer branchings and rsd-s beams.
+_MAX_WIDTH = 4  # children per node of a branching
+_MAX_BEAMS = 6
+_MAX_DEPTH = 6
+_MAX_NODES = 48
+
+# target model -> {(drafter key, method): the chooser of the last call}
+_LEARNED: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
+
+
+def ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EMA) * old + _EMA * new
+
+
+def swap_learned(store: weakref.WeakKeyDictionary, target, drafter_key, method: str, new):
+    """Keep `new` as what decoding with this target, drafter and method learns, and return what the last
+    such call learned (None: none, or a target that cannot be weakly referenced, which has no memory).
+    drafter_key: the drafter model, or a string such as "self:6"."""
+    try:
+        table = store.setdefault(target, {})
+    except TypeError:
+        return None
+    key = (drafter_key if isinstance(drafter_key, str) else id(drafter_key), method)
+    old = table.get(key)
+    table[key] = new
+    return old
+
+
+class CostPlane:
+    """Seconds per target forward as a + b * requests + c * drafts + e * requests * drafts (slopes >= 0),
+    fitted by decayed least squares to steps of every batch size at once. What a draft token costs, learned
+    with one request, prices drafts at eight before any step there; the product term lets a draft token cost
+    more in a bigger batch (vLLM on this CPU: 4.4 ms with one request, 7.5 ms with eight). A term enters the
+    fit only once the steps seen tell it apart from the terms before it (the order 1, drafts, requests,
+    product; with one batch size the product is the drafts term again), so before any step with drafts they
+    cost nothing: the first drafts look free, optimism that gets them measured."""
+
+    _ORDER = (0, 2, 1, 3)  # 1, drafts, requests, requests x drafts
+    _APART = 1e-6  # a term's share of its spread that the terms before it must leave unexplained
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = decay
+        self.xx = torch.zeros(4, 4, dtype=torch.float64)  # weighted sums of x x^T
+        self.xy = torch.zeros(4, dtype=torch.float64)
+
+    def observe(self, requests: int, tokens: int, seconds: float) -> None:
+        drafts = tokens - requests
+        x = torch.tensor([1.0, requests, drafts, requests * drafts], dtype=torch.float64)
+        self.xx = self.decay * self.xx + torch.outer(x, x)
+        self.xy = self.decay * self.xy + x * seconds
+
+    def coefficients(self) -> torch.Tensor | None:
+        """(a, b, c, e), or None before any step. A term the steps cannot tell apart is 0; a slope that
+        fits below 0 is noise: 0, the rest refitted."""
+        if not self.xx[0, 0]:
+            return None
+        free = [0]
+        for j in self._ORDER[1:]:
+            inner = self.xx[free][:, free]
+            cross = self.xx[free, j]
+            left = float(self.xx[j, j] - cross @ torch.linalg.solve(inner, cross))
+            if left > self._APART * float(self.xx[j, j]) and left > 0:
+                free.append(j)
+        while True:
+            solved = torch.linalg.solve(self.xx[free][:, free], self.xy[free])
+            negative = [i for i, v in zip(free, solved.tolist()) if i > 0 and v < 0]
+            if not negative:
+                out = torch.zeros(4, dtype=torch.float64)
+                out[free] = solved
+                return out
+            free.remove(negative[0])
+
+
+class StepCost:
+    """Predicted seconds of a step from the requests it carries, its tokens in flight and its drafter
+    forwards (module docstring). Shared: a decode call's chooser, n-gram shapes per model and device, and a
+    vLLM proposer's own steps."""
+
+    def __init__(self, decay: float = 0.97):
+        self.target = CostPlane(decay)
+        self.drafter: float | None = None  # seconds per drafter forward
+        self.outside: float | None = None  # seconds per step outside forwards
+        self.sizes: set[tuple[int, int]] = set()  # (requests, tokens in flight) of the steps measured
+
+    def observe(self, requests: int, tokens: int, target_seconds: float, drafter_seconds: float | None = None,
+                outside_seconds: float | None = None) -> None:
+        """One step: its requests and tokens in flight, its target forward's seconds, and (where measured)
+        the seconds of one drafter forward and of the step outside forwards."""
+        self.target.observe(requests, tokens, target_seconds)
+        self.sizes.add((requests, tokens))
+        if drafter_seconds is not None:
+            self.drafter = ema(self.drafter, drafter_seconds)
+        if outside_seconds is not None:
+            self.outside = ema(self.outside, outside_seconds)
+
+    def largest(self) -> int:
+        """The most tokens in flight any measured step carried (0 before any)."""
+        return max((tokens for _, tokens in self.sizes), default=0)
+
+    def reach(self) -> int:
+        """The most tokens in flight a step may be priced at: sizes never measured are explored by doubling."""
+        return _EXPLORE * self.largest()
+
+    def measured_plain(self) -> bool:
+        return any(requests == tokens for requests, tokens in self.sizes)
+
+    def at(self, requests: int, tokens: torch.Tensor, forwards: torch.Tensor | int = 0) -> torch.Tensor | None:
+        """Predicted seconds [same shape as tokens, float64] of steps with `requests` requests, `tokens` in
+        flight and `forwards` drafter forwards; None before any step."""
+        fit = self.target.coefficients()
+        if fit is None:
+            return None
+        a, b, c, e = fit.tolist()
+        drafts = torch.as_tensor(tokens).double() - requests
+        seconds = (a + b * requests + (c + e * requests) * drafts).clamp(min=1e-9)
+        return seconds + torch.as_tensor(forwards).double() * (self.drafter or 0.0) + (self.outside or 0.0)
+
+    def __call__(self, requests: int, tokens: int, forwards: int = 0) -> float | None:
+        seconds = self.at(requests, torch.tensor(tokens), forwards)
+        return None if seconds is None else float(seconds)
+
+    def copy(self) -> StepCost:
+        new = StepCost(self.target.decay)
+        new.target.xx, new.target.xy = self.target.xx.clone(), self.target.xy.clone()
+        new.drafter, new.outside, new.sizes = self.drafter, self.outside, set(self.sizes)
+        return new
+
+
+class Acceptance:
+    """a(b) for b children of a node, counted from the path nodes verification walked (module docstring),
+    with a Beta(1, 1) prior per b."""
+
+    def __init__(self, widest: int):
+        self.hits = torch.zeros(widest + 1, dtype=torch.float64)
+        self.seen = torch.zeros_like(self.hits)
+        self._table: list[float] | None = None  # a(b) for every b up to widest + 1, until the next observation
+
+    def observe(self, path: list[tuple[int, int]]) -> None:
+        """One request's path nodes as (children, rank of the accepted child, 0 for none)."""
+        self._table = None
+        top = len(self.hits) - 1
+        for children, rank in path:
+            for b in range(1, min(children, top) + 1):
+                self.seen[b] += 1
+                self.hits[b] += 1 if 0 < rank <= b else 0
+
+    def __call__(self, width: float) -> float:
+        """a(width); a fractional width interpolates between the whole numbers around it."""
+        whole = int(width)
+        if whole != width:
+            return self(whole) + (width - whole) * (self(whole + 1) - self(whole))
+        if width <= 0:
+            return 0.0
+        if self._table is None:
+            self._table = [self._rate(b) for b in range(len(self.hits) + 1)]
+        return self._table[whole] if whole < len(self._table) else self._rate(whole)
+
+    def _rate(self, width: int) -> float:
+        if width <= 0:
+            return 0.0
+        seen, hits = self.seen.tolist(), self.hits.tolist()
+        measured = max((b for b, n in enumerate(seen) if n > 0), default=0)
+        widest = min(width, measured)
+        if widest == 0:
+            return 1 - 0.5 ** width  # nothing measured yet: a(1) = 1/2
+        rate = (hits[widest] + 1) / (seen[widest] + 2)
+        single = (hits[1] + 1) / (seen[1] + 2)
+        return 1 - (1 - rate) * (1 - single) ** (width - widest)
+
+    def expected(self, path: list[float]) -> float:
+        """Expected tokens a step emits when its path nodes have path[0], path[1], ... children."""
+        total, reach = 1.0, 1.0
+        for children in path:
+            reach *= self(children)
+            total += reach
+        return total
+
+    def carried(self, weight: float) -> Acceptance:
+        """A copy worth at most `weight` one-child observations."""
+        new = Acceptance(len(self.hits) - 1)
+        scale = min(1.0, weight / max(1.0, float(self.seen[1])))
+        new.hits, new.seen = self.hits * scale, self.seen * scale
+        return new
+
+
+class ShapeChooser:
+    """Chooses the draft shape every step (module docstring). A shape is a tuple; () is plain decoding.
+    Subclasses say what a shape holds: its draft nodes, its drafter forwards and the children along the
+    path verification walks."""
+
+    def __init__(self, candidates: list[tuple], initial: tuple, widest: int):
+        self.candidates = candidates
+        self.initial = self.current = initial
+        self.cost = StepCost()
+        self.acceptance = Acceptance(widest)
+        self.plain_steps = 0  # plain steps since drafting was last chosen or probed
+        self.probe_interval = _PROBE_EVERY
+        self._sizes = torch.tensor([self.nodes(s) for s in candidates], dtype=torch.long)
+        self._forwards = torch.tensor([self.forwards(s) for s in candidates], dtype=torch.long)
+
+    def nodes(self, shape: tuple) -> int:
+        raise NotImplementedError
+
+    def forwards(self, shape: tuple) -> int:
+        """Drafter forwards of a step that drafts `shape`: one per level."""
+        return len(shape)
+
+    def path(self, shape: tuple) -> list[float]:
+        """Children of each node along the path verification walks."""
+        return list(shape)
+
+    def expected_tokens(self, shape: tuple) -> float:
+        return self.acceptance.expected(self.path(shape)) if shape else 1.0
+
+    def remember(self, target, drafter_key, method: str) -> ShapeChooser | None:
+        """Start from what the last call with this target, drafter and method learned, and keep what this
+        one learns for the next (drafter_key: the drafter model, or a string such as "self:6"). Returns the
+        last call's chooser (None: none)."""
+        old = swap_learned(_LEARNED, target, drafter_key, (type(self).__name__, method), self)
+        if old is None or type(old) is not type(self):
+            return None
+        self.cost = old.cost.copy()
+        self.acceptance = old.acceptance.carried(_MEMORY_WEIGHT)
+        self.probe_interval, self.current = old.probe_interval, old.current
+        return old
+
+    def rates(self, requests: int) -> torch.Tensor | None:
+        """Predicted tokens per second of every candidate with `requests` requests; -inf past the sizes
+        explored; None before any step."""
+        tokens = requests * (1 + self._sizes)
+        seconds = self.cost.at(requests, tokens, self._forwards)
+        if seconds is None:
+            return None
+        expected = torch.tensor([self.expected_tokens(s) for s in self.candidates], dtype=torch.float64)
+        reachable = tokens <= max(self.cost.reach(), requests)
+        return torch.where(reachable, requests * expected / seconds, float("-inf"))
+
+    def choose(self, requests: int = 1) -> tuple:
+        """This step's shape for a batch of `requests` requests."""
+        if self.cost.drafter is None:  # first measure a drafted step (its cost and the drafter's) ...
+            return self.current or self.initial
+        if not self.cost.measured_plain():  # ... then a plain step, so the fit has a slope
+            return ()
+        rates = self.rates(requests)
+        best = self.candidates[int(rates.argmax())]  # the first best: candidates run from small to large
+        if not best:
+            # Plain decoding measures no acceptance: probe the smallest drafting shape now and then, if it
+            # could pay at all (every draft accepted). A probe costs more than its drafts (the drafter first
+            # reads every token since it last ran), so probes that keep confirming plain decoding come less
+            # and less often.
+            self.plain_steps += 1
+            if self.plain_steps >= self.probe_interval:
+                self.plain_steps = 0
+                self.probe_interval = min(2 * self.probe_interval, _PROBE_MAX)
+                probe = self.candidates[1]
+                tokens = requests * (1 + self.nodes(probe))
+                best_case = (1 + len(self.path(probe))) / self.cost(requests, tokens, self.forwards(probe))
+                if best_case > float(rates[0]) / requests:
+                    best = probe
+        else:
+            self.plain_steps = 0
+            self.probe_interval = _PROBE_EVERY
+        self.current = best
+        return best
+
+    def observe(self, shape: tuple, requests: int, target_seconds: float, drafter_seconds: float | None,
+                outside_seconds: float, paths: list[list[tuple[int, int]]]) -> None:
+        """One step: the shape drawn for `requests` requests, its target forward's seconds, one drafter
+        forward's (None for a plain step), the step's outside forwards, and per request the path nodes as
+        (children, rank of the accepted child, 0 for none)."""
+        tokens = requests * (1 + self.nodes(shape))
+        self.cost.observe(requests, tokens, target_seconds, drafter_seconds if shape else None, outside_seconds)
+        for path in paths:
+            self.acceptance.observe(path)
+
+
+class DraftLength(ShapeChooser):
+    """Chooses the number of drafts per step of a chain: fixed, or "auto" (module docstring). Its shapes are
+    chains (1,) * K."""
+
+    def __init__(self, setting, max_drafts: int = 8, initial: int = 3):
+        if setting == "auto":
+            self.fixed = None
+        elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+            self.fixed = setting
+        else:
+            raise ValueError(f"num_draft_tokens must be 'auto' or an int >= 1, got {setting!r}")
+        self.max_drafts = max(max_drafts, self.fixed or 0)
+        chains = [(1,) * k for k in range(self.max_drafts + 1)]
+        super().__init__(chains, (1,) * (self.fixed or min(initial, max_drafts)), widest=1)
+
+    @classmethod
+    def remembered(cls, setting, target, drafter_key, method: str) -> DraftLength:
+        """A DraftLength that starts from what the last call with this target, drafter and method learned."""
+        new = cls(setting)
+        new.remember(target, drafter_key, method)
+        return new
+
+    def nodes(self, shape: tuple) -> int:
+        return len(shape)
+
+    def choose(self, requests: int = 1) -> int:
+        return self.fixed if self.fixed is not None else len(super().choose(requests))
+
+    def observe(self, drafts: int, target_seconds: float, drafter_seconds: float | None, outside_seconds: float,
+                accepted: list[int], num_draft: list[int]) -> None:
+        """One step: K, the target forward's seconds, one drafter forward's, the step's outside forwards,
+        and per request the accepted count and the number of drafts it could accept."""
+        paths = [[(1, 1)] * n + ([(1, 0)] if n < k else []) for n, k in zip(accepted, num_draft)]
+        super().observe((1,) * drafts, max(len(accepted), 1), target_seconds, drafter_seconds, outside_seconds,
+                        paths)
+
+
+def _branchings() -> list[tuple[int, ...]]:
+    """Non-increasing branchings of depth 0.._MAX_DEPTH, at most _MAX_NODES nodes, fewest nodes first."""
+    shapes = [()]
+    for depth in range(1, _MAX_DEPTH + 1):
+        for shape in itertools.product(range(1, _MAX_WIDTH + 1), repeat=depth):
+            if list(shape) == sorted(shape, reverse=True) and nodes(shape, False) <= _MAX_NODES:
+                shapes.append(shape)
+    return sorted(shapes, key=lambda s: nodes(s, False))
+
+
+def nodes(shape: tuple[int, ...], beams: bool) -> int:
+    """Draft nodes of a shape: W * L for beams (W, L), sum of the level widths for a branching."""
+    if beams:
+        return shape[0] * shape[1] if shape else 0
+    return sum(math.prod(shape[:level + 1]) for level in range(len(shape)))
+
+
+class TreeShape(ShapeChooser):
+    """Chooses the draft tree's shape every step: a branching (b1, ..., bL) for rsd-c and specinfer, whose
+    path node at level j has b_j children, or (W, L) beams for rsd-s, whose root has W children and a deeper
+    path node as many as its beam kept, measured per W (starting from W / 2)."""
+
+    def __init__(self, beams: bool, initial: tuple[int, ...]):
+        self.beams = beams
+        self.kept: dict[int, float] = {}  # rsd-s: W -> mean children of a path node below the root
+        candidates = ([()] + sorted(((w, d) for w in range(1, _MAX_BEAMS + 1) for d in range(1, _MAX_DEPTH + 1)
+                                     if w * d <= _MAX_NODES), key=lambda s: s[0] * s[1])
+                      if beams else _branchings())
+        super().__init__(candidates, initial, widest=_MAX_BEAMS if beams else _MAX_WIDTH)
+
+    @classmethod
+    def remembered(cls, beams: bool, initial, target, drafter_key, method: str) -> TreeShape:
+        """A TreeShape that starts from what the last call with this target, drafter and method learned."""
+        new = cls(beams, initial)
+        new.remember(target, drafter_key, method)
+        return new
+
+    def remember(self, target, drafter_key, method: str) -> ShapeChooser | None:
+        old = super().remember(target, drafter_key, method)
+        if old is not None:
+            self.kept = dict(old.kept)
+        return old
+
+    def nodes(self, shape: tuple[int, ...]) -> int:
+        return nodes(shape, self.beams)
+
+    def forwards(self, shape: tuple[int, ...]) -> int:
+        return (shape[1] if self.beams else len(shape)) if shape else 0
+
+    def path(self, shape: tuple[int, ...]) -> list[float]:
+        if not self.beams:
+            return list(shape)
+        width, depth = shape
+        return [width] + [self.kept.get(width, max(1.0, width / 2))] * (depth - 1)
+
+    def observe(self, shape: tuple[int, ...], requests: int, target_seconds: float, drafter_seconds: float | None,
+                outside_seconds: float, paths: list[list[tuple[int, int]]]) -> None:
+        super().observe(shape, requests, target_seconds, drafter_seconds, outside_seconds, paths)
+        if self.beams and shape:
+            for path in paths:
+                for level, (children, _) in enumerate(path):
+                    if 0 < level < shape[1]:  # a beam's node above the last level
+                        self.kept[shape[0]] = ema(self.kept.get(shape[0]), children)
