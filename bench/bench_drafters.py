@@ -152,7 +152,7 @@ def run(args) -> None:
     import specops
     from specops import models
 
-    from bench_e2e import load_prompts
+    from _timing import load_prompts
 
     torch.set_num_threads(args.threads)
     weights = [w for w in args.weights.split(",") if w]

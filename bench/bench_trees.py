@@ -3,10 +3,10 @@ specops `sd` (a chain of K drafts; `tli` for a drafter with another vocabulary),
 i.i.d. siblings), `rsd-c` (the same tree, siblings without replacement) and `rsd-s` (W beams of
 Stochastic Beam Search), with the same drafter, prompts and settings (paper 003 Figures 4 and 5).
 
-    python bench/bench_trees.py [--prompts 6] [--new-tokens 64] [--drafter self:15] [--temperatures 1,0.3]
-                                [--study depth,budget] [--depths 2,3,4,5] [--budgets 6,10,14,21,30]
-                                [--methods sd,specinfer,rsd-c,rsd-s] [--beams 3] [--threads 2] [--csv PATH]
-                                [--plot PATH]
+    python bench/bench_trees.py [--prompts 6] [--first 0] [--new-tokens 64] [--drafter self:15]
+                                [--temperatures 1,0.3] [--study depth,budget] [--depths 2,3,4,5]
+                                [--budgets 6,10,14,21,30] [--methods sd,specinfer,rsd-c,rsd-s] [--beams 3]
+                                [--seed 1234] [--threads 2] [--device cpu] [--csv PATH] [--plot PATH]
 
 Target Gemma-3-270M (float32, embedded), HumanEval/0.. prompts decoded one at a time, sampling at each
 temperature (top-k 0, top-p 1), the same seed for every configuration. The drafter is `self:N` or
@@ -28,13 +28,13 @@ forwards, the prefill included. On a CPU, tok/s is what a user gets here; on a G
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
-from pathlib import Path
 
 import torch
+
+from _timing import csv_path, e2e_parser, load_prompts, parse_e2e_args
 
 DEPTH_SHAPES = {2: (2, 2), 3: (2, 2, 1), 4: (2, 2, 1, 1), 5: (2, 2, 1, 1, 1)}
 BUDGET_SHAPES = {6: (2, 2), 10: (2, 2, 1), 14: (2, 2, 2), 21: (3, 2, 1, 1), 30: (2, 2, 2, 2)}
@@ -72,9 +72,7 @@ def cases(studies: list[str], depths: list[int], budgets: list[int],
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=6)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser = e2e_parser(__doc__, "trees", prompts=6, modes=None, seed=1234)
     parser.add_argument("--drafter", default="self:15",
                         help="same-vocabulary drafter (Gemma's first 6 or 12 layers accept almost nothing at T = 1)")
     parser.add_argument("--temperatures", default="1,0.3")
@@ -83,22 +81,17 @@ def main() -> int:
     parser.add_argument("--budgets", default="6,10,14,21,30", help=f"of {sorted(BUDGET_SHAPES)}")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--beams", type=int, default=3, help="rsd-s beams W in the depth study")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--csv", default="bench/results/trees_cpu.csv")
     parser.add_argument("--plot", default=None, help="PNG of tokens per target call (both studies)")
     parser.add_argument("--from-csv", default=None,
                         help="comma-separated CSVs of earlier runs: merge them into --csv and plot, without decoding")
-    args = parser.parse_args()
+    args = parse_e2e_args(parser)
+    args.csv = csv_path(args)
     if args.from_csv:
         return merge(args)
-    torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(Path(__file__).parent))
     import specops
-    from bench_e2e import load_prompts
 
-    model, tokenizer = specops.models.load("gemma-3-270m")
-    prompts = load_prompts(0, args.prompts)
+    model, tokenizer = specops.models.load("gemma-3-270m", device=args.device)
+    prompts = load_prompts(args.first, args.prompts)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     studies = [s for s in args.study.split(",") if s]
     rows = []
@@ -110,7 +103,7 @@ def main() -> int:
     drafter = args.drafter
     other_vocabulary = not drafter.startswith("self:")
     if other_vocabulary:
-        drafter = specops.models.load(drafter)  # (model, tokenizer)
+        drafter = specops.models.load(drafter, device=args.device)  # (model, tokenizer)
     for i, (temperature, study, x, method, setting) in enumerate(todo):
         kwargs = dict(target=model, tokenizer=tokenizer, num_draft_tokens=setting, temperature=temperature,
                       method="tli" if method == "sd" and other_vocabulary else method)
@@ -135,7 +128,7 @@ def main() -> int:
         rows.append(row)
         print(f"[{i + 1}/{len(todo)}] T={temperature} {study} {x} {method} {setting}: "
               f"{row['tokens_per_call']:.3f} tokens/call, {row['tok_s']:.1f} tok/s", flush=True)
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

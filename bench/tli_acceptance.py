@@ -33,7 +33,7 @@ def main() -> None:
     if not taus or any(t <= 0 for t in taus):
         parser.error("--taus: positive temperatures")
 
-    from bench_e2e import load_prompts
+    from _timing import load_prompts
 
     from specops import models
     from specops.vocab import vocab_map

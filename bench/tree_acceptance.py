@@ -244,7 +244,7 @@ def main() -> None:
     args = parser.parse_args()
     import specops
     from specops.decoding import verify
-    from bench_e2e import load_prompts
+    from _timing import load_prompts
 
     check()
     target = specops.models.load("gemma-3-270m")
