@@ -6,9 +6,10 @@ in the layers of test_tree_verify.py, plus bad inputs.
    scheme="block")` draw for draw; the law of what the rule emits, enumerated exactly (float64, no kernel) over
    every tree of small shapes drawn i.i.d., without replacement or deterministically from Markov tables, is
    the target's, and it keeps at least as many drafts as recursive rejection sampling in expectation (more on
-   sampled trees); the same enumeration of a per-token residual variant is off, so the check can fail; and the
-   kernels' outcome frequencies on fixed trees are the enumerated law (this ties the kernels to the rule
-   proven lossless).
+   sampled trees); the same enumeration of a per-token residual variant is off, so the check can fail; the
+   most any lossless verifier keeps (a linear program) is block verification's on chains and never below
+   traversal's on trees; and the kernels' outcome frequencies on fixed trees are the enumerated law (this
+   ties the kernels to the rule proven lossless).
 2. Agreement: the C++ CPU kernel, the Triton kernel (interpreted on CPU without a GPU) and the public wrapper
    return exactly the reference's tokens for the same seeds, on ragged random trees, dtypes, sampling
    settings, with and without draft probabilities and replacement, across vocabulary chunks.
@@ -25,12 +26,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections import defaultdict
 
 import pytest
 import torch
 from _triton import needs_triton, triton_launcher
-from chain_cases import markov_tables
+from tree_laws import correlated_pair, optimal_accepted, recursive_outcomes, table_pair, traversal_outcomes, tree_law
 from tree_cases import (
     LOGIT_DTYPES,
     N_DRAWS,
@@ -71,163 +71,6 @@ def verify(device: str, logits, tokens, parents, probs=None, **kwargs):
 
 
 # ---- the exact law of one verification, enumerated (float64, pure Python) ----
-
-def traversal_outcomes(tokens, parents, p, q, replacement: bool, residual: str = "traversal") -> dict:
-    """{(node kept last, emitted token): probability} of `_traversal_verify_request` on one tree, exactly: every
-    keep / reject decision is a fresh uniform (each node is decided at most once), so the walk branches on it.
-    tokens, parents: lists (node 0 the root); p[n], q[n]: the target's and the drafter's distributions for node
-    n's children (lists; q[n] None: one-hot on each child). residual="token" is a wrong variant: a rejected
-    node's parent takes the per-token residual max(0, p - q) and keeps its weight (no w_b in either)."""
-    count = len(tokens)
-    kids = [[c for c in range(1, count) if parents[c] == b] for b in range(count)]
-    outcomes = defaultdict(float)
-
-    def weights(alive, r, mass, left, fraction):
-        w = [1.0] * count
-        for c in range(1, count):
-            b = parents[c]
-            if c in fraction:
-                w[c] = fraction[c][0] / fraction[c][1]
-            elif c in alive[b]:
-                pw = w[b] * r[b][tokens[c]] / mass[b]
-                q_x = 1.0 if q[b] is None else q[b][tokens[c]] / left[b]
-                w[c] = 1.0 if pw >= q_x else pw / q_x
-        return w
-
-    def walk(alive, r, mass, left, fraction, prob):
-        w = weights(alive, r, mass, left, fraction)
-        a = 0
-        while alive[a]:
-            a = alive[a][0]
-            if w[a] == 0.0:  # stands for its subtree: every node in it has weight 0
-                break
-        keep = 1.0 if a == 0 else w[a]
-        if keep > 0.0:
-            total = sum(r[a])
-            for y, r_y in enumerate(r[a]):
-                if r_y > 0.0:
-                    outcomes[a, y] += prob * keep * r_y / total
-        if keep >= 1.0:
-            return
-        b, x = parents[a], tokens[a]
-        alive = [[c for c in k if c != a] for k in alive]
-        r, mass, left, fraction = list(r), list(mass), list(left), dict(fraction)
-        scale = w[b] if residual == "traversal" else 1.0
-        if q[b] is None:
-            s = scale * (mass[b] - r[b][x]) / mass[b]
-            if s > 0.0:
-                mass[b] -= r[b][x]
-                r[b] = [0.0 if y == x else r_y for y, r_y in enumerate(r[b])]
-        else:
-            update = [max(0.0, scale * r_y / mass[b] - q_y / left[b]) for r_y, q_y in zip(r[b], q[b])]
-            s = sum(update)
-            if s > 0.0:
-                r[b], mass[b] = update, s
-            if not replacement:
-                left[b] -= q[b][x]
-        if b != 0 and residual == "traversal":
-            den = s + 1.0 - w[b]
-            fraction[b] = (s, den) if den > 0.0 else (0.0, 1.0)
-        walk(alive, r, mass, left, fraction, prob * (1.0 - keep))
-
-    walk(kids, [list(row) for row in p], [1.0] * count, [1.0] * count, {}, 1.0)
-    return outcomes
-
-
-def recursive_outcomes(tokens, parents, p, q, replacement: bool) -> dict:
-    """The same for recursive rejection sampling (the default scheme): children in node order, accept x with
-    min(1, p_i(x) / q_i(x)), else p_{i+1} = norm(max(0, p_i - q_i)) and, without replacement, q_{i+1} = q_i
-    without x."""
-    count, vocab = len(tokens), len(p[0])
-    kids = [[c for c in range(1, count) if parents[c] == b] for b in range(count)]
-    outcomes = defaultdict(float)
-
-    def visit(node, prob):
-        def try_child(i, r, left, prob):
-            total = sum(r)
-            if i == len(kids[node]):
-                for y, r_y in enumerate(r):
-                    if r_y > 0.0:
-                        outcomes[node, y] += prob * r_y / total
-                return
-            c, x = kids[node][i], tokens[kids[node][i]]
-            q_i = [float(y == x) for y in range(vocab)] if q[node] is None else [v / left for v in q[node]]
-            accept = min(1.0, r[x] / total / q_i[x])
-            if accept > 0.0:
-                visit(c, prob * accept)
-            if accept < 1.0:
-                update = [max(0.0, r_y / total - q_y) for r_y, q_y in zip(r, q_i)]
-                left_next = left - q[node][x] if q[node] is not None and not replacement else left
-                try_child(i + 1, update if sum(update) > 0.0 else r, left_next, prob * (1.0 - accept))
-
-        try_child(0, list(p[node]), 1.0, prob)
-
-    visit(0, 1.0)
-    return outcomes
-
-
-def sibling_draws(q_row: list[float], count: int, mode: str) -> list[tuple[tuple[int, ...], float]]:
-    """Every ordered draw of `count` siblings from q_row with its probability. mode "rsd": without
-    replacement (fewer where q has fewer tokens); "specinfer": i.i.d.; "rows": the most likely tokens of q."""
-    if mode == "rows":
-        return [(tuple(sorted(range(len(q_row)), key=lambda y: -q_row[y])[:count]), 1.0)]
-    if mode == "rsd":
-        count = min(count, sum(v > 0 for v in q_row))
-    draws = [((), 1.0)]
-    for _ in range(count):
-        draws = [(drawn + (y,), prob * q_y / (1.0 - sum(q_row[t] for t in drawn) if mode == "rsd" else 1.0))
-                 for drawn, prob in draws for y, q_y in enumerate(q_row)
-                 if q_y > 0.0 and (mode == "specinfer" or y not in drawn)]
-    return draws
-
-
-def tree_draws(shape: tuple[int, ...], drafter: dict, mode: str) -> list[tuple]:
-    """Every tree with shape[level] children per node at each level, drawn from the drafter's table (the row
-    after each node's path): [(tokens, parents, paths, probability)], nodes numbered level by level, siblings in
-    draw order."""
-    trees = [([0], [0], [()], [0], 1.0)]  # tokens, parents, paths, the deepest level's nodes, probability
-    for count in shape:
-        grown = []
-        for tokens, parents, paths, frontier, prob in trees:
-            for combo in itertools.product(*(sibling_draws(drafter[paths[n]], count, mode) for n in frontier)):
-                tokens_, parents_, paths_, frontier_, prob_ = list(tokens), list(parents), list(paths), [], prob
-                for n, (drawn, drawn_prob) in zip(frontier, combo):
-                    prob_ *= drawn_prob
-                    for x in drawn:
-                        frontier_.append(len(tokens_))
-                        tokens_.append(x)
-                        parents_.append(n)
-                        paths_.append(paths[n] + (x,))
-                grown.append((tokens_, parents_, paths_, frontier_, prob_))
-        trees = grown
-    return [(tokens, parents, paths, prob) for tokens, parents, paths, _, prob in trees]
-
-
-def tree_law(target: dict, drafter: dict, vocab: int, shape: tuple[int, ...], mode: str, outcomes) -> tuple:
-    """(largest error of the law of the first len(shape) + 1 tokens, expected accepted drafts) when trees are
-    drawn from the drafter, verified by `outcomes` (traversal_outcomes or recursive_outcomes) and the output is
-    continued by the target, as the next steps would."""
-    law, accepted = defaultdict(float), 0.0
-    for tokens, parents, paths, prob in tree_draws(shape, drafter, mode):
-        p = [target[path] for path in paths]
-        q = [None if mode == "rows" else drafter[path] for path in paths]
-        for (node, y), prob_out in outcomes(tokens, parents, p, q, mode == "specinfer").items():
-            law[paths[node] + (y,)] += prob * prob_out
-            accepted += prob * prob_out * len(paths[node])
-    length = len(shape) + 1
-    worst = 0.0
-    for seq in itertools.product(range(vocab), repeat=length):
-        # continued[n]: the target's probability of seq[n:] after seq[:n]
-        continued = [math.prod(target[seq[:j]][seq[j]] for j in range(n, length)) for n in range(length + 1)]
-        got = sum(law.get(seq[:n], 0.0) * continued[n] for n in range(1, length + 1))
-        worst = max(worst, abs(got - continued[0]))
-    return worst, accepted
-
-
-def table_pair(vocab: int, depth: int, seed: int) -> tuple[dict, dict]:
-    """Target and drafter Markov tables (lists) for every prefix up to `depth` tokens, some entries exactly 0."""
-    return tuple({k: v.tolist() for k, v in markov_tables(vocab, depth, seed + s, zeros=True).items()} for s in (0, 7))
-
 
 SHAPES = [(1,), (2,), (3,), (2, 1), (1, 2), (2, 2), (1, 1, 1), (2, 1, 1)]
 MODES = ["rsd", "specinfer", "rows"]  # without replacement, i.i.d., deterministic children with one-hot q
@@ -279,6 +122,29 @@ def test_the_per_token_residual_is_not_lossless(mode):
         target, drafter = table_pair(vocab, len(shape), 100 * vocab + len(shape))
         worst = max(worst, tree_law(target, drafter, vocab, shape, mode, wrong)[0])
     assert worst > 1e-3
+
+
+def test_the_optimum_over_every_verifier_is_block_on_chains_and_bounds_traversal():
+    """optimal_accepted (the most any lossless verifier keeps, a linear program over every verifier) equals
+    block verification's on chains, which Sun et al. prove optimal there: the program is right. On trees it is
+    never below traversal's, and above it on some (the gap docs/verification.md reports). It is not a bound
+    that holds whatever the rule: the per-token residual walk, which is not lossless, keeps more than it on
+    some trees."""
+    wrong = functools.partial(traversal_outcomes, residual="token")
+    gaps, beaten = [], []
+    for vocab, seed, shape in itertools.product((2, 3), (0, 1), [(1,), (1, 1), (1, 1, 1), (2,), (2, 1), (2, 2)]):
+        target, drafter = correlated_pair(vocab, len(shape), 50 + 10 * vocab + seed)
+        for mode in ("rsd", "specinfer"):
+            best = optimal_accepted(target, drafter, vocab, shape, mode)
+            kept = tree_law(target, drafter, vocab, shape, mode, traversal_outcomes)[1]
+            if set(shape) == {1}:
+                assert abs(best - kept) < 1e-7, (vocab, seed, shape, mode, best, kept)
+            else:
+                assert kept <= best + 1e-7, (vocab, seed, shape, mode, best, kept)
+                gaps.append(best - kept)
+            beaten.append(tree_law(target, drafter, vocab, shape, mode, wrong)[1] - best)
+    assert max(gaps) > 0.01, gaps
+    assert max(beaten) > 1e-3, beaten
 
 
 # Fixed trees over V = 4 for the kernels' outcome law: (parents, tokens, replacement, p rows, q rows or None for
