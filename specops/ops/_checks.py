@@ -161,19 +161,24 @@ def _sampling_checks(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torc
 
 
 def _logit_row_checks(op: str, name: str, logits: torch.Tensor, rows: torch.Tensor | None = None,
-                      no_finite: str = "has no finite logit") -> list:
+                      no_finite: str | None = "has no finite logit") -> list:
     """NaN / +inf and no finite value in the logit rows [..., V] (those `rows` marks, default all), named
-    `name[i, j]` as the C++ kernels' checked_row_max names them."""
+    `name[i, j]` as the C++ kernels' checked_row_max names them. no_finite None: only NaN / +inf (the
+    caller checks for finite values its own way)."""
     x = logits.float()
     bad = (torch.isnan(x) | torch.isposinf(x)).any(-1)
-    empty = ~(x > float("-inf")).any(-1)
     if rows is not None:
-        bad, empty = bad & rows, empty & rows
+        bad = bad & rows
 
     def index(at: list[int]) -> str:
         return ", ".join(map(str, at))
-    return [_where(bad, lambda at: f"{name}[{index(at)}] contains NaN or +inf"),
-            _where(empty, lambda at: f"{name}[{index(at)}] {no_finite}")]
+    checks = [_where(bad, lambda at: f"{name}[{index(at)}] contains NaN or +inf")]
+    if no_finite is not None:
+        empty = ~(x > float("-inf")).any(-1)
+        if rows is not None:
+            empty = empty & rows
+        checks.append(_where(empty, lambda at: f"{name}[{index(at)}] {no_finite}"))
+    return checks
 
 
 def guarded(check: Callable, launcher: Callable) -> Callable:

@@ -571,7 +571,7 @@ def check_vocab_project(draft_logits, target_ids, target_vocab, temperature, top
         return (f"target_ids maps two drafter ids to the same target id (drafter ids {int(first[target])} and "
                 f"{v} to target id {target})")
     x = draft_logits.float()
-    nan_rows = _logit_row_checks(op, "draft_logits", x)[0]
+    nan_rows = _logit_row_checks(op, "draft_logits", x, no_finite=None)[0]
     _raise_first(op, [*_sampling_checks(temperature, top_k, top_p), _where(bad_id, id_message), nan_rows,
                       _where(~torch.where(in_range, x, float("-inf")).gt(float("-inf")).any(-1),
                              lambda at: f"draft_logits[{at[0]}] has no finite logit inside the intersection "
