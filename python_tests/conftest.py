@@ -32,6 +32,19 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("device", DEVICES)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Without a GPU every Triton case runs in the interpreter, a second to tens of seconds each: those cases
+    (a test named test_triton_*, or a parameter id "triton") are `slow`, whatever their module marked. The fast
+    subset (`-m "not slow"`) checks the same contracts on the C++ kernel and the reference."""
+    if HAS_CUDA:
+        return
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        ids = callspec.id.split("-") if callspec is not None else []
+        if getattr(item, "originalname", item.name).startswith("test_triton") or "triton" in ids:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for a module of tiny-model tests: they gain nothing from more, and a shared

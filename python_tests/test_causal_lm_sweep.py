@@ -35,6 +35,7 @@ def test_exact_or_refused(results, model_type):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_sweep_reports_counts(results):
     counts = sweep.counts(results)
     assert counts["types"] == len(TYPES)

@@ -564,6 +564,7 @@ def _decode_step(logits, drafts, probs, num_draft, temperature, top_k, top_p, se
                                     top_k=top_k, top_p=top_p, seed=seed, offset=offset)
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager(device):
     # Inductor (about 3 s to compile on CPU here) with fullgraph: the op must trace through its fake.
     torch._dynamo.reset()

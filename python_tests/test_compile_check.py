@@ -72,6 +72,7 @@ def _bad_kernel(x_ptr, BLOCK: tl.constexpr):
 """
 
 
+@pytest.mark.slow
 def test_a_kernel_that_does_not_compile_is_reported(tmp_path):
     """The check can fail: a kernel reading a plain float global (what ensemble_logits once did) is
     reported as not compiling, with the compiler's reason, rather than crashing the check."""

@@ -205,6 +205,7 @@ def test_sampled_sequences_follow_target(method, k, temperature, top_k):
         assert 0 < result.stats.accepted < result.stats.drafted
 
 
+@pytest.mark.slow
 def test_rsd_accepts_more_than_specinfer():
     """Same tree shape, same toy pair: siblings drawn without replacement are never wasted on a token
     already rejected, so RSD-C accepts more drafts per target call than SpecInfer's i.i.d. siblings."""
@@ -249,6 +250,7 @@ def test_scheme_auto_is_positional_with_a_seed_and_block_without(monkeypatch, se
     assert sorted(set(seen)) == expected
 
 
+@pytest.mark.slow
 def test_sampled_sd_with_plain_steps_follows_target(monkeypatch):
     """Scripted draft lengths with plain (K = 0) steps between drafting steps, ragged across rows."""
     script = [0, 2, 1, 0, 2]
@@ -263,6 +265,7 @@ def test_sampled_sd_with_plain_steps_follows_target(monkeypatch):
     assert impossible == 0 and pvalue > ALPHA, (pvalue, impossible)
 
 
+@pytest.mark.slow
 def test_chisquare_can_fail():
     """The same check rejects (a) sequences sampled from the drafter, and (b) the target's own sd samples
     compared with a target distribution that has 1% of mass moved between its two likeliest sequences."""

@@ -418,6 +418,7 @@ def test_hetero_mixture_draws_catching_up_follow_ensemble(hetero_toks):
 
 # ---- 3. the check can fail ----
 
+@pytest.mark.slow
 def test_chisquare_can_fail(hetero_toks):
     """The same check rejects wrong distributions: the weighted ensemble's samples against the mixture with
     swapped weights, against the first member alone and against the exact distribution with SHIFT of mass

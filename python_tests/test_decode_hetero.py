@@ -268,6 +268,7 @@ def test_sampled_sequences_follow_target(toks, method, temperature, top_k, k):
     assert 0 < result.stats.accepted < result.stats.drafted  # the drafter was used, and rejected sometimes
 
 
+@pytest.mark.slow
 def test_chisquare_can_fail(toks):
     """The check rejects the tli samples against the target distribution with 1% of mass moved between
     its two likeliest sequences, and against the distribution at another temperature."""
@@ -310,6 +311,7 @@ def test_tli_acceptance_at_least_union_exact():
     assert strict > 0
 
 
+@pytest.mark.slow
 def test_tli_acceptance_not_below_union_measured(toks):
     """Same prompts, same seeds, same draft length: TLI's measured acceptance (accepted / drafted) is not
     below the union's by more than 4 standard errors. The union spends draft mass on tokens the target

@@ -314,6 +314,7 @@ def test_sampled_sequences_follow_target(shape, tables, temperature, top_k):
         assert max(result.stats.draft_lengths) > w
 
 
+@pytest.mark.slow
 def test_chisquare_can_fail():
     """The check rejects the ngram samples against a target with 1% of mass moved between its two
     likeliest sequences, and against the same target at another temperature."""

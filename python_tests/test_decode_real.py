@@ -160,6 +160,7 @@ def test_sampled_tli_on_real_pair(gemma, smollm2):
     assert runs[0].stats.accepted > 0
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_slrs_refuses_long_tokens_on_real_pair(gemma, smollm2):
     """SmolLM2's tokens segment Gemma's token prefixes in far too many ways: exact psi is refused."""

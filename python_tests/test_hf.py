@@ -708,6 +708,7 @@ def test_sampled_distribution(small, case):
         assert 0 < stats.accepted < stats.drafted  # drafts were verified, some rejected
 
 
+@pytest.mark.slow
 def test_sampled_distribution_check_can_fail(small):
     """The same check rejects the right samples against a wrong temperature, and a wrong top-k; and
     transformers' own sampler passes it (the expected distribution is what its warpers define)."""

@@ -585,6 +585,7 @@ def _shifted(exact: dict) -> dict:
     return shifted
 
 
+@pytest.mark.slow
 def test_chisquare_can_fail(sd_samples, tli_samples):
     """The checks above reject the same samples against the target distribution with 1% of mass moved,
     and (sd) against the int4 drafter's own distribution."""
@@ -666,6 +667,7 @@ def test_decode_gives_embedded_drafters_their_default_weights(monkeypatch, llama
 
 # ---- 8. the draft-length controller and a cheaper drafter ----
 
+@pytest.mark.slow
 def test_cheaper_drafter_drafts_longer():
     """The same target costs and acceptance; the drafter's forward at float32 cost (20 ms) and at a
     quarter of it (int4 weights read 1/8 of the bytes, plus the activations). The controller's choice
