@@ -96,18 +96,25 @@ class CostPlane:
         self.decay = decay
         self.xx = torch.zeros(4, 4, dtype=torch.float64)  # weighted sums of x x^T
         self.xy = torch.zeros(4, dtype=torch.float64)
+        self._fit: torch.Tensor | None = None  # coefficients(), until the next observation
 
     def observe(self, requests: int, tokens: int, seconds: float) -> None:
         drafts = tokens - requests
         x = torch.tensor([1.0, requests, drafts, requests * drafts], dtype=torch.float64)
         self.xx = self.decay * self.xx + torch.outer(x, x)
         self.xy = self.decay * self.xy + x * seconds
+        self._fit = None
 
     def coefficients(self) -> torch.Tensor | None:
         """(a, b, c, e), or None before any step. A term the steps cannot tell apart is 0; a slope that
-        fits below 0 is noise: 0, the rest refitted."""
+        fits below 0 is noise: 0, the rest refitted. Solved once per observation: a choice prices many sizes."""
         if not self.xx[0, 0]:
             return None
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> torch.Tensor:
         free = [0]
         for j in self._ORDER[1:]:
             inner = self.xx[free][:, free]
