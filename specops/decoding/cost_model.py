@@ -38,6 +38,7 @@ _MEMORY_WEIGHT observations), so a serving process does not explore again for ev
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import weakref
@@ -249,7 +250,7 @@ class ShapeChooser:
     Subclasses say what a shape holds: its draft nodes, its drafter forwards and the children along the
     path verification walks."""
 
-    def __init__(self, candidates: list[tuple], initial: tuple, widest: int):
+    def __init__(self, candidates: list[tuple] | tuple[tuple, ...], initial: tuple, widest: int):
         self.candidates = candidates
         self.initial = self.current = initial
         self.cost = StepCost()
@@ -372,14 +373,16 @@ class DraftLength(ShapeChooser):
                         paths)
 
 
-def _branchings() -> list[tuple[int, ...]]:
-    """Non-increasing branchings of depth 0.._MAX_DEPTH, at most _MAX_NODES nodes, fewest nodes first."""
+@functools.cache
+def _branchings() -> tuple[tuple[int, ...], ...]:
+    """Non-increasing branchings of depth 0.._MAX_DEPTH, at most _MAX_NODES nodes, fewest nodes first (built
+    once per process: every rsd-c or specinfer decode call with "auto" asks)."""
     shapes = [()]
     for depth in range(1, _MAX_DEPTH + 1):
         for shape in itertools.product(range(1, _MAX_WIDTH + 1), repeat=depth):
             if list(shape) == sorted(shape, reverse=True) and nodes(shape, False) <= _MAX_NODES:
                 shapes.append(shape)
-    return sorted(shapes, key=lambda s: nodes(s, False))
+    return tuple(sorted(shapes, key=lambda s: nodes(s, False)))
 
 
 def nodes(shape: tuple[int, ...], beams: bool) -> int:
