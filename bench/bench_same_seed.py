@@ -48,7 +48,7 @@ def _previous_propose(self, step, budget, last):
 
     self.run(k, draw)
     self.drafted = drafted
-    return Proposal(drafts, num_draft, probs, width=self.vocab.width, size=k)
+    return Proposal(drafts, num_draft, probs, width=self.vocab.width, size=k, scheme="token")
 
 
 def main() -> None:

@@ -249,6 +249,8 @@ STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 
               ("slrs", 1.0, 0, STAT_K), ("tli", 0.7, 3, STAT_K),
               # drafts from q, verified by speculative sampling token by token, and by block verification
               ("tli+token", 1.0, 0, STAT_K), ("tli+block", 0.7, 3, STAT_K), ("union+block", 1.0, 0, STAT_K),
+              # slem's re-encoded drafts through chain_verify with a one-hot q, token by token and by block
+              ("slem+token", 1.0, 0, STAT_K), ("slem+block", 0.7, 3, STAT_K),
               # trees across the vocabularies, drawn from the intersection, verified by recursive rejection
               # sampling (with a seed, "auto" would match the target's positional tokens)
               ("rsd-c+recursive", 1.0, 0, (2, 2)), ("rsd-s+recursive", 1.0, 0, (2, 2)),
@@ -266,6 +268,38 @@ def test_sampled_sequences_follow_target(toks, method, temperature, top_k, k):
     assert impossible == 0, "sequences with probability 0 under the target were produced"
     assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e}"
     assert 0 < result.stats.accepted < result.stats.drafted  # the drafter was used, and rejected sometimes
+
+
+@pytest.mark.parametrize("scheme, seen", [("auto", {"positional"}), ("positional", {"positional"}),
+                                          ("token", {"token"}), ("block", {"block"})])
+def test_slem_scheme_names_the_verifier(monkeypatch, toks, scheme, seen):
+    """slem's option "scheme": its re-encoded drafts are matched against the target's positional tokens
+    ("auto" too), or verified by chain_verify with that scheme and a one-hot q; greedy is the same in all."""
+    from specops.decoding import verify
+
+    calls = []
+    real_chain, real_positional = verify._chain_verify, verify.positional
+
+    def chain_verify(logits, drafts, probs, *args):
+        if drafts.shape[1]:
+            assert probs is None  # deterministic drafts: one-hot q
+            calls.append(args[-1])
+        return real_chain(logits, drafts, probs, *args)
+
+    def positional(logits, *args):
+        if logits.shape[1] > 1:  # a step with drafts (a plain step draws its one token this way too)
+            calls.append("positional")
+        return real_positional(logits, *args)
+
+    monkeypatch.setattr(verify, "_chain_verify", chain_verify)
+    monkeypatch.setattr(verify, "positional", positional)
+    prompts = STAT_PROMPTS * 2
+    _decode(prompts, "slem", toks, max_new_tokens=8, temperature=1.0, seed=3, num_draft_tokens=2,
+            options={"scheme": scheme})
+    assert set(calls) == seen
+    greedy = _decode(prompts, "slem", toks, max_new_tokens=8, num_draft_tokens=2, options={"scheme": scheme})
+    assert greedy.tokens == specops.decode(prompts, target=TableLM(TARGET_TABLE), tokenizer=toks[0], method="ar",
+                                           max_new_tokens=8).tokens
 
 
 @pytest.mark.slow

@@ -269,43 +269,47 @@ TOY_BIGRAM = torch.cat([torch.argsort(-TARGET_TABLE[START, :, :len(LETTERS)], di
                         torch.arange(len(LETTERS))[None]])  # [TOY_VOCAB, 4]; the <pad> row is never used
 
 NGRAM_STAT_CASES = [
-    # (k, w), tables, temperature, top_k. STAT_NEW = 4 tokens: the first comes from the prefill, so a
-    # step drafts at most 2 (a request's last token always comes from a verification).
-    ((1, 2), "none", 1.0, 0),
-    ((4, 2), "bigram", 1.0, 0),
-    ((4, 2), "bigram", 0.7, 3),  # top-k 2 leaves too few sequences for the power asserted
+    # (k, w), tables, temperature, top_k, scheme. STAT_NEW = 4 tokens: the first comes from the prefill, so
+    # a step drafts at most 2 (a request's last token always comes from a verification).
+    ((1, 2), "none", 1.0, 0, "auto"),
+    ((4, 2), "bigram", 1.0, 0, "auto"),
+    ((4, 2), "bigram", 0.7, 3, "auto"),  # top-k 2 leaves too few sequences for the power asserted
+    # The same trees through tree_verify with a one-hot q (one-row steps through chain_verify).
+    ((4, 2), "bigram", 1.0, 0, "recursive"),
+    ((4, 2), "bigram", 0.7, 3, "traversal"),
+    ((1, 2), "none", 1.0, 0, "traversal"),  # chains: block verification
 ]
 
 _samples_cache: dict = {}
 
 
 def _toy_decode(prompts, shape, tables, temperature, top_k, seed, max_new_tokens, table=TARGET_TABLE,
-                bigram=TOY_BIGRAM):
+                bigram=TOY_BIGRAM, scheme="auto"):
     target = TableLM(table)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(model_ngrams, "bigram", lambda model, tokenizer, top, **kwargs: bigram)
         result = specops.decode(prompts, target=target, tokenizer=letter_tokenizer(), method="ngram",
                                 max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                seed=seed, num_draft_tokens=shape, options={"tables": tables})
+                                seed=seed, num_draft_tokens=shape, options={"tables": tables, "scheme": scheme})
     assert result.stats.target_calls == target.calls  # the model's real forward count
     return result
 
 
-def _sample(shape, tables, temperature, top_k, seed=4321):
-    key = (shape, tables, temperature, top_k, seed)
+def _sample(shape, tables, temperature, top_k, scheme="auto", seed=4321):
+    key = (shape, tables, temperature, top_k, scheme, seed)
     if key not in _samples_cache:
         prompts = [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
-        result = _toy_decode(prompts, shape, tables, temperature, top_k, seed, STAT_NEW)
+        result = _toy_decode(prompts, shape, tables, temperature, top_k, seed, STAT_NEW, scheme=scheme)
         assert all(len(t) == STAT_NEW for t in result.tokens)
         _samples_cache[key] = result
     return _samples_cache[key]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape,tables,temperature,top_k", NGRAM_STAT_CASES,
-                         ids=[f"k{s[0]}w{s[1]}-{t}-T{temp}-topk{tk}" for s, t, temp, tk in NGRAM_STAT_CASES])
-def test_sampled_sequences_follow_target(shape, tables, temperature, top_k):
-    result = _sample(shape, tables, temperature, top_k)
+@pytest.mark.parametrize("shape,tables,temperature,top_k,scheme", NGRAM_STAT_CASES,
+                         ids=[f"k{s[0]}w{s[1]}-{t}-T{temp}-topk{tk}-{sc}" for s, t, temp, tk, sc in NGRAM_STAT_CASES])
+def test_sampled_sequences_follow_target(shape, tables, temperature, top_k, scheme):
+    result = _sample(shape, tables, temperature, top_k, scheme)
     assert_follows_target(result.text, temperature, top_k)
     assert 0 < result.stats.accepted < result.stats.drafted  # drafts accepted and rejected
     k, w = shape
@@ -327,6 +331,56 @@ def test_chisquare_can_fail():
     shifted[second] += 0.01
     assert _fit(samples, shifted)[0] < ALPHA
     assert _fit(samples, sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, 0.9))[0] < ALPHA
+
+
+@pytest.mark.parametrize("scheme, seen", [("auto", {"positional"}), ("positional", {"positional"}),
+                                          ("recursive", {"tree_verify recursive", "chain_verify token"}),
+                                          ("traversal", {"tree_verify traversal", "chain_verify block"})])
+def test_scheme_names_the_verifier(monkeypatch, scheme, seen):
+    """Option "scheme": sampled trees walked through the target's positional tokens ("auto" too), or handed
+    to tree_verify with that scheme and a one-hot q; a step of one row goes to chain_verify, whose scheme is
+    the chain case of the tree's (traversal on a chain is block verification). Greedy is greedy matching in
+    all of them."""
+    from specops.decoding import verify
+
+    calls = []
+    real_tree, real_chain, real_walk = verify.ops.tree_verify, verify._chain_verify, verify._match_tree
+
+    def tree_verify(logits, tokens, parents, probs, **kwargs):
+        assert probs is None  # deterministic drafts: one-hot q
+        calls.append(f"tree_verify {kwargs['scheme']}")
+        return real_tree(logits, tokens, parents, probs, **kwargs)
+
+    def chain_verify(logits, drafts, probs, *args):
+        if drafts.shape[1]:
+            assert probs is None
+            calls.append(f"chain_verify {args[-1]}")
+        return real_chain(logits, drafts, probs, *args)
+
+    def walk(*args):
+        calls.append("positional")
+        return real_walk(*args)
+
+    monkeypatch.setattr(verify.ops, "tree_verify", tree_verify)
+    monkeypatch.setattr(verify, "_chain_verify", chain_verify)
+    monkeypatch.setattr(verify, "_match_tree", walk)
+    positional = verify.positional
+
+    def spy_positional(logits, *args):
+        if logits.shape[1] > 1:  # a chain's drafts matched (a plain step draws its one token this way too)
+            calls.append("positional")
+        return positional(logits, *args)
+
+    monkeypatch.setattr(verify, "positional", spy_positional)
+    prompts = STAT_PROMPTS * 2
+    script = iter([(4, 2), (1, 2)] * 50)  # a tree step, then a one-row step
+    monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source: next(script))
+    _toy_decode(prompts, "auto", "bigram", 1.0, 0, 5, 8, scheme=scheme)
+    assert set(calls) == seen
+    calls.clear()
+    model, tok = TableLM(TARGET_TABLE), letter_tokenizer()
+    greedy = _toy_decode(prompts, "auto", "bigram", 0.0, 0, 5, 8, scheme=scheme)
+    assert greedy.tokens == specops.decode(prompts, target=model, tokenizer=tok, method="ar", max_new_tokens=8).tokens
 
 
 def test_sampling_reproducible_and_batch_invariant():
@@ -1002,6 +1056,8 @@ def llama(targets):
     (dict(drafter="self:2"), "method 'ngram' does not use a drafter"),
     (dict(options={"tables": "trigram"}), "option 'tables' of method ngram must be one of auto, bigram, unigram, none, got 'trigram'"),
     (dict(options={"tables": None}), "option 'tables' of method ngram must be one of"),
+    (dict(options={"scheme": "block"}), "option 'scheme' of method ngram must be one of auto, positional, recursive, "
+                                        "traversal, got 'block'"),
     (dict(num_draft_tokens=0), "num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1"),
     (dict(num_draft_tokens=(0, 3)), "num_draft_tokens for method 'ngram'"),
     (dict(num_draft_tokens=(2, 2, 2)), "num_draft_tokens for method 'ngram'"),
@@ -1028,11 +1084,13 @@ def test_tuple_shape_only_for_ngram(llama):
                        num_draft_tokens=(2, 2))
 
 
-def test_sampled_tree_accepts_the_longest_emitted_prefix_it_holds():
+@pytest.mark.parametrize("scheme", ["recursive", "traversal"])
+def test_sampled_tree_accepts_the_longest_emitted_prefix_it_holds(scheme):
     """Why DraftShape scores a sampled step as it scores a greedy one: with deterministic rows (one-hot q),
     tree_verify accepts a child exactly when the token emitted at its parent is that child, so the drafts
     accepted are always the longest prefix of the emitted tokens that is a path of the tree (checked on
-    every one of 2,000 sampled verifications, not on average)."""
+    every one of 2,000 sampled verifications, not on average), under both schemes (traversal keeps a node
+    only once all its children were removed, and its residual no longer holds their tokens)."""
     gen = torch.Generator().manual_seed(3)
     vocab, nodes, batch = 5, 9, 2000
     # one tree per request: node n's parent is random among earlier nodes, tokens distinct among siblings
@@ -1048,7 +1106,7 @@ def test_sampled_tree_accepts_the_longest_emitted_prefix_it_holds():
             parents[b, n] = parent
             tokens[b, n] = free[int(torch.randint(0, len(free), (), generator=gen))]
     logits = torch.randn(batch, nodes, vocab, generator=gen) * 2
-    out, _, accepted = specops.ops.tree_verify(logits, tokens, parents, None, seed=5)
+    out, _, accepted = specops.ops.tree_verify(logits, tokens, parents, None, seed=5, scheme=scheme)
     for b in range(batch):
         node, held = 0, 0
         for token in out[b].tolist():

@@ -184,7 +184,7 @@ def test_deprecated_argument_names_fail_the_tests():
 # ---- 3. options ----
 
 @pytest.mark.parametrize("method,options,match", [
-    ("ngram", {"tabels": "none"}, r"unknown option 'tabels' for method 'ngram'; it takes tables"),
+    ("ngram", {"tabels": "none"}, r"unknown option 'tabels' for method 'ngram'; it takes scheme, tables"),
     ("ar", {"tables": "none"}, r"unknown option 'tables' for method 'ar'; it takes none"),
     ("ngram", {"tables": "trigram"},
      "option 'tables' of method ngram must be one of auto, bigram, unigram, none, got 'trigram'"),

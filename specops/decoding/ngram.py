@@ -7,10 +7,17 @@ match cut short by the end of the context extended with the model bigram; the re
 extended model bigram (the bigram's top-k after the last token, each continued with top-1 lookups), or
 from the model unigram when no bigram table is given. The rows form one token tree per request (shared
 prefixes once), which the target scores in a single forward over its KV cache, without copying the
-cache per row. `tree_verify` checks the whole tree as deterministic drafts (q one-hot): every row gets
-its chance, a sampled token is accepted whenever the target's own draw would land in the tree, greedy
-output equals greedy decoding and sampled output follows the target exactly. The cache keeps the
-accepted path, compacted. k and w come from draft_shape.DraftShape.
+cache per row. The whole tree is checked as deterministic drafts (q one-hot): every row gets its chance,
+a sampled token is accepted whenever the target's own draw would land in the tree, greedy output equals
+greedy decoding and sampled output follows the target exactly. The cache keeps the accepted path,
+compacted. k and w come from draft_shape.DraftShape.
+
+Option "scheme" (`SCHEMES`) says how sampled trees are verified: "positional" walks the tree through the
+target's own tokens, drawn with the random numbers of their positions (verify._match_tree), so the text
+is sampled "ar"'s for the same seed; "recursive" and "traversal" hand the tree to `tree_verify` with that
+scheme and a one-hot q (a step of one row to `chain_verify`, token by token or by block verification).
+With one-hot q all three keep a draft with the target's probability of it, the most any verifier can
+(docs/verification.md), so "auto" (the default) is "positional", which reads only the nodes it walks.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from specops.decoding.tree import build_tree
 __all__ = ["DraftTables", "NgramDrafter", "NgramProposer"]
 
 TABLES = ("auto", "bigram", "unigram", "none")
+SCHEMES = ("auto", "positional", "recursive", "traversal")  # option "scheme" (module docstring)
+_CHAIN_SCHEME = {"positional": "positional", "recursive": "token", "traversal": "block"}  # a one-row step's
 
 
 class DraftTables:
@@ -131,6 +140,8 @@ class NgramProposer(Proposer):
         self.batch = setup.batch
         self.contexts = NgramDrafter(setup.batch, bigram, unigram, setup.target.device)
         self.shape = shape
+        scheme = setup.options.get("scheme", "auto")
+        self.scheme = "positional" if scheme == "auto" else scheme
 
     def start(self, first: list[int]) -> None:
         self.contexts.extend_contexts([[t] for t in first])
@@ -148,9 +159,10 @@ class NgramProposer(Proposer):
         rows = rows.masked_fill(beyond, -1)
         if k == 1:  # every tree is one row: a chain, which tree_verify and chain_verify accept alike
             drafts = rows[:, 0]
-            return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w)
+            return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w,
+                            scheme=_CHAIN_SCHEME[self.scheme])
         tree = build_tree(last, rows)
-        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1)))
+        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1), scheme=self.scheme))
 
     def accept(self, result: StepResult) -> None:
         self.contexts.extend_contexts(result.emitted)
@@ -162,9 +174,10 @@ class NgramProposer(Proposer):
 
 
 def _check(options: dict) -> None:
-    if options["tables"] not in TABLES:
-        raise ValueError(f"decode: option 'tables' of method ngram must be one of {', '.join(TABLES)}, "
-                         f"got {options['tables']!r}")
+    for name, choices in (("tables", TABLES), ("scheme", SCHEMES)):
+        if options[name] not in choices:
+            raise ValueError(f"decode: option '{name}' of method ngram must be one of {', '.join(choices)}, "
+                             f"got {options[name]!r}")
 
 
 def _make(setup: Setup) -> Proposer:
@@ -191,12 +204,16 @@ def _make(setup: Setup) -> Proposer:
 
 
 METHODS = [Method("ngram", "drafts from the context and the model's own n-grams, verified as a token tree", _make,
-                  trees=("target",), options={"tables": "auto"}, check=_check,
+                  trees=("target",), options={"tables": "auto", "scheme": "auto"}, check=_check,
                   option_help={"tables": "model-derived n-grams for rows the context cannot fill: bigram is "
                                "computed once per model (7 to 25 minutes for gemma-3-270m on two CPU cores, "
                                "seconds on a GPU, with a progress bar) and cached; auto uses it when cached or "
                                "quick to build, else the context alone; unigram: from the embeddings, at once; none: "
-                               "the context alone"},
-                  option_choices={"tables": TABLES},
+                               "the context alone",
+                               "scheme": "how sampled drafts are verified: positional walks the tree through the "
+                               "target's own tokens (the text is sampled ar's for the same seed); recursive and "
+                               "traversal verify it with tree_verify's scheme and a one-hot q; all keep the same "
+                               "drafts in expectation, the most any verifier can; auto is positional"},
+                  option_choices={"tables": TABLES, "scheme": SCHEMES},
                   auto=lambda given: not given.drafter and not given.ensemble and given.trees,
                   draft_setting=DraftShape.check)]

@@ -217,10 +217,8 @@ class TreeDrafter(DrafterProposer):
                 for old, new in index.items():
                     if old < len(probs) and probs[old] is not None:
                         q[b, new] = probs[old][b]
-        # tree_verify's scheme: positional trees (and greedy ones, whatever the option) have no q to weigh.
-        verifier_scheme = self.scheme if self.scheme in ops.TREE_SCHEMES else "recursive"
         draft = TreeDraft(out_tokens.to(device), out_parents.to(device), torch.tensor(counts, device=device), q,
-                          self.replacement, verifier_scheme)
+                          self.replacement, self.scheme)
         self.tree = ([t for t, _, _ in kept], [p for _, p, _ in kept])
         return Proposal(tree=draft, width=self.vocab.width, size=size - 1)
 

@@ -6,11 +6,17 @@ Each step, per request:
 1. The drafter (its own KV cache, its own encoding of the prompt) proposes k tokens.
 2. Their bytes are re-encoded by the target's tokenizer behind a look-behind of the last target tokens
    (retokenize.Retokenizer.to_target).
-3. One target forward scores them; `chain_verify` with one-hot drafts accepts while they match the
-   target's greedy token, or, when sampling, keeps each draft with probability p(draft) and otherwise
-   samples from p without it: the target's own sample, so the output follows the target exactly.
+3. One target forward scores them; the drafts are kept while they match the target's greedy token, or,
+   when sampling, while they match the target's own sample at their position (verify.py's positional
+   matching, option "scheme" below): each draft is kept with probability p(draft), and the output
+   follows the target exactly.
 4. Re-alignment: the drafter keeps the longest run of its drafts whose text the target emitted, and
    reads the rest of the emitted text in its own tokens. Both caches persist across steps.
+
+Option "scheme" (`SCHEMES`): "positional" is step 3, and the text is sampled "ar"'s for the same seed;
+"token" and "block" hand the same drafts to `chain_verify` with that scheme and a one-hot q. The drafts do
+not depend on the target's random numbers, so all three keep a draft with probability p(draft), the most
+any verifier can keep of deterministic drafts; "auto" (the default) is "positional", which reads no q.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import torch
 from specops import vocab as vocab_maps
 from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.retokenize import Retokenizer
-from specops.decoding.drafter import DrafterProposer
+from specops.decoding.drafter import DrafterProposer, scheme_option
 from specops.decoding.step import Drafter, Method, Proposal, Proposer, Setup, StepResult
 
 _HISTORY = 16  # target tokens kept per request for the look-behind
+SCHEMES = ("auto", "positional", "token", "block")  # option "scheme" (module docstring)
+_SCHEME_HELP = ("how sampled drafts are verified: positional keeps a draft when it is the target's own token at "
+                "its position (the text is sampled ar's for the same seed); token and block verify them with "
+                "chain_verify's scheme and a one-hot q; all keep the same drafts in expectation, the most any "
+                "verifier can; auto is positional")
 
 
 class StringDrafter(DrafterProposer):
@@ -36,6 +47,8 @@ class StringDrafter(DrafterProposer):
         self.own = DraftVocab.same(self.lm.vocab_size, self.lm.device)  # the drafter samples its own distribution
         self.history = [p[-_HISTORY:] for p in setup.batch.prompt_rows]
         self.drafted: list[list[int]] = []
+        scheme = setup.options.get("scheme", "auto")
+        self.scheme = "positional" if scheme == "auto" else scheme
 
     def start(self, first: list[int]) -> None:
         self.history = [h + [t] for h, t in zip(self.history, first)]
@@ -60,7 +73,7 @@ class StringDrafter(DrafterProposer):
         width = max((len(d) for d in target_drafts), default=0)
         drafts = torch.tensor([d + [0] * (width - len(d)) for d in target_drafts], dtype=torch.long)
         num_draft = torch.tensor([len(d) for d in target_drafts], dtype=torch.long)
-        return Proposal(drafts.view(rows, width).to(device), num_draft.to(device), size=k)
+        return Proposal(drafts.view(rows, width).to(device), num_draft.to(device), size=k, scheme=self.scheme)
 
     def advance(self, result: StepResult) -> None:
         """Re-align the drafter with what was emitted."""
@@ -83,4 +96,5 @@ def _make(setup: Setup) -> Proposer:
 METHODS = [Method("slem", "a drafter with another vocabulary drafts text, re-encoded for the target; exact match",
                   _make, drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
                   auto=lambda given: (given.drafter and not given.same_vocabulary and given.greedy
-                                      and not given.ensemble))]
+                                      and not given.ensemble),
+                  **scheme_option(schemes=SCHEMES, help=_SCHEME_HELP))]

@@ -257,7 +257,8 @@ class StringSampler(DrafterProposer):
                 q[row, j, -1] = float(p[null])
         tensor = torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long).view(rows, width)
         num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.long)
-        return Proposal(tensor.to(device), num_draft.to(device), q.to(device), width=self.width, size=k)
+        return Proposal(tensor.to(device), num_draft.to(device), q.to(device), width=self.width, size=k,
+                        scheme="token")
 
     def advance(self, result: StepResult) -> None:
         """The drafter keeps the drawn tokens whose text was emitted, and reads the rest in its tokens

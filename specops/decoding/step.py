@@ -65,15 +65,17 @@ class TreeDraft:
     [B, N] int64 (node 0 the root, whose token the verifier sets to the last emitted one; parents
     precede children; siblings in the order they were drawn), num_nodes [B] (later nodes are padding),
     probs [B, N, W] float32 (row n: the distribution node n's children were drawn from; None for
-    deterministic drafts), whether siblings were drawn with replacement, and tree_verify's scheme for
-    trees with probs ("recursive" or "traversal")."""
+    deterministic drafts, whose q is one-hot), whether siblings were drawn with replacement, and how the
+    tree is verified (`scheme`): "positional" (sampled deterministic drafts: the walk through the target's
+    positional tokens; otherwise tree_verify's default) or a tree_verify scheme ("recursive",
+    "traversal")."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
     num_nodes: torch.Tensor
     probs: torch.Tensor | None = None
     replacement: bool = False
-    scheme: str = "recursive"
+    scheme: str = "positional"
 
 
 @dataclass
@@ -85,8 +87,10 @@ class Proposal:
     from; None for deterministic drafts, whose q is one-hot) and width W >= the target's vocabulary (ids
     from the target's vocabulary size up are tokens the target cannot emit: always rejected).
     Trees (verifier "tree"): a draft tree per request, verified whole (`TreeDraft.scheme`).
-    size: draft tokens per request in flight, for the statistics (None: the verifier's count). scheme:
-    chain_verify's scheme for chains with probs ("token" or "block")."""
+    size: draft tokens per request in flight, for the statistics (None: the verifier's count). scheme: how
+    the chain is verified: "positional" (sampled deterministic drafts: matched against the target's
+    positional tokens; otherwise chain_verify's default) or a chain_verify scheme ("token", "block"), which
+    deterministic drafts take with a one-hot q."""
 
     drafts: torch.Tensor | None = None
     num_draft: torch.Tensor | None = None
@@ -94,7 +98,7 @@ class Proposal:
     width: int | None = None
     tree: TreeDraft | None = None
     size: int | None = None
-    scheme: str = "token"
+    scheme: str = "positional"
 
     @classmethod
     def empty(cls, rows: int, device) -> Proposal:

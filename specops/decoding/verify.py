@@ -5,18 +5,21 @@ cut back to them.
   drafts' q, or one-hot q for deterministic drafts; token by token or by block verification, the
   proposal's scheme) and emits one more token.
 - Deterministic drafts (no q: n-grams, re-encoded text, no drafts at all, and a drafter's drafts drawn
-  with the target's own random numbers, drafter.TokenDrafter) when sampling: the target's token at every
-  position is drawn as plain sampling draws it, with random numbers keyed by the row's seed and the
-  token's position alone (`positional`), and a draft is accepted exactly when it is that token.
-  Acceptance is p(x) for a draft that does not depend on those numbers, as with a one-hot q, and higher
-  for one drawn with them; the text is token for token what "ar" gives with the same seed, whatever the
-  draft shapes, the batch or the timing that chose them.
-- "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by recursive rejection
-  sampling (`tree_verify`: every sibling gets its chance) when it comes with q; without q (n-gram trees,
-  and drafter trees under scheme "positional") by walking it from the root through the children that hold
-  the target's positional tokens (`_match_tree`), sampling only the nodes the walk reaches. The cache keeps
-  the accepted path. A tree proposer may hand over a step whose trees are all chains as a chain proposal
-  (tree_verify's chain case is chain_verify).
+  with the target's own random numbers, drafter.TokenDrafter) when sampling, under the proposal's scheme
+  "positional" (the default): the target's token at every position is drawn as plain sampling draws it,
+  with random numbers keyed by the row's seed and the token's position alone (`positional`), and a draft
+  is accepted exactly when it is that token. Acceptance is p(x) for a draft that does not depend on those
+  numbers, as with a one-hot q, and higher for one drawn with them; the text is token for token what "ar"
+  gives with the same seed, whatever the draft shapes, the batch or the timing that chose them. A
+  proposal of deterministic drafts may name an op's scheme instead (ngram's option "scheme"): the op then
+  verifies them with a one-hot q.
+- "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by `tree_verify`
+  (recursive rejection sampling or traversal verification, the tree's scheme) when it comes with q or
+  names that scheme; under "positional" without q (n-gram trees, and drafter trees under scheme
+  "positional") by walking it from the root through the children that hold the target's positional
+  tokens (`_match_tree`), sampling only the nodes the walk reaches. The cache keeps the accepted path. A
+  tree proposer may hand over a step whose trees are all chains as a chain proposal (tree_verify's chain
+  case is chain_verify).
 """
 
 from __future__ import annotations
@@ -73,9 +76,17 @@ def positional(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor
     return sample(logits.reshape(rows * n, vocab), params, keys, 0).view(rows, n)
 
 
-def _matched(params: SamplingParams, probs, state) -> bool:
-    """Whether a step's drafts are verified by matching the positional tokens (module docstring)."""
-    return params.temperature > 0 and probs is None and getattr(state, "next_pos", None) is not None
+def _matched(params: SamplingParams, probs, scheme: str, state) -> bool:
+    """Whether a step's drafts are verified by matching the positional tokens (module docstring): sampled
+    deterministic drafts whose proposal asks for it (scheme "positional"), on a state that knows positions."""
+    return (params.temperature > 0 and probs is None and scheme == "positional"
+            and getattr(state, "next_pos", None) is not None)
+
+
+def _op_scheme(scheme: str, default: str) -> str:
+    """The op's scheme for a proposal's: "positional" drafts that are not matched (greedy, or a state without
+    positions) take the op's default, which at temperature 0 is the same greedy matching."""
+    return default if scheme == "positional" else scheme
 
 
 def _widen(logits: torch.Tensor, width: int | None) -> torch.Tensor:
@@ -94,7 +105,7 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
     # reads in its place, and nothing after it is used.
     scored = torch.where((drafts >= 0) & (drafts < state.lm.vocab_size), drafts, 0)
     logits = _widen(state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=k + 1), proposal.width)
-    if _matched(params, proposal.probs, state):
+    if _matched(params, proposal.probs, proposal.scheme, state):
         # The state has read `last` and the k drafts: the token after `last` lands k slots before its end.
         positions = state.next_pos[:, None] - k + torch.arange(k + 1, device=drafts.device)
         out = positional(logits, params, seeds, positions)
@@ -103,7 +114,7 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
         out = torch.where(torch.arange(k + 1, device=out.device) <= accepted[:, None], out, -1)
     else:
         out, accepted = _chain_verify(logits, drafts, proposal.probs, proposal.num_draft, params, seeds, step,
-                                      proposal.scheme)
+                                      _op_scheme(proposal.scheme, "token"))
     state.rollback(k + 1, accepted + 1)
     return Verified(out, accepted, proposal.num_draft, k if proposal.size is None else proposal.size)
 
@@ -119,14 +130,15 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
     # Ids the target does not have (a wider verification vocabulary) are scored as 0 and always rejected.
     scored = torch.where(shape.tokens < state.lm.vocab_size, shape.tokens, 0)
     logits = _widen(state.append_tree(scored, shape.valid, shape.depth, shape.visible), proposal.width)
-    if _matched(params, draft.probs, state):
+    if _matched(params, draft.probs, draft.scheme, state):
         out, nodes, accepted = _match_tree(logits, tokens, shape, params, seeds, state)
     else:
         out, nodes, accepted = ops.tree_verify(logits, tokens, shape.parent, draft.probs,
                                                num_nodes=draft.num_nodes, replacement=draft.replacement,
                                                temperature=params.temperature, top_k=params.top_k,
                                                top_p=params.top_p, seed=seeds,
-                                               offset=step, validate=False, scheme=draft.scheme)
+                                               offset=step, validate=False,
+                                               scheme=_op_scheme(draft.scheme, "recursive"))
     size = tokens.shape[1]
     slots = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0)], dim=1)[:, :size]
     state.commit(size, slots, accepted + 1)
