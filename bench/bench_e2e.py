@@ -404,6 +404,7 @@ def configurations(args) -> list[Config]:
     if args.fixed_k:
         configs.append(Config(f"specops sd self:{n} K={args.fixed_k}", "specops", "sd", assisted,
                               {**sd, "num_draft_tokens": args.fixed_k}))
+    configs += _with_schemes(args, configs[-1])
     shape = args.tree_shape if args.tree_shape == "auto" else ",".join(map(str, args.tree_shape))
     for method in ("rsd-c", "specinfer"):
         configs.append(Config(f"specops {method} self:{n} ({shape})", "specops", "trees", assisted,
@@ -418,19 +419,26 @@ def configurations(args) -> list[Config]:
         k, w = args.ngram_shape
         configs.append(Config(f"specops ngram {k},{w}", "specops", "ngram", "hf prompt lookup",
                               {**ngram, "num_draft_tokens": (k, w)}))
-    for scheme in args.schemes:  # sd's drafts from q, verified with chain_verify's scheme
-        configs.append(Config(f"specops sd self:{n} scheme={scheme}", "specops", "sd", assisted,
-                              {**sd, "options": {"scheme": scheme}}))
+    configs += _with_schemes(args, configs[-1])
     configs.append(Config(UAG, "hf", "hf-uag", None, {"assistant_model": DRAFTER}))
     for method in HETERO:
         configs.append(Config(f"specops {method}", "specops", method, UAG, kwargs[method]))
-        for scheme in args.schemes if method in ("tli", "union") else ():
-            configs.append(Config(f"specops {method} scheme={scheme}", "specops", method, UAG,
-                                  {**kwargs[method], "options": {"scheme": scheme}}))
         if args.hetero_k:
             configs.append(Config(f"specops {method} K={args.hetero_k}", "specops", method, UAG,
                                   {**kwargs[method], "num_draft_tokens": args.hetero_k}))
+        configs += _with_schemes(args, configs[-1])
     return [c for c in configs if c.group in args.configs]
+
+
+def _with_schemes(args, config: Config) -> list[Config]:
+    """`config` again with option scheme = each of --schemes that its method takes (its registry choices),
+    so that the schemes of a method run at the same draft setting: the fixed one where one is given."""
+    from specops.decoding import registry
+
+    choices = registry.METHODS[config.kwargs["method"]].option_choices.get("scheme", ())
+    return [Config(f"{config.name} scheme={scheme}", config.family, config.group, config.peer,
+                   {**config.kwargs, "options": {**config.kwargs.get("options", {}), "scheme": scheme}})
+            for scheme in args.schemes if scheme in choices]
 
 
 def batched_configurations(args) -> list[Config]:
@@ -623,8 +631,10 @@ def main() -> None:
     parser.add_argument("--ngram-tables", default="bigram", choices=NGRAM_TABLES,
                         help="specops ngram's option tables: model n-grams that fill rows the context does not")
     parser.add_argument("--schemes", type=lambda text: [v for v in text.split(",") if v], default=[],
-                        help="also run sd, tli and union with option scheme=each of these (token, block; "
-                             "sampling only changes)")
+                        help="also run sd, ngram, slem, tli and union with option scheme = each of these that "
+                             "the method takes (sd, tli, union: positional, token, block; ngram: positional, "
+                             "recursive, traversal), at the fixed draft setting where one is given (--fixed-k, "
+                             "--ngram-shape, --hetero-k); sampling only changes")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
     parser.add_argument("--plot", action="store_true", help="also draw docs/e2e_<device>.png")
