@@ -2,7 +2,8 @@
 real decoding, and how far both are from the best any verifier can do at the root.
 
     python bench/tree_acceptance.py [--methods rsd-c,rsd-s,specinfer] [--shape 2,2] [--first 0] [--prompts 8]
-                                    [--new-tokens 64] [--temperatures 1.0,0.7] [--csv docs/tree_acceptance.csv]
+                                    [--new-tokens 64] [--temperatures 1.0,0.7] [--resample 0]
+                                    [--csv docs/tree_acceptance.csv]
 
 Target Gemma-3-270M, drafter SmolLM2-135M across the vocabularies (the trees are drawn from its distribution
 restricted to the shared tokens), HumanEval prompts, scheme "recursive". Every tree the decoder hands to
@@ -25,7 +26,11 @@ averaged over):
   Other widths without replacement: not computed.
 
 The decoding itself samples with its own random numbers; the trees are those of the recursive scheme's run,
-so both verifiers are scored on the same trees. Printed: per method and temperature, the trees scored, mean
+so both verifiers are scored on the same trees. With --resample N (rsd-c and specinfer), the leaves of every
+tree are also drawn again N times, from the q of their parents and as the decoder draws them (without or with
+replacement), and both expectations are averaged over the N + 1 leaf sets: a leaf's own rows do not enter
+either expectation, so this needs no forward, keeps each tree's expectation, and removes the part of the
+trees' spread that the last level's draws make. Printed: per method and temperature, the trees scored, mean
 E[accepted] for both (accepted drafts per target call), their ratio with the standard error of the paired
 difference (trees as observations), and the mean P(accepted >= 1) of both against the mean bound.
 """
@@ -172,11 +177,31 @@ def recursive_root_iid(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
     return 1.0 - none
 
 
-class Recorder:
-    """Wraps `tree_verify` in the decoder: scores every sampled tree, then verifies it as the decoder asked."""
+def redraw_leaves(q_rows, tokens, kids, replacement, gen) -> list[int]:
+    """`tokens` with the children of every node whose children are all leaves drawn again from that node's q
+    (float64 rows), in draw order: Gumbel-top-k without replacement, i.i.d. with it."""
+    tokens = list(tokens)
+    for b, cs in enumerate(kids):
+        if not cs or any(kids[c] for c in cs):
+            continue
+        q = q_rows[b]
+        if replacement:
+            picks = torch.multinomial(q, len(cs), replacement=True, generator=gen)
+        else:
+            gumbel = -torch.log(-torch.log(torch.rand(q.shape, generator=gen, dtype=q.dtype).clamp(min=1e-300)))
+            picks = torch.topk(torch.log(q) + gumbel, len(cs)).indices
+        for c, x in zip(cs, picks.tolist()):
+            tokens[c] = x
+    return tokens
 
-    def __init__(self, op):
+
+class Recorder:
+    """Wraps `tree_verify` in the decoder: scores every sampled tree (and `resample` more leaf sets of it),
+    then verifies it as the decoder asked."""
+
+    def __init__(self, op, resample: int = 0, seed: int = 0):
         self.op, self.rows = op, []
+        self.resample, self.gen = resample, torch.Generator().manual_seed(seed)
 
     def __call__(self, logits, tokens, parents, probs=None, *, num_nodes=None, replacement=False, temperature=1.0,
                  top_k=0, top_p=1.0, **kwargs):
@@ -195,11 +220,14 @@ class Recorder:
                 q_rows = list(probs[b, :count].double())
                 toks = tokens[b, :count].tolist()
                 kids = _children(parents[b, :count].tolist(), count)
-                rec, rec_first = recursive_expected(p_rows, q_rows, toks, kids, replacement)
-                trav, trav_first = traversal_expected(p_rows, q_rows, toks, kids, replacement)
+                scored = [toks] + [redraw_leaves(q_rows, toks, kids, replacement, self.gen)
+                                   for _ in range(self.resample)]
+                each = [recursive_expected(p_rows, q_rows, t, kids, replacement)
+                        + traversal_expected(p_rows, q_rows, t, kids, replacement) for t in scored]
+                rec, rec_first, trav, trav_first = (sum(v) / len(each) for v in zip(*each))
                 bound = root_bound(p_rows[0], q_rows[0], len(kids[0]), replacement)
                 exact_first = recursive_root_iid(p_rows[0], q_rows[0], len(kids[0])) if replacement else None
-                self.rows.append((rec, trav, rec_first, trav_first, bound, exact_first))
+                self.rows.append((rec, trav, rec_first, trav_first, bound, exact_first, each[0][2] - each[0][0]))
         return self.op(logits, tokens, parents, probs, num_nodes=num_nodes, replacement=replacement,
                        temperature=temperature, top_k=top_k, top_p=top_p, **kwargs)
 
@@ -232,6 +260,37 @@ def check(trials: int = 3, draws: int = 20000) -> None:
             assert abs(mean - expected) < 4 * se + 1e-9, (trial, scheme, expected, mean)
 
 
+def check_redraw(draws: int = 3000) -> None:
+    """redraw_leaves' mean expectation against the expectation over every leaf set, enumerated with its
+    probability, on a small (2, 2) tree drawn without and with replacement."""
+    import itertools
+
+    gen = torch.Generator().manual_seed(5)
+    vocab, parents = 5, [0, 0, 0, 1, 1, 2, 2]
+    kids = _children(parents, 7)
+    p_rows = list(torch.softmax(1.5 * torch.randn(7, vocab, generator=gen, dtype=torch.float64), -1))
+    q_rows = list(torch.softmax(1.5 * torch.randn(7, vocab, generator=gen, dtype=torch.float64), -1))
+    for replacement in (False, True):
+        def law(q):  # ordered pairs and their probabilities
+            for x, y in itertools.product(range(vocab), repeat=2):
+                if replacement:
+                    yield (x, y), float(q[x] * q[y])
+                elif x != y:
+                    yield (x, y), float(q[x] * q[y] / (1 - q[x]))
+
+        tokens = [0, 1, 2, 0, 0, 0, 0]
+        for score in (recursive_expected, traversal_expected):
+            exact = 0.0
+            for (a, pa), (b, pb) in itertools.product(law(q_rows[1]), law(q_rows[2])):
+                exact += pa * pb * score(p_rows, q_rows, tokens[:3] + [*a, *b], kids, replacement)[0]
+            got = torch.tensor([score(p_rows, q_rows, redraw_leaves(q_rows, tokens, kids, replacement, gen), kids,
+                                      replacement)[0] for _ in range(draws)], dtype=torch.float64)
+            mean, se = float(got.mean()), float(got.std()) / math.sqrt(draws)
+            print(f"check redraw {score.__name__} replacement={replacement}: exact {exact:.4f}, "
+                  f"redrawn {mean:.4f} +- {se:.4f}", file=sys.stderr)
+            assert abs(mean - exact) < 4 * se + 1e-9, (score.__name__, replacement, exact, mean)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="rsd-c,rsd-s,specinfer")
@@ -240,13 +299,19 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--temperatures", default="1.0,0.7")
+    parser.add_argument("--resample", type=int, default=0,
+                        help="also score N more leaf sets of every tree (module docstring; rsd-c, specinfer)")
     parser.add_argument("--csv", default="bench/results/tree_acceptance.csv")
     args = parser.parse_args()
+    if args.resample and "rsd-s" in args.methods.split(","):
+        parser.error("--resample: rsd-s's beams are drawn jointly across a level, not per parent")
     import specops
     from specops.decoding import verify
     from _timing import load_prompts
 
     check()
+    if args.resample:
+        check_redraw()
     target = specops.models.load("gemma-3-270m")
     drafter = specops.models.load("smollm2-135m")
     prompts = load_prompts(args.first, args.prompts)
@@ -257,7 +322,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for method in [m for m in args.methods.split(",") if m]:
         for temperature in [float(t) for t in args.temperatures.split(",")]:
-            recorder = Recorder(specops.ops.tree_verify)
+            recorder = Recorder(specops.ops.tree_verify, args.resample)
             verify.ops.tree_verify = recorder
             try:
                 specops.decode(prompts, target=target[0], tokenizer=target[1], drafter=drafter[0],
@@ -271,8 +336,11 @@ def main() -> None:
             exact_first = [r[5] for r in recorder.rows if r[5] is not None]
             diff = rows[:, 1] - rows[:, 0]
             row = {"method": method, "shape": args.shape, "temperature": temperature, "trees": len(rows),
+                   "first": args.first, "prompts": args.prompts, "resample": args.resample,
                    "recursive": float(rows[:, 0].mean()), "traversal": float(rows[:, 1].mean()),
                    "diff_se": float(diff.std() / math.sqrt(len(rows))),
+                   "diff_se_drawn_leaves": float(torch.tensor([r[6] for r in recorder.rows], dtype=torch.float64).std()
+                                                 / math.sqrt(len(rows))),
                    "first_recursive": float(rows[:, 2].mean()), "first_traversal": float(rows[:, 3].mean()),
                    "first_se": float(rows[:, 3].std() / math.sqrt(len(rows))),
                    "first_recursive_exact": sum(exact_first) / len(exact_first) if exact_first else float("nan"),
