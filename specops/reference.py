@@ -212,7 +212,8 @@ def _block_verify_row(raw: torch.Tensor, rows: torch.Tensor, drafts: torch.Tenso
     its mass is S_k (float64; S_n = W_n). Keeping exactly k drafts has conditional probability
     h_k = S_k / (S_k + 1 - W_k) given that no longer prefix was kept: walking k = n, n-1, ..., 1, keep k
     when u_k * (S_k + 1 - W_k) < S_k with u_k = uniform(seed, offset, k - 1, STREAM_ACCEPT) (at k = n:
-    u_n < W_n); otherwise keep none. Then emit a token from norm(r_k) at position k by inverse CDF with
+    u_n < W_n); otherwise keep none. h_k <= W_k (S_k <= W_k), so k is passed over where u_k >= W_k without
+    computing S_k, as every backend does (the same decision up to the rounding of S_k). Then emit a token from norm(r_k) at position k by inverse CDF with
     uniform(seed, offset, k, STREAM_SAMPLE), from p_k if r_k has no mass. p at a position whose logits / T
     overflow is a point mass on the argmax. Rows past the first W_k = 0 are never read (h is 0 there).
     Writes out[:k+1] and returns k."""
@@ -242,7 +243,7 @@ def _block_verify_row(raw: torch.Tensor, rows: torch.Tensor, drafts: torch.Tenso
                 kept = k
                 break
             continue
-        if w == 0.0:
+        if u >= w:
             continue
         s = float(residual(k).to(torch.float64).sum())
         if u * (s + 1.0 - w) < s:

@@ -184,12 +184,13 @@ int64_t verify_row_block(const float* logits, const int64_t* drafts, const float
       break;
     }
   }
-  // Backward: keep k drafts when u_k (S_k + 1 - W_k) < S_k (u_n < W_n at the end of the chain).
+  // Backward: keep k drafts when u_k (S_k + 1 - W_k) < S_k (u_n < W_n at the end of the chain). S_k <= W_k,
+  // so that probability S_k / (S_k + 1 - W_k) is at most W_k: where u_k >= W_k the residual is not computed.
   int64_t kept = 0;
   double mass = -1.0;  // the residual in `weights` belongs to position `kept` once mass >= 0
   for (int64_t k = top; k >= 1; --k) {
     const double u = uniform(rp.seed, offset, k - 1, kStreamAccept);
-    if (k == n) {
+    if (k == n || u >= w[k]) {
       if (u < w[k]) {
         kept = k;
         break;
