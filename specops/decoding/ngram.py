@@ -37,7 +37,8 @@ __all__ = ["DraftTables", "NgramDrafter", "NgramProposer"]
 
 TABLES = ("auto", "bigram", "unigram", "none")
 SCHEMES = ("auto", "positional", "recursive", "traversal")  # option "scheme" (module docstring)
-_CHAIN_SCHEME = {"positional": "positional", "recursive": "token", "traversal": "block"}  # a one-row step's
+# A step of one row goes to chain_verify: the chain case of each tree scheme.
+_CHAIN_SCHEME = {"positional": "positional", "recursive": "token", "traversal": "block"}
 
 
 class DraftTables:

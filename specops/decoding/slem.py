@@ -47,8 +47,7 @@ class StringDrafter(DrafterProposer):
         self.own = DraftVocab.same(self.lm.vocab_size, self.lm.device)  # the drafter samples its own distribution
         self.history = [p[-_HISTORY:] for p in setup.batch.prompt_rows]
         self.drafted: list[list[int]] = []
-        scheme = setup.options.get("scheme", "auto")
-        self.scheme = "positional" if scheme == "auto" else scheme
+        self.scheme = self.resolve_scheme(setup, "positional")  # "auto": positional, with a seed or without
 
     def start(self, first: list[int]) -> None:
         self.history = [h + [t] for h, t in zip(self.history, first)]
