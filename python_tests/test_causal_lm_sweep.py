@@ -3,11 +3,13 @@
 model's class and lists only methods that work. A type that cannot be built here is reported, not failed;
 one that crashes or hangs its worker fails.
 
-The sweep runs once per module, in two worker processes (one torch thread each), before the per-type
+The sweep runs once per test session, in two worker processes (one torch thread each), before the per-type
 tests read its results. SPECOPS_SWEEP_TYPES (comma-separated) limits it to some types."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 
 import pytest
@@ -18,13 +20,23 @@ _TYPES = os.environ.get("SPECOPS_SWEEP_TYPES")
 TYPES = _TYPES.split(",") if _TYPES else sweep.all_types()
 
 
-# One pytest-xdist worker takes every test here (README: --dist loadgroup), so the sweep runs once.
+# With --dist loadgroup (README) one pytest-xdist worker takes every test here. pytest 9.2 no longer lets
+# pytest-xdist 3.8 put a group in a test's id, so the tests spread over the workers anyway: `results` then
+# runs the sweep in the first worker that needs it and hands the others its results through a file.
 pytestmark = pytest.mark.xdist_group("causal-lm-sweep")
 
 
 @pytest.fixture(scope="module")
-def results():
-    return sweep.sweep(TYPES, workers=2)
+def results(tmp_path_factory):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return sweep.sweep(TYPES, workers=2)
+    # The workers' temporary folders share a parent that is new for every session.
+    shared = tmp_path_factory.getbasetemp().parent / "causal-lm-sweep.json"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a worker that comes second waits for the first one's sweep
+        if not shared.exists():
+            shared.write_text(json.dumps(sweep.sweep(TYPES, workers=2)))
+        return json.loads(shared.read_text())
 
 
 @pytest.mark.slow
