@@ -377,7 +377,6 @@ def test_scheme_names_the_verifier(monkeypatch, scheme, seen):
     monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source: next(script))
     _toy_decode(prompts, "auto", "bigram", 1.0, 0, 5, 8, scheme=scheme)
     assert set(calls) == seen
-    calls.clear()
     model, tok = TableLM(TARGET_TABLE), letter_tokenizer()
     greedy = _toy_decode(prompts, "auto", "bigram", 0.0, 0, 5, 8, scheme=scheme)
     assert greedy.tokens == specops.decode(prompts, target=model, tokenizer=tok, method="ar", max_new_tokens=8).tokens
