@@ -48,6 +48,18 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "
       "int width, bool validate=True) -> (Tensor, Tensor, Tensor)");
+  // The n-gram memory's index: end positions of a token store sorted by the tokens before them, in levels
+  // (sizes newest first). insert: new positions join as the newest level, merged with the levels they
+  // outgrow; returns the new entries.
+  m.def(
+      "ngram_memory_insert(Tensor tokens, Tensor entries, int[] levels, Tensor positions, int depth, "
+      "bool validate=True) -> Tensor");
+  // lookup: each row's longest match in the memory and the top continuations among its occurrences.
+  // Returns (candidates [B, k, width], counts [B, k], latest [B, k], match [B], occurrences [B]).
+  m.def(
+      "ngram_memory_lookup(Tensor tokens, Tensor entries, int[] levels, Tensor contexts, Tensor lengths, int depth, "
+      "int min_match, int num_candidates, int width, int max_occurrences, bool validate=True) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.set_python_module("specops.ops.sampling");
   // Heterogeneous drafters (TLI): the drafter's distribution restricted to the tokens it shares with
   // the target, renormalized, in target ids, and a draft sampled from it.

@@ -621,6 +621,90 @@ def _ngram_cases():
         "lengths[0] = 11 is outside [0, 10]", trusting="validate=False: GPU kernels clamp lengths (docstring)")
 
 
+# ---- ngram_memory_insert / ngram_memory_lookup (csrc/cpu/ngram_memory_*.cpp, ngram_memory.h) ----
+
+# A store of two runs ("1 2 3 1 2" and "2 3"), its first three followed positions indexed as one level.
+MEMORY_TOKENS = [1, 2, 3, 1, 2, -1, 2, 3, -1]
+
+
+def _memory_index() -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.tensor(MEMORY_TOKENS, dtype=I32)
+    return tokens, specops.ops.ngram_memory_insert(tokens, torch.empty(0, dtype=I32), [], torch.tensor([0, 1, 2]),
+                                                   depth=4)
+
+
+def ngram_memory_insert_args() -> dict:
+    tokens, entries = _memory_index()
+    return dict(tokens=tokens, entries=entries, levels=[3], positions=torch.tensor([3, 6]), depth=4, validate=True)
+
+
+def ngram_memory_lookup_args() -> dict:
+    tokens, entries = _memory_index()
+    return dict(tokens=tokens, entries=entries, levels=[3], contexts=torch.tensor([[1, 2, 3], [5, 1, 2]]),
+                lengths=torch.tensor([3, 2]), depth=4, min_match=1, num_candidates=2, width=3, max_occurrences=8,
+                validate=True)
+
+
+def _memory_index_cases(op: str):
+    bad(op, "tokens_2d", with_(tokens=lambda t: t[None]), "tokens must be [T], got 2 dimensions", guard=True)
+    bad(op, "tokens_int64", with_(tokens=lambda t: t.long()), "tokens must be int32, got Long", TypeError, guard=True)
+    bad(op, "entries_2d", with_(entries=lambda t: t[None]), "entries must be [N], got 2 dimensions")
+    bad(op, "entries_int64", with_(entries=lambda t: t.long()), "entries must be int32, got Long", TypeError)
+    bad(op, "levels_too_many", with_(levels=[4]), "levels sum to 4 but entries holds 3")
+    bad(op, "levels_empty_level", with_(levels=[0, 3]), "levels[0] = 0 must be >= 1")
+    bad(op, "depth_zero", with_(depth=0), "depth must be in [1, 64], got 0")
+    bad(op, "depth_65", with_(depth=65), "depth must be in [1, 64], got 65")
+
+
+def _memory_cases():
+    op = "ngram_memory_insert"
+    good(op, "valid")
+    good(op, "nothing_added", with_(positions=torch.empty(0, dtype=I64)))
+    good(op, "two_levels", with_(entries=lambda t: t, levels=[1, 2]))
+    good(op, "validate_false_bad_position", seq(with_(validate=False), put("positions", 1, 5)))
+    _memory_index_cases(op)
+    bad(op, "positions_2d", with_(positions=lambda t: t[None]), "positions must be [n], got 2 dimensions")
+    bad(op, "positions_int32", with_(positions=lambda t: t.int()), "positions must be int64, got Int", TypeError)
+    bad(op, "position_negative", put("positions", 0, -1), "positions[0] = -1 is outside [0, 8)", guard=True)
+    bad(op, "position_last", put("positions", 1, 8), "positions[1] = 8 is outside [0, 8)")
+    bad(op, "positions_not_increasing", with_(positions=torch.tensor([6, 3])),
+        "positions must increase strictly, but positions[1] = 3 follows 6")
+    bad(op, "position_repeated", with_(positions=torch.tensor([3, 3])),
+        "positions must increase strictly, but positions[1] = 3 follows 3")
+    bad(op, "position_not_followed", put("positions", 1, 4),
+        "positions[1] = 4 does not hold a token followed by a token (tokens[4:6] = 2, -1)")
+    bad(op, "position_on_a_separator", put("positions", 1, 5),
+        "positions[1] = 5 does not hold a token followed by a token (tokens[5:7] = -1, 2)")
+
+    op = "ngram_memory_lookup"
+    good(op, "valid")
+    good(op, "int32_contexts", with_(contexts=lambda t: t.int()))
+    good(op, "empty_contexts", with_(lengths=torch.tensor([0, 0])))
+    good(op, "empty_memory", with_(entries=torch.empty(0, dtype=I32), levels=[]))
+    good(op, "negative_padding", put("contexts", (1, 2), -1))
+    good(op, "validate_false_negative_token", seq(with_(validate=False), put("contexts", (0, 0), -3)))
+    good(op, "widest", with_(width=256, max_occurrences=256, num_candidates=256))
+    _memory_index_cases(op)
+    bad(op, "contexts_1d", with_(contexts=lambda t: t[0]), "contexts must be [B, C], got 1 dimensions", guard=True)
+    bad(op, "contexts_float", with_(contexts=lambda t: t.float()), "contexts must be int32 or int64, got Float",
+        TypeError)
+    bad(op, "lengths_shape", with_(lengths=torch.tensor([3])), "lengths must be [B] = [2], got [1]")
+    bad(op, "lengths_int32", with_(lengths=lambda t: t.int()), "lengths must be int64, got Int", TypeError)
+    bad(op, "min_match_zero", with_(min_match=0), "min_match must be in [1, depth = 4], got 0")
+    bad(op, "min_match_above_depth", with_(min_match=5), "min_match must be in [1, depth = 4], got 5")
+    bad(op, "max_occurrences_zero", with_(max_occurrences=0), "max_occurrences must be in [1, 256], got 0")
+    bad(op, "max_occurrences_257", with_(max_occurrences=257), "max_occurrences must be in [1, 256], got 257")
+    bad(op, "num_candidates_above_occurrences", with_(num_candidates=9),
+        "num_candidates must be in [1, max_occurrences = 8], got 9")
+    bad(op, "width_zero", with_(width=0), "width must be in [1, 256], got 0")
+    bad(op, "width_257", with_(width=257), "width must be in [1, 256], got 257")
+    bad(op, "lengths_above_c", put("lengths", 1, 4), "lengths[1] = 4 is outside [0, 3]", guard=True)
+    bad(op, "negative_token", put("contexts", (1, 1), -1),
+        "contexts[1, 1] = -1 is negative; context tokens must be ids >= 0")
+    bad(op, "validate_false_lengths_above_c", seq(with_(validate=False), put("lengths", 0, 9)),
+        "lengths[0] = 9 is outside [0, 3]")
+
+
 # ---- tree_attention (csrc/cpu/tree_attention.cpp) ----
 
 # Node 0 the root, nodes 1 and 2 its children, node 3 node 1's child: each row its ancestors and itself.
@@ -804,10 +888,11 @@ VALID = {"chain_verify": chain_verify_args, "tree_verify": tree_verify_args,
          "sample_without_replacement": sample_without_replacement_args,
          "stochastic_beam_step": stochastic_beam_step_args, "vocab_project": vocab_project_args,
          "ensemble_logits": ensemble_logits_args, "ngram_match": ngram_match_args,
+         "ngram_memory_insert": ngram_memory_insert_args, "ngram_memory_lookup": ngram_memory_lookup_args,
          "tree_attention": tree_attention_args, "skinny_linear": skinny_linear_args,
          "quantized_linear": quantized_linear_args}
 for _register in (_chain_cases, _tree_cases, _sample_cases, _beam_cases, _vocab_cases, _ensemble_cases, _ngram_cases,
-                  _tree_attention_cases, _linear_cases):
+                  _memory_cases, _tree_attention_cases, _linear_cases):
     _register()
 
 

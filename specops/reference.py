@@ -14,7 +14,8 @@ import torch
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match",
            "vocab_project", "tree_attention", "tree_visibility", "tree_children", "tree_verify",
            "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
-           "dequantize", "quantized_linear", "llama_layers", "NGRAM_KEY_BITS"]
+           "dequantize", "quantized_linear", "llama_layers", "NGRAM_KEY_BITS", "MEMORY_LEVEL_RATIO",
+           "memory_merged_blocks", "memory_levels", "memory_keys", "ngram_memory_insert", "ngram_memory_lookup"]
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -356,6 +357,144 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor, min_ngram: int, max
         counts[b, :take] = count[order]
         ngram[b, :take] = level[order]
     return candidates, counts, ngram
+
+
+# ---- The n-gram memory's index (ngram_memory_insert, ngram_memory_lookup) ----
+#
+# The store is a flat int32 token array in which runs of tokens (earlier requests' prompts and outputs) lie
+# apart, separated by negative tokens. The index is a sorted array of end positions e: the key of e is the
+# run's tokens read backwards from e, t[e], t[e - 1], ..., at most `depth` of them and stopping before the
+# first negative token (or the array's start). Keys order lexicographically, a key before its extensions
+# (a stopped key reads as -1 from there on); equal keys order by position. So the end positions whose last
+# m tokens equal a query's last m tokens are one contiguous stretch of the sorted array, found by binary
+# search. The entries are kept in levels (sorted runs of the array, newest first, each at least
+# MEMORY_LEVEL_RATIO times larger than the level before it), so that an insert sorts only what it adds
+# and merges it into the levels it has outgrown.
+
+MEMORY_LEVEL_RATIO = 8
+
+
+def memory_merged_blocks(levels: list[int], added: int) -> int:
+    """How many blocks, of the `added` new entries (one block, when added > 0) followed by the levels (sizes,
+    newest first), merge into the new first level: while the merged block is at least 1 / MEMORY_LEVEL_RATIO
+    of the next level's size, that level joins it. 0 when nothing is added."""
+    if added == 0:
+        return 0
+    blocks = [added, *levels]
+    merged, size = 1, added
+    while merged < len(blocks) and size * MEMORY_LEVEL_RATIO > blocks[merged]:
+        size += blocks[merged]
+        merged += 1
+    return merged
+
+
+def memory_levels(levels: list[int], added: int) -> list[int]:
+    """The level sizes after inserting `added` entries into levels of sizes `levels` (newest first)."""
+    merged = memory_merged_blocks(levels, added)
+    if merged == 0:
+        return list(levels)
+    return [added + sum(levels[:merged - 1]), *levels[merged - 1:]]
+
+
+def memory_keys(tokens: torch.Tensor, positions: torch.Tensor, depth: int) -> torch.Tensor:
+    """keys [n, depth] int64 of end positions [n]: key[i, j] = t[e - j] while e - j >= 0 and no token from
+    t[e] back to t[e - j] is negative (or outside the store), else -1."""
+    size = tokens.shape[0]
+    at = positions.long()[:, None] - torch.arange(depth, device=tokens.device)
+    inside = (at >= 0) & (at < size)
+    raw = torch.where(inside, tokens.long()[at.clamp(0, max(size - 1, 0))], -1)
+    alive = (raw >= 0).long().cumprod(1).bool()
+    return torch.where(alive, raw, -1)
+
+
+def _memory_order(tokens: torch.Tensor, positions: torch.Tensor, depth: int) -> torch.Tensor:
+    """positions sorted by (key, position): stable sorts from the last key column to the first."""
+    positions = positions.long().sort().values
+    keys = memory_keys(tokens, positions, depth)
+    for j in range(depth - 1, -1, -1):
+        order = torch.sort(keys[:, j], stable=True).indices
+        positions, keys = positions[order], keys[order]
+    return positions
+
+
+def ngram_memory_insert(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], positions: torch.Tensor,
+                        depth: int) -> torch.Tensor:
+    """The index after adding end positions [n] (whose tokens are already in the store): the new entries
+    become the newest level, which merges with the levels `memory_merged_blocks` names. Returns the entries
+    [N + n] int32, laid out as `memory_levels(levels, n)` says."""
+    merged = memory_merged_blocks(levels, positions.shape[0])
+    if merged == 0:
+        return entries.clone()
+    cut = sum(levels[:merged - 1])
+    front = torch.cat([positions.long(), entries[:cut].long()])
+    return torch.cat([_memory_order(tokens, front, depth).int(), entries[cut:]])
+
+
+def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], contexts: torch.Tensor,
+                        lengths: torch.Tensor, depth: int, min_match: int, num_candidates: int, width: int,
+                        max_occurrences: int) -> tuple[torch.Tensor, ...]:
+    """Continuations in the memory of each row's last tokens.
+
+    Row b's query is its last min(lengths[b], depth) context tokens, read backwards. An entry e matches it for
+    m(e) tokens: the length of the common prefix of key(e) and the query. The row's match is L = the largest
+    m(e) over all entries (0, and nothing more, where that is below min_match); its occurrences are the
+    entries with m(e) >= L, O_l of them in level l (in the level's order). At most max_occurrences of them are
+    read: levels newest first, each whole while it fits in what is left of that quota, else the evenly spread
+    O_l[floor(i * |O_l| / r)], i < r, of the r left. An occurrence e continues with t[e + 1], ..., t[e + width],
+    -1 from the first negative token (or the end of the store) on. Distinct continuations rank by how many of
+    the read occurrences have them (count), then by their largest e (latest), both descending.
+
+    Returns candidates [B, k, width] (-1 where there is none), counts [B, k] (0), latest [B, k] (-1), match [B]
+    and occurrences [B] (all entries with m(e) >= L, read or not), all int64; k = num_candidates.
+    """
+    batch = contexts.shape[0]
+    device = contexts.device
+    candidates = torch.full((batch, num_candidates, width), -1, dtype=torch.int64, device=device)
+    counts = torch.zeros(batch, num_candidates, dtype=torch.int64, device=device)
+    latest = torch.full((batch, num_candidates), -1, dtype=torch.int64, device=device)
+    match = torch.zeros(batch, dtype=torch.int64, device=device)
+    occurrences = torch.zeros(batch, dtype=torch.int64, device=device)
+    tokens, entries = tokens.to(device), entries.to(device)
+    bounds = [0]
+    for size in levels:
+        bounds.append(bounds[-1] + size)
+    keys = memory_keys(tokens, entries, depth)
+    size = tokens.shape[0]
+    for b in range(batch):
+        n = int(lengths[b])
+        query = contexts[b, :n].long().flip(0)[:depth]
+        if query.numel() == 0 or entries.numel() == 0:
+            continue
+        m = (keys[:, :query.numel()] == query).long().cumprod(1).sum(1)
+        best = int(m.max())
+        if best < min_match:
+            continue
+        match[b] = best
+        occurrences[b] = int((m >= best).sum())
+        chosen, left = [], max_occurrences
+        for level in range(len(levels)):
+            found = entries[bounds[level]:bounds[level + 1]][m[bounds[level]:bounds[level + 1]] >= best].long()
+            if found.numel() <= left:
+                chosen.append(found)
+                left -= found.numel()
+            else:
+                chosen.append(found[(torch.arange(left, device=device) * found.numel()) // left])
+                left = 0
+            if left == 0:
+                break
+        ends = torch.cat(chosen)
+        at = ends[:, None] + 1 + torch.arange(width, device=device)
+        raw = torch.where(at < size, tokens.long()[at.clamp(max=size - 1)], -1)
+        conts = torch.where((raw >= 0).long().cumprod(1).bool(), raw, -1)
+        unique, inverse = torch.unique(conts, dim=0, return_inverse=True)
+        count = torch.zeros(unique.shape[0], dtype=torch.int64, device=device).scatter_add(
+            0, inverse, torch.ones_like(inverse))
+        last = torch.full((unique.shape[0],), -1, dtype=torch.int64, device=device).scatter_reduce(
+            0, inverse, ends, "amax")
+        order = torch.argsort(count * 2**32 + last, descending=True)[:num_candidates]
+        take = order.numel()
+        candidates[b, :take], counts[b, :take], latest[b, :take] = unique[order], count[order], last[order]
+    return candidates, counts, latest, match, occurrences
 
 
 def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_vocab: int,

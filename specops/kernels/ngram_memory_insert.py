@@ -1,0 +1,116 @@
+"""Triton kernel for `specops::ngram_memory_insert`: new end positions join the n-gram memory's sorted index
+(semantics: specops/reference.py, "The n-gram memory's index").
+
+One kernel merges pairs of sorted runs: every element finds, by binary search, how many elements of the other
+run of its pair precede it in the key order, which with its own index in its run is its place in the merged
+pair. The order is total (ties between equal keys go to the position), so the two runs of a pair fill the
+merged run without collisions. The launcher sorts the new positions bottom up (runs of 1, 2, 4, ...) and then
+merges the result with each level it has outgrown, newest first (`reference.memory_merged_blocks`); older
+levels are copied. Every size is known on the host from the level sizes, so there are no host syncs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specops.ops._checks import guarded
+from specops.ops.ngram import check_ngram_memory_insert
+from specops.reference import memory_merged_blocks
+
+__all__ = ["ngram_memory_insert_triton"]
+
+_BLOCK = 128  # elements per program
+
+
+@triton.jit
+def _keys(tokens_ptr, T, e, offs, depth):
+    """[BLOCK, BLOCK_D] key tokens of end positions e [BLOCK]: t[e - j], -1 from the first negative token (or
+    the store's start) on, and past depth."""
+    at = e[:, None] - offs[None, :]
+    raw = tl.load(tokens_ptr + at, mask=(offs[None, :] < depth) & (at >= 0) & (at < T), other=-1)
+    stopped = tl.cumsum((raw < 0).to(tl.int32), 1) > 0
+    return tl.where(stopped, -1, raw)
+
+
+@triton.jit
+def _less(tokens_ptr, T, a, b, offs, depth):
+    """(key(a), a) < (key(b), b) lane by lane, for end positions a, b [BLOCK]."""
+    x = _keys(tokens_ptr, T, a, offs, depth)
+    y = _keys(tokens_ptr, T, b, offs, depth)
+    differs = x != y
+    first = tl.min(tl.where(differs, offs[None, :], depth), 1)
+    at = offs[None, :] == first[:, None]
+    x_first = tl.sum(tl.where(at, x, 0), 1)
+    y_first = tl.sum(tl.where(at, y, 0), 1)
+    return tl.where(first < depth, x_first < y_first, a < b)
+
+
+@triton.jit(do_not_specialize=["T", "n", "run", "steps", "depth"])
+def _merge_kernel(tokens_ptr, src_ptr, dst_ptr,
+                  T, n, run, steps, depth,
+                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """src [n] holds sorted runs of `run` elements (the last may be shorter); dst gets each pair of runs
+    merged. steps >= log2(run + 1): binary-search iterations."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    offs = tl.arange(0, BLOCK_D)
+    me = tl.load(src_ptr + i, mask=live, other=0).to(tl.int64)
+    which = i // run
+    base = (which // 2) * (2 * run)
+    left_run = which % 2 == 0
+    other_start = tl.where(left_run, base + run, base)
+    other_end = tl.minimum(tl.where(left_run, base + 2 * run, base + run), n)
+    other_end = tl.maximum(other_end, other_start)
+    # How many elements of the other run precede me.
+    lo = other_start
+    hi = other_end
+    for _ in range(0, steps):
+        searching = lo < hi
+        mid = (lo + hi) // 2
+        them = tl.load(src_ptr + mid, mask=live & searching, other=0).to(tl.int64)
+        before = _less(tokens_ptr, T, them, me, offs, depth)
+        lo = tl.where(searching & before, mid + 1, lo)
+        hi = tl.where(searching & ~before, mid, hi)
+    own = i - tl.where(left_run, base, base + run)
+    tl.store(dst_ptr + base + own + (lo - other_start), me.to(tl.int32), mask=live)
+
+
+def _merge_pass(tokens: torch.Tensor, src: torch.Tensor, run: int, depth: int) -> torch.Tensor:
+    n = src.shape[0]
+    dst = torch.empty_like(src)
+    _merge_kernel[(triton.cdiv(n, _BLOCK),)](
+        tokens, src, dst, tokens.shape[0], n, run, max(run, 1).bit_length(), depth,
+        BLOCK=_BLOCK, BLOCK_D=triton.next_power_of_2(depth), num_warps=4)
+    return dst
+
+
+def ngram_memory_insert_triton(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], positions: torch.Tensor,
+                               depth: int, validate: bool = True) -> torch.Tensor:
+    """Triton implementation of `specops::ngram_memory_insert` on the op's arguments (see
+    `specops.ops.ngram_memory_insert`). Values are not checked here (`check_ngram_memory_insert` does, before
+    the launch); every load is masked to the store, so no input reads out of bounds."""
+    tokens, entries = tokens.contiguous(), entries.contiguous()
+    added = positions.shape[0]
+    merged = memory_merged_blocks(levels, added)
+    if merged == 0:
+        return entries.clone()
+    front = positions.to(torch.int32).contiguous()
+    run = 1
+    while run < added:  # bottom-up merge sort of the new positions
+        front = _merge_pass(tokens, front, run, depth)
+        run *= 2
+    done = 0
+    for size in levels[:merged - 1]:
+        level = entries[done:done + size]
+        longer, shorter = (level, front) if size >= front.shape[0] else (front, level)
+        front = _merge_pass(tokens, torch.cat([longer, shorter]), longer.shape[0], depth)
+        done += size
+    return torch.cat([front, entries[done:]])
+
+
+# What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
+# which this kernel cannot make), then the kernel.
+ngram_memory_insert_cuda = guarded(check_ngram_memory_insert, ngram_memory_insert_triton)
+torch.library.register_kernel("specops::ngram_memory_insert", "cuda", ngram_memory_insert_cuda)
