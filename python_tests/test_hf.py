@@ -893,3 +893,39 @@ def test_ensemble_member_without_tokenizer(zoo, batch, tok):
                              max_new_tokens=NEW)
         width = batch["input_ids"].shape[1]
         assert got[:, width:].tolist() == [row + [PAD_ID] * (NEW - len(row)) for row in ref.tokens]
+
+
+# ---- memory= and num_return_sequences ----
+
+def test_memory_greedy_equals_generate(llama, batch):
+    """memory= through generate(): n-gram drafting from a memory that fills as it goes, the model's own greedy
+    tokens in every call."""
+    want = plain(llama, batch, max_new_tokens=NEW, do_sample=False)
+    memory = specops.NgramMemory()
+    for _ in range(2):
+        _assert_same(hf(llama, batch, max_new_tokens=NEW, do_sample=False, memory=memory), want, "memory")
+    assert memory.stats()["runs"] == 2 * 2 * len(PROMPTS)
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_num_return_sequences_samples_each_prompt_once(llama, batch, tok, memory, monkeypatch):
+    """generate() repeats each prompt num_return_sequences times; specops reads it once, forks its cache, and
+    gives the samples decode(num_samples=) gives: the prompt list with each prompt repeated, row by row."""
+    from specops.decoding.engine import KVState
+
+    fed = []
+    real = KVState.prefill
+    monkeypatch.setattr(KVState, "prefill", lambda self, rows: fed.append(len(rows)) or real(self, rows))
+    kwargs = dict(max_new_tokens=NEW, do_sample=True, temperature=1.0, top_k=0, num_return_sequences=3, seed=7)
+    if memory:
+        kwargs["memory"] = specops.NgramMemory()
+    out = hf(llama, batch, **kwargs)
+    # The probes run first (once per model); the decoding reads the prompts once, never their 3 * 3 copies.
+    assert out.shape[0] == 3 * len(PROMPTS) and fed[-1] == len(PROMPTS) and 3 * len(PROMPTS) not in fed
+    prompts = [tok.decode(row[row != PAD_ID]) for row in batch["input_ids"]]
+    want = specops.decode(prompts, target=llama, tokenizer=tok, method="ar", max_new_tokens=NEW, temperature=1.0,
+                          seed=7, num_samples=3)
+    width = batch["input_ids"].shape[1]
+    for row, tokens in enumerate(t for group in want.tokens for t in group):
+        assert out[row, width:width + len(tokens)].tolist() == tokens
+    assert not torch.equal(out[0], out[1])  # the samples of one prompt differ

@@ -2,7 +2,8 @@
 
 Public API: `specops.decode` (generation with any method; `specops.hf.generate` runs it inside transformers'
 `model.generate(..., custom_generate=specops.hf.generate)`; `specops.WeightedEnsemble` and
-`specops.ContrastiveEnsemble` define ensembles of targets), `specops.quantize` (weight-only int8 / int4 /
+`specops.ContrastiveEnsemble` define ensembles of targets; `specops.NgramMemory` holds what earlier requests
+wrote, for n-gram drafting across requests, calls and processes), `specops.quantize` (weight-only int8 / int4 /
 bf16 linear layers, for fast drafters), `specops.ops` (the kernels, as typed wrappers over
 `torch.ops.specops.*`), `specops.models` (the embedded default models) and
 `specops.vocab` (vocabulary maps between two tokenizers: `specops.vocab.vocab_map`).
@@ -22,9 +23,10 @@ from specops import vocab
 from specops.decoding import DecodeResult, decode
 from specops.decoding.ensemble_lm import ContrastiveEnsemble, WeightedEnsemble
 from specops.decoding.stats import Stats
+from specops.memory import NgramMemory
 from specops.quantization import QuantizedLinear, quantize
 
-__all__ = ["decode", "DecodeResult", "Stats", "ContrastiveEnsemble", "WeightedEnsemble", "QuantizedLinear",
+__all__ = ["decode", "DecodeResult", "Stats", "ContrastiveEnsemble", "WeightedEnsemble", "NgramMemory", "QuantizedLinear",
            "quantize", "ops", "models", "hf", "vocab"]
 __version__ = "0.1.0"
 

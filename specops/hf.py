@@ -237,7 +237,7 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
              synced_gpus=False, streamer=None, *, draft_model=None, draft_tokenizer=None,
              target_tokenizer=None, method: str = "auto", num_draft_tokens="auto", seed: int | None = None,
              options: dict | None = None, ensemble=None, ensemble_models=None, ensemble_tokenizers=None,
-             stats: Stats | None = None, **model_kwargs):
+             stats: Stats | None = None, memory=None, **model_kwargs):
     """The decoding loop of `model.generate(..., custom_generate=specops.hf.generate)` (module docstring).
 
     draft_model: a drafter model, an embedded name ("smollm2-135m", with its default low-precision weights,
@@ -249,7 +249,9 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
     generator, so torch.manual_seed makes a call reproducible). Ensembles: ensemble_models=[m2, ...] (and
     ensemble_tokenizers=[t2, ...]) decode from the ensemble of the model and those, ensemble=
     specops.WeightedEnsemble(...) or specops.ContrastiveEnsemble(...) (method "se" or "ensemble").
-    stats: a `specops.Stats()` to fill with what the call did.
+    stats: a `specops.Stats()` to fill with what the call did. memory: a `specops.NgramMemory` that n-gram
+    drafting reads and writes (as in `specops.decode`). num_return_sequences=n (sampling) reads each prompt
+    once and decodes its n samples from one forked cache, drafting from each other through a memory.
     """
     if generation_config is None:
         raise TypeError("specops.hf.generate is the decoding loop of transformers' generate(): call "
@@ -259,18 +261,28 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
         return _generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                          synced_gpus, streamer, draft_model, draft_tokenizer, target_tokenizer, method,
                          num_draft_tokens, seed, options, ensemble, ensemble_models, ensemble_tokenizers,
-                         stats, model_kwargs)
+                         stats, memory, model_kwargs)
     finally:
         if streamer is not None:
             streamer.end()  # also on an error: a TextIteratorStreamer's reader would wait forever
 
 
+def _samples(rows: list[list[int]], config) -> tuple[list[list[int]], int | None]:
+    """generate() repeats each prompt num_return_sequences times before the decoding loop: the prompts once and
+    that count, so each is read once and forked (rows as they are where they do not come in such groups)."""
+    n = int(getattr(config, "num_return_sequences", 1) or 1)
+    if n < 2 or len(rows) % n or any(rows[i + j] != rows[i] for i in range(0, len(rows), n) for j in range(n)):
+        return rows, None
+    return rows[::n], n
+
+
 def _generate(model, input_ids, processors, criteria, config, synced_gpus, streamer, draft_model,
               draft_tokenizer, target_tokenizer, method, num_draft_tokens, seed, options, ensemble,
-              ensemble_models, ensemble_tokenizers, stats, model_kwargs):
+              ensemble_models, ensemble_tokenizers, stats, memory, model_kwargs):
     _check_config(model, config, model_kwargs, synced_gpus)
     temperature, top_k, top_p = _sampling(config, processors)
     rows = _prompt_rows(input_ids, model_kwargs.get("attention_mask"))
+    distinct, samples = _samples(rows, config)
     stopping = _Stopping(criteria, config, input_ids)
     if streamer is not None and len(rows) > 1:
         raise ValueError(f"specops.hf.generate: a streamer streams one prompt, and this batch has "
@@ -308,13 +320,13 @@ def _generate(model, input_ids, processors, criteria, config, synced_gpus, strea
             streamer.put(torch.tensor(tokens, dtype=torch.long))
 
         batch, result = _decode(
-            rows, target=target, drafter=draft_model, method=method, tokenizer=tokenizers,
+            distinct, target=target, drafter=draft_model, method=method, tokenizer=tokenizers,
             drafter_tokenizer=draft_tokenizer, max_new_tokens=stopping.max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens,
             seed=draw_seed() if seed is None else seed, stop=None, stream=None, options=options,
             ensemble=ensemble,
             eos_ids=stopping.eos, stop_when=stopping if stopping.other else None,
-            on_tokens=on_tokens if streamer is not None else None)
+            on_tokens=on_tokens if streamer is not None else None, memory=memory, num_samples=samples)
         if stats is not None:
             stats.__dict__.update(result.__dict__)
         sequences = _pad(input_ids, batch.generated, config)

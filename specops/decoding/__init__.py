@@ -237,6 +237,20 @@ def _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer
     return chosen
 
 
+def _check_memory(memory, chosen, method: str, target_lm, tokenizer) -> None:
+    """A memory goes to a method that drafts from it, and holds the target's vocabulary (binding a new one)."""
+    if memory is None:
+        return
+    if not chosen.memory:
+        readers = ", ".join(m.name for m in registry.METHODS.values() if m.memory)
+        why = f"method 'auto' picked {chosen.name!r} here" if method == "auto" else f"method {method!r} was asked for"
+        raise ValueError(f"decode: a memory was given, but {why}, which does not draft from one; methods that do: "
+                         f"{readers} (no drafter, and a target that scores draft trees)")
+    from specops.memory import vocabulary_fingerprint
+
+    memory.bind(target_lm.vocab_size, vocabulary_fingerprint(tokenizer))
+
+
 def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> None:
     """Methods that score draft trees need a model that takes them exactly (probe.tree_support)."""
     reason = tree_support(lm, [t for row in rows for t in row]) if role in method.trees else None
@@ -250,12 +264,14 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None, options: dict | None = None,
-           ensemble=None) -> DecodeResult:
+           ensemble=None, memory=None, num_samples: int | None = None) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     Returns a DecodeResult:
-      - .text: the new text (a str; a list of str for a list of prompts), a stop string excluded;
-      - .tokens: the new token ids in the target's vocabulary (a list of int; a list of lists);
+      - .text: the new text (a str; a list of str for a list of prompts), a stop string excluded; with
+        num_samples, each prompt's entry is a list of num_samples texts;
+      - .tokens: the new token ids in the target's vocabulary (a list of int; a list of lists; with
+        num_samples, a list of num_samples lists per prompt);
       - .stats: a specops.Stats: the method `auto` chose, tokens/s, target and drafter calls, acceptance and
         where the time went (.summary() gives one line).
 
@@ -302,7 +318,15 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     num_draft_tokens, while "auto" lengths follow timings. "se" and the ensembles draw from streams keyed
     by step and decide nothing from timings: the same seed gives the same text, which is not "ar"'s.
     stop: strings that end a request (excluded from its text). stream: called as stream(request_index,
-    text) with each new piece of text as tokens are accepted.
+    text) with each new piece of text as tokens are accepted (with num_samples, request i * num_samples + j
+    is sample j of prompt i).
+
+    memory: a specops.NgramMemory that "ngram" drafts from and writes to: every request's prompt and output go
+    into it as they are decoded, so the requests of this call draft from each other and later calls from
+    this one ("auto" picks "ngram" when a memory is given without a drafter; other methods refuse one).
+    num_samples: decode each prompt this many times (pass@k, best-of-n): each prompt is read once and its
+    cache forked, and every sample draws with its own seed (request i * num_samples + j), so the texts are
+    those of the prompt list with each prompt repeated num_samples times.
 
     Ensembles: target=[m1, m2, ...] with tokenizer=[t1, t2, ...] (None for embedded names) decodes from the
     ensemble `ensemble` defines: specops.WeightedEnsemble(weights) (the default: equal weights) or
@@ -322,9 +346,12 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
                            drafter_tokenizer=drafter_tokenizer, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_k=top_k, top_p=top_p,
                            num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, stream=stream,
-                           options=options, ensemble=ensemble)
+                           options=options, ensemble=ensemble, memory=memory, num_samples=num_samples)
     texts = batch.texts()
     tokens = batch.generated
+    if num_samples is not None:  # each prompt's samples as one list
+        texts = [texts[i:i + num_samples] for i in range(0, len(texts), num_samples)]
+        tokens = [tokens[i:i + num_samples] for i in range(0, len(tokens), num_samples)]
     return DecodeResult(texts[0] if single else texts, tokens[0] if single else tokens, stats)
 
 
@@ -336,19 +363,23 @@ def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, see
     """`_decode` of call["prompts"] one request at a time (models that cannot take a ragged batch), the
     models resolved already; returns one (Batch, Stats) as if they had been decoded together."""
     prompts = call["prompts"]
+    n = call["num_samples"] or 1
     merged, stats = None, Stats()
     for i, prompt in enumerate(prompts):
-        def shifted(callback, request=i):
-            return None if callback is None else lambda _, *rest: callback(request, *rest)
+        def shifted(callback, first=i * n):
+            return None if callback is None else lambda request, *rest: callback(first + request, *rest)
 
         given = {k: v for k, v in call.items() if k != "prompts"}
         batch, part = _decode([prompt], **{
             **given, "target": target, "tokenizer": tokenizer, "drafter": drafter,
-            "drafter_tokenizer": drafter_tokenizer, "seed": seeds[i:i + 1], "stream": shifted(call["stream"]),
-            "stop_when": shifted(call["stop_when"]), "on_tokens": shifted(call["on_tokens"])})
+            "drafter_tokenizer": drafter_tokenizer, "seed": seeds[i * n:(i + 1) * n],
+            "stream": shifted(call["stream"]), "stop_when": shifted(call["stop_when"]),
+            "on_tokens": shifted(call["on_tokens"])})
         if merged is None:
-            merged = Batch(batch.tokenizer, prompts, call["max_new_tokens"], batch.stop, None, batch.eos_ids)
-        merged.generated[i], merged.stop_text[i] = batch.generated[0], batch.stop_text[0]
+            merged = Batch(batch.tokenizer, [p for p in prompts for _ in range(n)], call["max_new_tokens"],
+                           batch.stop, None, batch.eos_ids, samples=n)
+        for j in range(n):
+            merged.generated[i * n + j], merged.stop_text[i * n + j] = batch.generated[j], batch.stop_text[j]
         for name, value in vars(part).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 setattr(stats, name, getattr(stats, name) + value)
@@ -362,13 +393,25 @@ def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, see
 
 def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=None, max_new_tokens: int = 128,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, num_draft_tokens="auto",
-                    stop=None, stream=None, options: dict | None = None, ensemble=None):
+                    stop=None, stream=None, options: dict | None = None, ensemble=None, memory=None,
+                    num_samples=None):
     """Every check of `decode`'s arguments that needs no model: raises ValueError / TypeError before
     anything is loaded (the command line calls it first). Returns (stop strings, ensemble members and
     rule, or None, None)."""
     if method not in METHODS:
         raise ValueError(f"decode: unknown method {method!r}; available: {', '.join(METHODS)}")
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                    or num_samples < 1):
+        raise ValueError(f"decode: num_samples must be an int >= 1 or None, got {num_samples!r}")
+    if memory is not None:
+        from specops.memory import NgramMemory
+
+        if not isinstance(memory, NgramMemory):
+            raise TypeError(f"decode: memory must be a specops.NgramMemory, got {type(memory).__name__}")
+        if method != "auto" and not registry.METHODS[method].memory:
+            readers = ", ".join(m.name for m in registry.METHODS.values() if m.memory)
+            raise ValueError(f"decode: method {method!r} does not draft from a memory; methods that do: {readers}")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stops):
         raise ValueError("decode: stop must be a non-empty string or a list of them")
@@ -404,19 +447,21 @@ def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=Non
 
 def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, max_new_tokens, temperature,
             top_k, top_p, num_draft_tokens, seed, stop, stream, options, ensemble=None, eos_ids=None,
-            stop_when=None, on_tokens=None):
+            stop_when=None, on_tokens=None, memory=None, num_samples=None):
     """`decode` for prompts given as strings or as the target's token ids (then the tokenizers may be None
     where nothing needs text: a drafter model object without one shares the target's vocabulary). eos_ids
-    replaces the model's and tokenizer's EOS ids; stop_when / on_tokens: see `Batch`. Returns the
-    finished (Batch, Stats)."""
+    replaces the model's and tokenizer's EOS ids; stop_when / on_tokens: see `Batch` (with num_samples,
+    request i * num_samples + j is sample j of prompt i). Returns the finished (Batch, Stats), one request
+    per sample."""
     call = dict(locals())
     as_ids = not isinstance(prompts[0], str)
     stops, members, rule = check_arguments(
         target=target, drafter=drafter, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens, stop=stop,
-        stream=stream, options=options, ensemble=ensemble)
+        stream=stream, options=options, ensemble=ensemble, memory=memory, num_samples=num_samples)
+    samples = num_samples or 1
     if members is not None:
-        target_lm, tokenizer = _ensemble_lm(members, rule, prompts)
+        target_lm, tokenizer = _ensemble_lm(members, rule, [p for p in prompts for _ in range(samples)])
         target_model = target_lm.members[0].model
     else:
         target_model, tokenizer = _resolve_model(target, tokenizer, "target", need_tokenizer=not as_ids)
@@ -449,28 +494,31 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     if drafter_lm is not None and not isinstance(drafter, str):
         _refuse_cache(drafter_lm, ids if same else list(range(min(drafter_lm.vocab_size, 64))), target_lm)
     if apart and len(prompts) > 1:
-        # Left padding would shift this model's positions: each request decodes alone, exactly as it would
-        # in a batch of one (its own row seed, so sampled text does not depend on the split either).
+        # Left padding would shift this model's positions: each prompt decodes alone, exactly as it would
+        # in a batch of one (its own row seeds, so sampled text does not depend on the split either); its
+        # samples are rows of equal length, which need no padding.
         return _decode_apart(call, target_model if members is None else target,
                              tokenizer if members is None else call["tokenizer"],
                              drafter_model if not isinstance(drafter, str) else drafter, drafter_tokenizer,
-                             row_seeds(draw_seed() if seed is None else seed, len(prompts), target_lm.device))
-    batch = Batch(tokenizer, prompts, max_new_tokens, stops, stream,
+                             row_seeds(draw_seed() if seed is None else seed, len(prompts) * samples,
+                                       target_lm.device))
+    batch = Batch(tokenizer, [p for p in prompts for _ in range(samples)], max_new_tokens, stops, stream,
                   _eos_ids(target_model, tokenizer) if eos_ids is None else set(eos_ids),
-                  stop_when=stop_when, on_tokens=on_tokens)
+                  stop_when=stop_when, on_tokens=on_tokens, samples=samples)
     if trees_decide:
         trees = tree_support(target_lm, [t for row in batch.prompt_rows for t in row]) is None
         chosen = _chosen(method, same, temperature, members, target_lm, drafter_lm, tokenizer, drafter_tokenizer,
                          trees)
     settings = registry.check_options(chosen, options)
+    _check_memory(memory, chosen, method, target_lm, tokenizer)
     _refuse_trees(chosen, "target", target_lm, batch.prompt_rows)
     if "drafter" in chosen.trees:
         _refuse_trees(chosen, "drafter", drafter_lm, batch.encode(drafter_tokenizer))
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
-    seeds = row_seeds(draw_seed() if seed is None else seed, len(prompts), target_lm.device)
+    seeds = row_seeds(draw_seed() if seed is None else seed, batch.rows, target_lm.device)
     setup = Setup(chosen.name, target_lm, tokenizer, batch, params, seeds, num_draft_tokens, settings,
                   drafter_lm, drafter_tokenizer, drafter if isinstance(drafter, str) else drafter_model, same,
-                  seeded=seed is not None)
+                  seeded=seed is not None, memory=memory)
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
     with torch.inference_mode(), decoding_threads(target_lm.device):  # measures the load: before the clock

@@ -15,11 +15,17 @@ class Batch:
     leave the batch (their caches shrink with them)."""
 
     def __init__(self, tokenizer, prompts: list[str] | list[list[int]], max_new_tokens: int,
-                 stop: list[str] | None, stream, eos_ids: set[int], *, stop_when=None, on_tokens=None):
+                 stop: list[str] | None, stream, eos_ids: set[int], *, stop_when=None, on_tokens=None,
+                 samples: int = 1):
         """prompts: strings (encoded with `tokenizer`) or the prompts' target token ids themselves (then
         `tokenizer` may be None unless something needs text: another vocabulary, stop strings, `texts`).
         stop_when(request, tokens) -> bool: an extra stopping rule, asked after every appended token;
-        on_tokens(request, tokens): each request's newly emitted tokens, after every step."""
+        on_tokens(request, tokens): each request's newly emitted tokens, after every step. samples: requests
+        come in groups of this many samples of one prompt (prompts holds each prompt that many times, one
+        after another), which the loop reads once and forks."""
+        if samples < 1 or len(prompts) % samples:
+            raise ValueError(f"Batch: {len(prompts)} prompts do not form groups of {samples} samples")
+        self.samples = samples
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.stop = stop or []

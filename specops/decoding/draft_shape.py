@@ -137,6 +137,47 @@ class DraftShape:
         index = int(torch.where(rate == best_rate, rank, rank.max() + 1).argmin())
         return index // self.w_max + 1, index % self.w_max + 1
 
+    def shapes(self, rows: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """(k, w) per request [B, 2] for this step, each request its own: rows [B, k_max, w_max] is the full
+        draft list (-1 past a row's end), source [B] the source of each request's first row. A step's trees are
+        padded to its largest, so it costs what B requests of N nodes each cost: for every N, each request takes
+        the shape of at most N nodes with the most expected accepted tokens (no more than its rows hold), and
+        the N with the most expected tokens per second under the step cost wins; (0, 0) everywhere where
+        plain decoding wins. A request with a long match thus drafts a long chain while one with several
+        likely continuations takes a wider tree of the same size."""
+        batch, k_max, w_max = rows.shape
+        if self.fixed is not None:
+            return torch.tensor([self.fixed] * batch, dtype=torch.long).view(batch, 2)
+        none = torch.zeros(batch, 2, dtype=torch.long)
+        plain = self.cost(batch, batch)
+        if plain is None:
+            return none  # measure plain decoding first
+        rows = rows.cpu()
+        source = source.cpu().clamp(max=self.sources - 1)
+        nodes = tree_nodes(rows)  # [B, k, w]
+        held = (rows >= 0).long().cumprod(-1).sum(-1).cummax(1).values  # [B, k]: the longest of the first k rows
+        depth = torch.minimum(held[:, :, None], torch.arange(1, w_max + 1)[None, None, :])
+        value = torch.minimum(self.expected_accepted()[source], depth.double())  # [B, k, w]
+        value = torch.where(nodes > 0, value, 0.0).flatten(1)
+        nodes = nodes.flatten(1)
+        largest = int(nodes.max())
+        sizes = torch.arange(largest + 1)
+        fits = nodes[None, :, :] <= sizes[:, None, None]  # [N + 1, B, k * w]
+        best = torch.where(fits, value[None], 0.0).amax(-1)  # [N + 1, B]
+        tokens = batch + best.sum(1)
+        in_flight = batch * (1 + sizes)
+        rate = tokens / self.cost.at(batch, in_flight)
+        rate = torch.where(in_flight <= self.cost.reach(), rate, float("-inf"))
+        size = int(rate.argmax())  # the first best: the fewest nodes
+        if size == 0 or not float(rate[size]) > batch / plain:
+            return none
+        # Each request's shape at that size: the most value, then the fewest nodes, then the fewest rows.
+        rank = nodes * nodes.shape[1] + torch.arange(nodes.shape[1])[None]
+        top = best[size][:, None]
+        pick = torch.where(fits[size] & (value == top) & (top > 0), rank, rank.max() + 1).argmin(1)
+        chosen = torch.stack([pick // w_max + 1, pick % w_max + 1], 1)
+        return torch.where((best[size] > 0)[:, None], chosen, 0)
+
     def widths(self, rows: torch.Tensor, source: torch.Tensor, lead: torch.Tensor | None = None) -> list[int]:
         """Draft length per request for one chain each (k_max 1; rows [B, 1, w_max], -1 past a row's end;
         source [B]), for engines that verify ragged chains (vLLM): the lengths with the most expected

@@ -37,8 +37,11 @@ def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Ten
     start = time.perf_counter()
     drafters = tuple(proposer.drafters)
     stats.method, stats.requests = method, batch.rows
-    if batch.max_new_tokens > 0:
-        _decode(target, batch, params, seeds, stats, proposer, drafters)
+    try:
+        if batch.max_new_tokens > 0:
+            _decode(target, batch, params, seeds, stats, proposer, drafters)
+    finally:
+        proposer.finish()
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(t) for t in batch.generated)
     stats.target_calls = target.calls
@@ -54,10 +57,21 @@ def _decode(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch
     device = target.device
     verify = proposer.verifier if callable(proposer.verifier) else VERIFIERS[proposer.verifier]
     start = time.perf_counter()
-    state = target.new_state(batch.rows) if hasattr(target, "new_state") else KVState(target, batch.rows)
-    logits = state.prefill(batch.prompt_rows)
+    if hasattr(target, "new_state"):  # an ensemble of targets: a state made for its own rows
+        state = target.new_state(batch.rows)
+        logits = state.prefill(batch.prompt_rows)
+        stats.request_steps += batch.rows
+    else:
+        # Several samples of one prompt (num_samples): read each prompt once, then fork its cache.
+        samples = batch.samples
+        state = KVState(target, batch.rows // samples)
+        logits = state.prefill(batch.prompt_rows[::samples])
+        stats.request_steps += batch.rows // samples
+        if samples > 1:
+            fork = torch.arange(batch.rows // samples, device=device).repeat_interleave(samples)
+            state.select(fork)
+            logits = logits[fork]
     stats.prefill_seconds += time.perf_counter() - start
-    stats.request_steps += batch.rows
     last = sample(logits, params, seeds, 0)  # emitted, not yet read by the target
     first = last.tolist()
     proposer.start(first)

@@ -39,6 +39,7 @@ TABLES = ("auto", "bigram", "unigram", "none")
 SCHEMES = ("auto", "positional", "recursive", "traversal")  # option "scheme" (module docstring)
 # A step of one row goes to chain_verify: the chain case of each tree scheme.
 _CHAIN_SCHEME = {"positional": "positional", "recursive": "token", "traversal": "block"}
+_MEMORY_WIDTH = 16  # the longest draft row with a memory (its matches run long)
 
 
 class DraftTables:
@@ -57,14 +58,20 @@ class DraftTables:
             self.follow = successors(self.bigram, w - 1)
         return self.follow
 
-    def propose(self, contexts: torch.Tensor, lengths: torch.Tensor, k: int, w: int
+    def propose(self, contexts: torch.Tensor, lengths: torch.Tensor, k: int, w: int, memory=None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft rows [B, k, w] (-1 past a row's end) for contexts [B, C] int64 of lengths [B] (each >= 1),
-        and the source of each request's first row [B]: the length of its context match, 0 if it came from
-        the model n-grams (or if there is none)."""
+        and the source of each request's first row [B]: the length of its match, 0 if it came from the model
+        n-grams (or if there is none). With a memory (specops.NgramMemory) its continuations join the context's
+        (`merge_candidates`)."""
         candidates, counts, level = ops.ngram_match(contexts, lengths, min_ngram=self.min_ngram,
                                                     max_ngram=self.max_ngram, num_candidates=k, width=w,
                                                     validate=False)
+        if memory is not None:
+            found = memory.lookup(contexts, lengths, num_candidates=k, width=w)
+            candidates, counts, level = merge_candidates(
+                (found.candidates, found.counts, torch.where(found.counts > 0, found.match[:, None], 0)),
+                (candidates, counts, level), k)
         batch = candidates.shape[0]
         last = contexts[torch.arange(batch, device=contexts.device), lengths - 1]
         if self.bigram is not None:
@@ -93,6 +100,30 @@ class DraftTables:
             filled = torch.where(usable[:, :, None], taken, filled)
         rows = torch.where((order < found)[:, :, None], candidates, filled)
         return rows, torch.where(found[:, 0] > 0, level[:, 0], 0)
+
+
+def merge_candidates(first: tuple[torch.Tensor, ...], second: tuple[torch.Tensor, ...], k: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two candidate lists (candidates [B, k1, w], counts [B, k1] with 0 for none, level [B, k1]: the match
+    length each came from) as one of k rows: longest match first, then the most frequent, `first` before
+    `second` on ties; a row equal to one ranked before it leaves (the memory holds a request's own context too,
+    so both lists often hold it)."""
+    candidates = torch.cat([first[0], second[0]], 1)
+    counts = torch.cat([first[1], second[1]], 1)
+    level = torch.cat([first[2], second[2]], 1)
+    rows = candidates.shape[1]
+    key = torch.where(counts > 0, level * 2**40 + counts.clamp(max=2**40 - 1), -1)
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    candidates = candidates.gather(1, order[:, :, None].expand_as(candidates))
+    counts, level = counts.gather(1, order), level.gather(1, order)
+    same = (candidates[:, :, None, :] == candidates[:, None, :, :]).all(-1)  # [B, r, s]
+    earlier = torch.ones(rows, rows, dtype=torch.bool, device=candidates.device).tril(-1)
+    repeated = (same & earlier & (counts > 0)[:, None, :]).any(2) | (counts == 0)
+    keep = torch.sort(repeated.long(), dim=1, stable=True).indices[:, :k]  # kept rows first, in rank order
+    take = ~repeated.gather(1, keep)
+    width = candidates.shape[2]
+    candidates = torch.where(take[:, :, None], candidates.gather(1, keep[:, :, None].expand(-1, -1, width)), -1)
+    return candidates, torch.where(take, counts.gather(1, keep), 0), torch.where(take, level.gather(1, keep), 0)
 
 
 class NgramDrafter:
@@ -125,15 +156,19 @@ class NgramDrafter:
         rows = rows.to(self.contexts.device)
         self.contexts, self.lengths = self.contexts[rows], self.lengths[rows]
 
-    def propose(self, k: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(self, k: int, w: int, memory=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft rows [B, k, w] and the source of each request's first row [B] (DraftTables.propose)."""
-        return self.tables.propose(self.contexts, self.lengths, k, w)
+        return self.tables.propose(self.contexts, self.lengths, k, w, memory)
 
 
 class NgramProposer(Proposer):
     """Verifier "tree"; a step whose trees are all one row goes to the chain verifier: the same tokens
     for the same seeds (chain_verify is tree_verify's chain case), through the plain forward, which
-    costs less than a tree's (no tree mask, no gather of the accepted path in every layer's cache)."""
+    costs less than a tree's (no tree mask, no gather of the accepted path in every layer's cache).
+
+    With a memory (specops.NgramMemory), every request is written into it as it decodes (its prompt once per
+    group of samples, then a run per request from its prompt's last tokens on), its drafts merge the memory's
+    continuations with the context's, and each request gets its own draft shape (`DraftShape.shapes`)."""
 
     verifier = "tree"
 
@@ -143,20 +178,48 @@ class NgramProposer(Proposer):
         self.shape = shape
         scheme = setup.options.get("scheme", "auto")
         self.scheme = "positional" if scheme == "auto" else scheme
+        self.memory = setup.memory
+        self.handles: list[int | None] = []  # per row: the memory's handle of its run,
+        self.requests: list[int] = []  # the request it decodes,
+        self.written: list[int] = []  # and how many of its tokens are in the memory
 
     def start(self, first: list[int]) -> None:
         self.contexts.extend_contexts([[t] for t in first])
+        if self.memory is not None:
+            batch = self.batch
+            self.memory.add(batch.prompt_rows[::batch.samples])
+            self.handles = self.memory.open(batch.prompt_rows, [batch.max_new_tokens] * batch.rows)
+            self.requests = list(batch.index)
+            self.written = [0] * batch.rows
+
+    def _write(self, rows: list[int]) -> None:
+        """Write what these rows' requests emitted since they were last written into their runs (tokens a stop
+        cut off are never emitted, so never written)."""
+        generated = [self.batch.generated[self.requests[row]] for row in rows]
+        self.memory.extend([self.handles[row] for row in rows],
+                           [g[self.written[row]:] for row, g in zip(rows, generated)])
+        for row, g in zip(rows, generated):
+            self.written[row] = len(g)
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         # The full draft list (for the acceptance record), then the rows this step can afford.
-        rows, source = self.contexts.propose(self.shape.k_max, self.shape.w_max)
+        rows, source = self.contexts.propose(self.shape.k_max, self.shape.w_max, self.memory)
+        source = _source(source, self.shape.sources)
         batch = self.batch
         self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
-        k, w = self.shape.choose(rows, source)
+        if self.memory is None:
+            k, w = self.shape.choose(rows, source)
+            shapes = torch.tensor([[k, w]], dtype=torch.long).expand(rows.shape[0], 2)
+        else:
+            shapes = self.shape.shapes(rows, source)
+        k, w = int(shapes[:, 0].max()), int(shapes[:, 1].max())
         if k == 0:
             return Proposal.empty(batch.rows, rows.device)
         rows = rows[:, :k, :w].clone()
-        beyond = torch.arange(rows.shape[2], device=rows.device)[None, None, :] >= budget[:, None, None]
+        shapes = shapes.to(rows.device)
+        beyond = ((torch.arange(k, device=rows.device)[None, :, None] >= shapes[:, None, None, 0])
+                  | (torch.arange(w, device=rows.device)[None, None, :] >= shapes[:, None, None, 1])
+                  | (torch.arange(w, device=rows.device)[None, None, :] >= budget[:, None, None]))
         rows = rows.masked_fill(beyond, -1)
         if k == 1:  # every tree is one row: a chain, which tree_verify and chain_verify accept alike
             drafts = rows[:, 0]
@@ -167,11 +230,39 @@ class NgramProposer(Proposer):
 
     def accept(self, result: StepResult) -> None:
         self.contexts.extend_contexts(result.emitted)
+        if self.memory is not None:
+            self._write(list(range(len(self.handles))))
         self.shape.observe_cost(len(result.emitted), len(result.emitted) * (result.size + 1), result.step_seconds)
         self.shape.resolve(self.batch.generated, result.finished)
 
     def select(self, rows: torch.Tensor) -> None:
         self.contexts.select(rows)
+        if self.memory is not None:
+            kept = rows.tolist()
+            done = sorted(set(range(len(self.handles))) - set(kept))
+            self._write(done)
+            self.memory.close([self.handles[r] for r in done])
+            self.handles, self.requests, self.written = ([values[r] for r in kept] for values in
+                                                         (self.handles, self.requests, self.written))
+
+    def finish(self) -> None:
+        if self.memory is not None and self.handles:
+            self._write(list(range(len(self.handles))))
+            self.memory.close(self.handles)
+            self.handles = []
+
+
+# Draft-shape sources with a memory: no match (the model n-grams), then matches of 1-3, 4-15 and 16+ tokens,
+# so that long matches earn long drafts. Without one, 0 and any context match (DraftShape's docstring).
+_MEMORY_SOURCES = (1, 4, 16)
+
+
+def _source(level: torch.Tensor, sources: int) -> torch.Tensor:
+    """The draft-shape source of each request from the match length of its first row."""
+    if sources <= 2:
+        return level
+    bounds = torch.tensor(_MEMORY_SOURCES[:sources - 1], device=level.device)
+    return (level[:, None] >= bounds).sum(1)
 
 
 def _check(options: dict) -> None:
@@ -197,14 +288,21 @@ def _make(setup: Setup) -> Proposer:
         bigram = model_ngrams.bigram(model, setup.tokenizer, top=top, bos=bos)
     elif tables == "unigram":
         unigram = model_ngrams.unigram(model, top=k_max)
-    # Acceptance depends on the sampling settings and the tables: what a call learns is kept under them.
+    # Acceptance depends on the sampling settings, the tables and whether a memory drafts too: what a call
+    # learns is kept under them.
     params = setup.params
-    memory = f"T={params.temperature}|top_k={params.top_k}|top_p={params.top_p}|tables={tables}"
-    shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, memory=memory)
+    learned = (f"T={params.temperature}|top_k={params.top_k}|top_p={params.top_p}|tables={tables}"
+               f"|memory={setup.memory is not None}")
+    if setup.memory is None:
+        shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, memory=learned)
+    else:  # longer rows for long matches, sources by match length
+        shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, w_max=_MEMORY_WIDTH,
+                           sources=len(_MEMORY_SOURCES) + 1, memory=learned)
     return NgramProposer(setup, bigram, unigram, shape)
 
 
-METHODS = [Method("ngram", "drafts from the context and the model's own n-grams, verified as a token tree", _make,
+METHODS = [Method("ngram", "drafts from the context, the model's own n-grams and a memory of earlier requests "
+                  "(memory=), verified as a token tree", _make, memory=True,
                   trees=("target",), options={"tables": "auto", "scheme": "auto"}, check=_check,
                   option_help={"tables": "model-derived n-grams for rows the context cannot fill: bigram is "
                                "computed once per model (7 to 25 minutes for gemma-3-270m on two CPU cores, "

@@ -57,6 +57,7 @@ class Setup:
     drafter_key: object = None  # what the draft-length memory is kept under ("self:N" or the model)
     same_vocabulary: bool = True  # the drafter's tokenizer is the target's
     seeded: bool = False  # the caller gave a seed: it expects the same text back for it
+    memory: object = None  # a specops.NgramMemory the method reads and writes (Method.memory), or None
 
 
 @dataclass
@@ -147,6 +148,10 @@ class Proposer:
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows (finished requests leave the batch)."""
 
+    def finish(self) -> None:
+        """The decode call is over, whether it ended normally or not: release what would outlive it (a
+        memory's running requests)."""
+
 
 class Drafter(str, enum.Enum):
     """What drafter a method takes: none, one with the target's vocabulary (or `self:N`), or one with any
@@ -189,7 +194,8 @@ class Method:
     the ensemble) or "only" (an ensemble of targets). make(setup) builds the proposer, before decoding
     starts. auto(given): whether method "auto" picks this method for what it is `Given` (the first entry
     that says so wins). plain: the method without speculation that the others are compared with (one for
-    a single target, one for an ensemble)."""
+    a single target, one for an ensemble). memory: whether it drafts from a specops.NgramMemory (decode's
+    memory=)."""
 
     name: str
     summary: str
@@ -205,3 +211,4 @@ class Method:
     ensemble: str = "no"
     auto: Callable[[Given], bool] | None = None
     plain: bool = False
+    memory: bool = False
