@@ -266,3 +266,43 @@ def test_two_threads_share_one_memory(greedy):
     assert not errors
     assert out[0] == out[1] == greedy["llama"].tokens
     assert memory.stats()["running"] == 0
+
+
+# ---- the command line ----
+
+def test_command_line_memory(targets, tmp_path, monkeypatch, capsys):
+    """--memory FILE: created on the first run, loaded and saved back by the next; `specops memory add` seeds
+    one from text files, `specops memory show` tells what it holds; bad combinations exit with status 2."""
+    from specops import cli, models
+
+    monkeypatch.setattr(models, "load", lambda name, **kwargs: (targets["llama"], byte_tokenizer()))
+    path = tmp_path / "mem.bin"
+    assert cli.main(["generate", "the cat sat", "--max-new-tokens", "8", "--memory", str(path)]) == 0
+    first = capsys.readouterr()
+    assert "auto chose ngram" in first.err and path.exists()
+    runs = specops.NgramMemory.load(path).stats()["runs"]
+    assert runs == 2  # the prompt, and the output
+    assert cli.main(["generate", "the cat sat", "--max-new-tokens", "8", "--memory", str(path),
+                     "--num-samples", "2", "--temperature", "0.8", "--seed", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.err.count("--- sample") == 2
+    assert specops.NgramMemory.load(path).stats()["runs"] == runs + 3
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def add(a, b):\n    return a + b\n")
+    assert cli.main(["memory", "add", str(path), str(corpus)]) == 0
+    assert specops.NgramMemory.load(path).stats()["runs"] == runs + 4
+    capsys.readouterr()
+    assert cli.main(["memory", "show", str(path)]) == 0
+    assert f"runs: {runs + 4}" in capsys.readouterr().out
+    (tmp_path / "not.bin").write_bytes(b"hello")
+    for argv, message in [(["memory", "show", str(tmp_path / "not.bin")], "is not a specops n-gram memory file"),
+                          (["memory", "add", str(path)], "needs text files"),
+                          (["generate", "x", "--memory-budget", "1M"], "--memory-budget needs --memory FILE"),
+                          (["generate", "x", "--memory", str(path), "--method", "ar"], "--memory is read by method"),
+                          (["generate", "x", "--num-samples", "0"], "--num-samples: must be an integer >= 1")]:
+        try:
+            status = cli.main(argv)
+        except SystemExit as error:  # argparse's own refusal
+            status = error.code
+        assert status == 2
+        assert message in capsys.readouterr().err

@@ -5,6 +5,8 @@
     specops generate "def f(x):" --drafter smollm2-135m        # a drafter with another vocabulary (slem)
     specops generate "def f(x):" --target gemma-3-270m,smollm2-135m --ensemble weighted:0.7,0.3 --compare
     echo "def f(x):" | specops generate -                      # prompt from stdin
+    specops generate "def f(x):" --memory mem.bin              # draft from (and add to) earlier outputs
+    specops memory add mem.bin corpus/*.py                     # seed a memory with a corpus
 
 The generated text streams to stdout as tokens are accepted; statistics go to stderr, so stdout holds
 only the text. Bad settings exit with status 2 and a one-line message.
@@ -67,6 +69,21 @@ def _ensemble_rule(value: str):
     raise argparse.ArgumentTypeError(f"must be weighted:W1,W2,... or contrastive:MU[,ALPHA], got {value!r}")
 
 
+def _bytes(value: str) -> int:
+    """A byte count: an integer, optionally with a K, M or G suffix (powers of 1024)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:].upper(), 1)
+    digits = value[:-1] if scale > 1 else value
+    if digits.isdigit() and int(digits) > 0:
+        return int(digits) * scale
+    raise argparse.ArgumentTypeError(f"must be a byte count > 0 (an integer, or with K, M or G), got {value!r}")
+
+
+def _positive(value: str) -> int:
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+
+
 def _flag(method: str, option: str) -> str:
     return f"--{method}-{option}".replace("_", "-")
 
@@ -106,6 +123,15 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                                 dest=f"option:{method.name}:{option}", choices=method.option_choices.get(option),
                                 metavar=None if option in method.option_choices else option.upper(),
                                 help=f"{method.name}: {method.option_help.get(option, option)} (default: {default})")
+    parser.add_argument("--memory", metavar="FILE", default=None,
+                        help="an n-gram memory file (specops.NgramMemory): ngram drafts from what it holds, and the "
+                             "prompt and output are added to it; loaded if it exists, created if not, saved back")
+    parser.add_argument("--memory-budget", type=_bytes, default=None, metavar="BYTES",
+                        help="the most a new --memory holds (K, M, G suffixes; default 256M), or a new budget for "
+                             "one loaded (least recently used runs leave)")
+    parser.add_argument("--num-samples", type=_positive, default=None, metavar="N",
+                        help="decode the prompt N times (each sample with its own random numbers), reading it "
+                             "once; the samples print one after another, each under a header line")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="stop when this text appears (repeatable); it is not printed")
     parser.add_argument("--threads", type=_threads, default="auto", metavar="{auto,N}",
@@ -138,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Speculative decoding for PyTorch: generate text with the embedded models.",
         epilog=generate.format_help())
     parser.add_argument("--version", action="version", version=f"specops {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,models}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{generate,models,memory}")
     _generate_parser(commands.add_parser("generate", formatter_class=formatter,
                                          help="generate a continuation of a prompt",
                                          description="Generate a continuation of a prompt; the text streams to "
@@ -155,6 +181,20 @@ def _parser() -> argparse.ArgumentParser:
                                              "cores with AMX, seconds on a GPU).")
     models.add_argument("action", choices=["list", "path", "bigram"])
     models.add_argument("name", nargs="?", help=f"a model: {_MODELS}; for bigram also a transformers model folder")
+    memory = commands.add_parser("memory", help="an n-gram memory file: show what it holds, or add a corpus to it",
+                                 description="An n-gram memory file (specops.NgramMemory), which `specops generate "
+                                             "--memory FILE`, specops.decode(memory=) and specops.vllm.NgramProposer "
+                                             "(SPECOPS_NGRAM_MEMORY) draft from. `specops memory show FILE` prints "
+                                             "what it holds; `specops memory add FILE TEXT...` encodes each text "
+                                             "file with the target's tokenizer and adds it as one run (creating "
+                                             "FILE if needed), as a static cache of likely continuations.")
+    memory.add_argument("action", choices=["show", "add"])
+    memory.add_argument("file", help="the memory file")
+    memory.add_argument("texts", nargs="*", metavar="TEXT", help="add: text files, each one run")
+    memory.add_argument("--target", default="gemma-3-270m", help=f"add: the model whose tokenizer encodes the texts "
+                                                                 f"({_MODELS})")
+    memory.add_argument("--budget", type=_bytes, default=None, metavar="BYTES",
+                        help="add: the budget of a new file (default 256M), or a new one for an existing file")
     return parser
 
 
@@ -185,10 +225,14 @@ def _check(args, names: list[str]) -> None:
         models.check_name(name)
     if args.ensemble is not None and len(names) < 2:
         raise ValueError("--ensemble needs several targets: --target NAME1,NAME2")
+    if args.memory_budget is not None and args.memory is None:
+        raise ValueError("--memory-budget needs --memory FILE")
     check_arguments(target=names if len(names) > 1 else names[0], drafter=args.drafter, method=args.method,
                     max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, num_draft_tokens=args.num_draft_tokens, stop=args.stop,
-                    ensemble=_ensemble(args), options=_options(args))
+                    ensemble=_ensemble(args), options=_options(args), num_samples=args.num_samples)
+    if args.memory is not None and (args.drafter is not None or len(names) > 1 or args.method not in ("auto", "ngram")):
+        raise ValueError("--memory is read by method ngram alone: no --drafter, one --target, --method auto or ngram")
 
 
 def _options(args) -> dict | None:
@@ -214,6 +258,17 @@ def _ensemble(args):
             else specops.ContrastiveEnsemble(values[0], values[1] if len(values) > 1 else None))
 
 
+def _open_memory(path: str, budget: int | None):
+    """The memory in `path` (with a new budget if one is given), or a new one when there is no such file."""
+    from pathlib import Path
+
+    import specops
+
+    if Path(path).exists():
+        return specops.NgramMemory.load(path, budget_bytes=budget)
+    return specops.NgramMemory(budget_bytes=budget or 256 << 20)
+
+
 def _generate(args) -> int:
     import specops
     from specops._seeds import draw_seed
@@ -221,6 +276,7 @@ def _generate(args) -> int:
     prompt = _read_prompt(args)
     names = args.target.split(",")
     _check(args, names)
+    memory = _open_memory(args.memory, args.memory_budget) if args.memory is not None else None
     if args.max_new_tokens == 0:  # nothing to generate: no model needs to load
         print("specops: --max-new-tokens 0: nothing generated", file=sys.stderr)
         return 0
@@ -244,16 +300,25 @@ def _generate(args) -> int:
         specops.decode(prompt, **method, **{**settings, "max_new_tokens": min(4, args.max_new_tokens)})
     if args.echo:
         _stream(0, prompt)
-    result = specops.decode(prompt, **method, stream=_stream, **settings)
-    if not result.text.endswith("\n"):
+    samples = args.num_samples
+    result = specops.decode(prompt, **method, stream=_stream if samples is None else None, memory=memory,
+                            num_samples=samples, **settings)
+    if samples is not None:
+        for j, text in enumerate(result.text):
+            print(f"--- sample {j + 1} of {samples} ---", file=sys.stderr, flush=True)
+            _stream(0, text if text.endswith("\n") else text + "\n")
+    elif not result.text.endswith("\n"):
         _stream(0, "\n")
     chosen = f"auto chose {result.stats.method}; " if args.method == "auto" else ""
     print(chosen + result.stats.summary(), file=sys.stderr, flush=True)
+    if memory is not None:
+        memory.save(args.memory)
+        print(f"memory {args.memory}: {memory!r}", file=sys.stderr, flush=True)
     if args.compare:
         from specops.decoding import registry
 
         plain = registry.plain(ensemble=len(names) > 1).name
-        baseline = specops.decode(prompt, method=plain, **settings)
+        baseline = specops.decode(prompt, method=plain, num_samples=samples, **settings)
         print(baseline.stats.summary(), file=sys.stderr)  # it starts with the method's name
         ratio = (result.stats.tokens_per_second / baseline.stats.tokens_per_second
                  if baseline.stats.tokens_per_second else float("nan"))
@@ -293,10 +358,34 @@ def _models(args) -> int:
     return 0
 
 
+def _memory(args) -> int:
+    from pathlib import Path
+
+    import specops
+
+    if args.action == "show":
+        if args.texts:
+            raise ValueError("specops memory show takes only the file")
+        memory = specops.NgramMemory.load(args.file)
+        for key, value in memory.stats().items():
+            print(f"{key}: {value}")
+        return 0
+    if not args.texts:
+        raise ValueError("specops memory add needs text files to add")
+    specops.models.check_name(args.target)
+    texts = [Path(t).read_text(encoding="utf-8") for t in args.texts]  # all readable before anything loads
+    memory = _open_memory(args.file, args.budget)
+    _, tokenizer = specops.models.load(args.target)
+    memory.add_texts(texts, tokenizer)
+    memory.save(args.file)
+    print(f"memory {args.file}: {memory!r}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _models(args) if args.command == "models" else _generate(args)
+        return {"models": _models, "memory": _memory}.get(args.command, _generate)(args)
     except (ValueError, ImportError, OSError) as error:  # bad settings, a missing package or file
         print(f"specops: error: {error}", file=sys.stderr)
         return 2
