@@ -10,7 +10,8 @@ not needed; integrations/test_vllm.py runs the proposers inside the real engine.
    folder, read back without loading the model; none with SPECOPS_NGRAM_TABLES=none; built ahead by
    `specops models bigram`), cut at max_model_len; with a step cost that grows steeply with the tokens
    carried it stops proposing, with a flat one it proposes, and what it measured at one batch size prices
-   drafts at another; bad settings raise at construction.
+   drafts at another; bad settings raise at construction; with its memory a request drafts what earlier
+   requests wrote, and the memory file is read and saved.
 3. SlemProposer: with the target itself as drafter (same byte tokenizer), every draft is the target's own
    greedy continuation, so every draft is accepted exactly when its cache follows each request through
    joins, leaves, reorders and rollbacks; a drafter with another tokenizer gives the same output; a bad
@@ -233,6 +234,65 @@ def test_ngram_bad_settings_raise_at_construction(monkeypatch, value):
     monkeypatch.delenv("SPECOPS_DRAFT_LENGTH")
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1"):
         NgramProposer(_config(0))
+
+
+def _run_alone(proposer, target, prompt: list[int], max_new: int, seed: int = 0) -> tuple[list[int], int, int]:
+    """One request decoded to the end through the proposer: (its tokens, drafted, accepted)."""
+    loop = _Loop(target, seed=seed)
+    request = loop.join(prompt, max_new)
+    while loop.running:
+        loop.step(proposer)
+    return request["tokens"], loop.drafted, loop.accepted
+
+
+def test_ngram_memory_drafts_what_earlier_requests_wrote(monkeypatch):
+    """A request that repeats an earlier one's prompt drafts that request's whole output from the memory (long
+    matches, long drafts, nearly all accepted), with the target's own tokens; without the memory it cannot."""
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "5")
+    target = tiny_llama(layers=1, seed=4)
+    prompt = [40, 41, 42, 43]
+    want = _greedy_alone(target, prompt, 40)
+    proposer = NgramProposer(_config(5))
+    first, _, _ = _run_alone(proposer, target, prompt, 40)
+    again, drafted, accepted = _run_alone(proposer, target, prompt, 40, seed=1)
+    assert first == again == want
+    # vLLM tells a proposer that a request left only at the next step: the last one is still running.
+    assert proposer.memory.stats()["runs"] == 1 and proposer.memory.stats()["running"] == 1
+    assert accepted >= 30 and accepted >= 0.9 * drafted
+    monkeypatch.setenv("SPECOPS_NGRAM_MEMORY", "off")
+    alone = NgramProposer(_config(5))
+    assert alone.memory is None
+    _run_alone(alone, target, prompt, 40)
+    _, _, accepted_alone = _run_alone(alone, target, prompt, 40, seed=1)
+    assert accepted_alone < accepted
+
+
+def test_ngram_memory_file_is_read_and_saved(monkeypatch, tmp_path):
+    """SPECOPS_NGRAM_MEMORY: a proposer seeds its memory from the file when it exists and writes it back every
+    64 finished requests and when its memory goes (the engine's process exits); SPECOPS_NGRAM_MEMORY_BYTES is
+    its budget."""
+    import gc
+
+    from specops import NgramMemory
+
+    path = tmp_path / "engine.bin"
+    monkeypatch.setenv("SPECOPS_NGRAM_MEMORY", str(path))
+    monkeypatch.setenv("SPECOPS_NGRAM_MEMORY_BYTES", "64K")
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "5")
+    target = tiny_llama(layers=1, seed=4)
+    proposer = NgramProposer(_config(5))
+    assert proposer.memory.budget_bytes == 64 << 10 and not path.exists()
+    _run_alone(proposer, target, [40, 41, 42, 43], 30)
+    del proposer
+    gc.collect()
+    assert NgramMemory.load(path).stats()["runs"] == 1
+    seeded = NgramProposer(_config(5))
+    assert seeded.memory.stats()["runs"] == 1
+    _, drafted, accepted = _run_alone(seeded, target, [40, 41, 42, 43], 30)
+    assert accepted >= 20 and accepted >= 0.75 * drafted
+    monkeypatch.setenv("SPECOPS_NGRAM_MEMORY_BYTES", "lots")
+    with pytest.raises(ValueError, match="SPECOPS_NGRAM_MEMORY_BYTES must be a byte count > 0"):
+        NgramProposer(_config(5))
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from specops.decoding.model_ngrams import extend, successors
 from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
 
-__all__ = ["DraftTables", "NgramDrafter", "NgramProposer"]
+__all__ = ["MEMORY_SOURCES", "DraftTables", "NgramDrafter", "NgramProposer", "match_source", "merge_candidates"]
 
 TABLES = ("auto", "bigram", "unigram", "none")
 SCHEMES = ("auto", "positional", "recursive", "traversal")  # option "scheme" (module docstring)
@@ -166,9 +166,9 @@ class NgramProposer(Proposer):
     for the same seeds (chain_verify is tree_verify's chain case), through the plain forward, which
     costs less than a tree's (no tree mask, no gather of the accepted path in every layer's cache).
 
-    With a memory (specops.NgramMemory), every request is written into it as it decodes (its prompt once per
-    group of samples, then a run per request from its prompt's last tokens on), its drafts merge the memory's
-    continuations with the context's, and each request gets its own draft shape (`DraftShape.shapes`)."""
+    With a memory (specops.NgramMemory), every request is written into it as it decodes (a run per request: its
+    prompt, then its output step by step), its drafts merge the memory's continuations with the context's, and
+    each request gets its own draft shape (`DraftShape.shapes`)."""
 
     verifier = "tree"
 
@@ -185,10 +185,10 @@ class NgramProposer(Proposer):
 
     def start(self, first: list[int]) -> None:
         self.contexts.extend_contexts([[t] for t in first])
-        if self.memory is not None:
+        if self.memory is not None:  # a run per request: its prompt, then its output as it is emitted
             batch = self.batch
-            self.memory.add(batch.prompt_rows[::batch.samples])
-            self.handles = self.memory.open(batch.prompt_rows, [batch.max_new_tokens] * batch.rows)
+            self.handles = self.memory.open([[]] * batch.rows, [len(p) + batch.max_new_tokens for p in batch.prompt_rows])
+            self.memory.extend(self.handles, batch.prompt_rows)
             self.requests = list(batch.index)
             self.written = [0] * batch.rows
 
@@ -204,7 +204,8 @@ class NgramProposer(Proposer):
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         # The full draft list (for the acceptance record), then the rows this step can afford.
         rows, source = self.contexts.propose(self.shape.k_max, self.shape.w_max, self.memory)
-        source = _source(source, self.shape.sources)
+        if self.memory is not None:
+            source = match_source(source, MEMORY_SOURCES)
         batch = self.batch
         self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
         if self.memory is None:
@@ -254,15 +255,13 @@ class NgramProposer(Proposer):
 
 # Draft-shape sources with a memory: no match (the model n-grams), then matches of 1-3, 4-15 and 16+ tokens,
 # so that long matches earn long drafts. Without one, 0 and any context match (DraftShape's docstring).
-_MEMORY_SOURCES = (1, 4, 16)
+MEMORY_SOURCES = (1, 4, 16)
 
 
-def _source(level: torch.Tensor, sources: int) -> torch.Tensor:
-    """The draft-shape source of each request from the match length of its first row."""
-    if sources <= 2:
-        return level
-    bounds = torch.tensor(_MEMORY_SOURCES[:sources - 1], device=level.device)
-    return (level[:, None] >= bounds).sum(1)
+def match_source(level: torch.Tensor, bounds: tuple[int, ...]) -> torch.Tensor:
+    """The draft-shape source of each request from the match length of its first row [B]: how many of the
+    increasing `bounds` it reaches (0: no match)."""
+    return (level[:, None] >= torch.tensor(bounds, device=level.device)).sum(1)
 
 
 def _check(options: dict) -> None:
@@ -297,7 +296,7 @@ def _make(setup: Setup) -> Proposer:
         shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, memory=learned)
     else:  # longer rows for long matches, sources by match length
         shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, w_max=_MEMORY_WIDTH,
-                           sources=len(_MEMORY_SOURCES) + 1, memory=learned)
+                           sources=len(MEMORY_SOURCES) + 1, memory=learned)
     return NgramProposer(setup, bigram, unigram, shape)
 
 

@@ -34,17 +34,29 @@ first, and left the rest to a tail of steps that cost nearly a full batch's (0.9
 num_speculative_tokens is the most it proposes. vLLM verifies the drafts, so the output is vLLM's own:
 greedy tokens identical to decoding without speculation, sampled tokens from the same distribution.
 
+A memory across requests (`specops.NgramMemory`), one per engine: every request's prompt and output go into it
+as they are decoded, and drafts merge its continuations (matches up to 64 tokens long, with how often each
+followed) with the request's own context n-grams, longest match first. So requests draft from each other,
+the n samples of one prompt (SamplingParams(n=...)) among them, and from everything the engine decoded
+before, within the memory's byte budget (least recently used requests leave first). Acceptance is then kept
+apart by match length: 0 (the bigram), 1, 2, 3, 4-7, 8-15, 16-31 and 32+ tokens.
+
 Settings come from the environment of the vLLM process (vLLM passes a custom class no options of its own,
 and sets prompt_lookup_min/max to 0 for it): SPECOPS_DRAFT_LENGTH "auto" (the default) or a fixed number
 of tokens; SPECOPS_NGRAM_TABLES "auto" (the default: the target's bigram table when it is cached, or quick to
 build for a small model), "bigram" (built at start-up when missing: 7 to 25 minutes for Gemma-3-270M on two
 CPU cores, seconds on a GPU; cached under ~/.cache/specops/ngrams; `specops models bigram NAME|FOLDER` builds
-it ahead) or "none" (context n-grams only). Matches are 1 to 4 tokens long.
+it ahead) or "none" (context n-grams only); SPECOPS_NGRAM_MEMORY, a memory file to seed the memory from (when
+it exists) and to save it to (every 64 finished requests, and when the engine's process exits);
+SPECOPS_NGRAM_MEMORY_BYTES, its budget (default 256M; K, M, G suffixes); SPECOPS_NGRAM_MEMORY=off turns the
+memory off (context n-grams of 1 to 4 tokens, as before it existed).
 """
 
 from __future__ import annotations
 
 import os
+import weakref
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -52,7 +64,8 @@ import torch
 from specops.decoding import model_ngrams
 from specops.decoding.cost_model import StepCost
 from specops.decoding.draft_shape import DraftShape
-from specops.decoding.ngram import DraftTables
+from specops.decoding.ngram import DraftTables, match_source
+from specops.memory import NgramMemory, vocabulary_fingerprint
 from specops.vllm._requests import Requests
 
 __all__ = ["NgramProposer"]
@@ -60,6 +73,9 @@ __all__ = ["NgramProposer"]
 MIN_NGRAM, MAX_NGRAM = 1, 4  # match lengths, as specops.decode's ngram method has them
 _TOGETHER = 2  # steps apart that requests may start decoding and still count as submitted together
 BIGRAM_TOP = 8  # the table specops.decode's ngram method builds (and shares through the cache)
+_SOURCES = (1, 2, 3, 4, 8, 16, 32)  # acceptance kept apart by match length (the module docstring)
+_SAVE_EVERY = 64  # finished requests between saves of the memory file
+_BUDGET = 256 << 20
 
 
 def tables_setting() -> str:
@@ -81,6 +97,29 @@ def draft_length_setting(maximum: int) -> str | int:
     return int(value)
 
 
+def memory_settings() -> tuple[bool, str | None, int]:
+    """(memory on, SPECOPS_NGRAM_MEMORY's file or None, SPECOPS_NGRAM_MEMORY_BYTES); raises for a bad budget."""
+    path = os.environ.get("SPECOPS_NGRAM_MEMORY", "").strip()
+    text = os.environ.get("SPECOPS_NGRAM_MEMORY_BYTES", "").strip()
+    budget = _BUDGET
+    if text:
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if not digits.isdigit() or int(digits) == 0:
+            raise ValueError(f"SPECOPS_NGRAM_MEMORY_BYTES must be a byte count > 0 (K, M or G suffixes), got {text!r}")
+        budget = int(digits) * scale
+    if path.lower() == "off":
+        return False, None, budget
+    return True, path or None, budget
+
+
+def _save(memory: NgramMemory, path: str) -> None:
+    try:
+        memory.save(path)
+    except OSError:  # at exit, nowhere to report it; the next save tries again
+        pass
+
+
 def speculative_tokens(vllm_config, proposer: str) -> int:
     """num_speculative_tokens of the config, checked: the most tokens a proposer may return per request."""
     spec = vllm_config.speculative_config
@@ -100,11 +139,17 @@ class NgramProposer:
         setting = draft_length_setting(self.max_drafts)
         bigram = model_ngrams.folder_bigram(vllm_config.model_config.model, BIGRAM_TOP, tables=tables_setting())
         self.tables = DraftTables(bigram, None, "cpu", MIN_NGRAM, MAX_NGRAM)
+        self.memory, self.memory_path = self._open_memory(vllm_config)
+        if self.memory_path:  # saved when the proposer goes, and at the process's exit if it has not gone
+            weakref.finalize(self, _save, self.memory, self.memory_path)
+        self.runs: dict[int, list] = {}  # request -> [its handle in the memory, its tokens written there]
+        self.finished = 0  # requests finished since the memory was last saved
         # One row of drafts per request (vLLM verifies chains); costs are this proposer's own steps.
-        # Acceptance kept per source: the match length 1..4, or 0 for the bigram (see the module docstring).
+        # Acceptance kept per source: the match length (bucketed with a memory), 0 for the bigram.
         self.costs = StepCost()  # seconds per step from its requests and tokens in flight
+        sources = MAX_NGRAM + 1 if self.memory is None else len(_SOURCES) + 1
         self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts,
-                                sources=MAX_NGRAM + 1, cost=self.costs)
+                                sources=sources, cost=self.costs)
         self.requests = Requests()
         self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
@@ -112,6 +157,29 @@ class NgramProposer:
         self.steps = 0  # proposals made
         self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
         self.step_requests = 0  # requests it carries
+
+    @staticmethod
+    def _open_memory(vllm_config) -> tuple[NgramMemory | None, str | None]:
+        """The engine's memory (seeded from SPECOPS_NGRAM_MEMORY when that file exists) bound to the target's
+        vocabulary, and that file, or (None, None) with SPECOPS_NGRAM_MEMORY=off."""
+        on, path, budget = memory_settings()
+        if not on:
+            return None, None
+        memory = (NgramMemory.load(path, budget_bytes=budget) if path and Path(path).exists()
+                  else NgramMemory(budget_bytes=budget))
+        model_config = vllm_config.model_config
+        size = getattr(model_config, "get_vocab_size", None)
+        if callable(size):
+            tokenizer = None
+            try:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer, local_files_only=True,
+                                                          trust_remote_code=model_config.trust_remote_code)
+            except (OSError, ValueError):
+                pass
+            memory.bind(int(size()), vocabulary_fingerprint(tokenizer), who="specops.vllm.NgramProposer")
+        return memory, path
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: the drafts come from the context and the bigram table (read at construction)."""
@@ -123,6 +191,8 @@ class NgramProposer:
         if seconds is not None and self.step_tokens:
             self.costs.observe(self.step_requests, self.step_tokens, seconds)
         self._score(ids, gone, num_tokens_no_spec, token_ids_cpu)
+        if self.memory is not None:
+            self._remember(ids, gone, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         rows = [row for row, request in enumerate(ids)
                 if request is not None and num_tokens_no_spec[row] + 1 < self.max_model_len]
@@ -131,7 +201,9 @@ class NgramProposer:
             return drafts
         lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
-        candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts)
+        candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts, self.memory)
+        if self.memory is not None:
+            source = match_source(source, _SOURCES)
         widths = self.shape.widths(candidates, source, self._leads([ids[row] for row in rows], lengths))
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
@@ -142,6 +214,29 @@ class NgramProposer:
             drafts[row] = draft
             self.step_tokens += len(draft)
         return drafts
+
+    def _remember(self, ids, gone, sampled, lengths, tokens) -> None:
+        """Write every decoding request's new tokens into the memory (all of them, prompt included, when it is
+        first seen decoding), and finish the runs of the requests that left."""
+        new_handles, new_tokens = [], []
+        for row, request in enumerate(ids):
+            if request is None:
+                continue
+            length = int(lengths[row])
+            run = self.runs.get(request)
+            if run is None:  # a run per request: its prompt and what it emits, grown as it goes
+                run = self.runs[request] = [self.memory.open([[]], [None])[0], 0]
+            if length > run[1]:
+                new_handles.append(run[0])
+                new_tokens.append(tokens[row, run[1]:length].tolist())
+                run[1] = length
+        self.memory.extend(new_handles, new_tokens)
+        done = [self.runs.pop(request)[0] for request in gone if request in self.runs]
+        self.memory.close(done)
+        self.finished += len(done)
+        if self.memory_path and self.finished >= _SAVE_EVERY:
+            self.finished = 0
+            _save(self.memory, self.memory_path)
 
     def _leads(self, requests: list[int], lengths: torch.Tensor) -> torch.Tensor:
         """Per request, -1 if it decodes on its own, else how many tokens it has emitted since it joined
