@@ -48,12 +48,12 @@ TORCH_LIBRARY(specops, m) {
   m.def(
       "ngram_match(Tensor tokens, Tensor lengths, int min_ngram, int max_ngram, int num_candidates, "
       "int width, bool validate=True) -> (Tensor, Tensor, Tensor)");
-  // The n-gram memory's index: end positions of a token store sorted by the tokens before them, in levels
-  // (sizes newest first). insert: new positions join as the newest level, merged with the levels they
-  // outgrow; returns the new entries.
+  // The n-gram memory's index: end positions of a token store sorted by the tokens before them, in levels laid
+  // out in a buffer oldest first (their sizes). insert: new positions join as the newest level, merged with
+  // the newest levels they outgrow, in place at the buffer's tail.
   m.def(
-      "ngram_memory_insert(Tensor tokens, Tensor entries, int[] levels, Tensor positions, int depth, "
-      "bool validate=True) -> Tensor");
+      "ngram_memory_insert(Tensor tokens, Tensor(a!) entries, int[] levels, Tensor positions, int depth, "
+      "bool validate=True) -> ()");
   // lookup: each row's longest match in the memory and the top continuations among its occurrences.
   // Returns (candidates [B, k, width], counts [B, k], latest [B, k], match [B], occurrences [B]).
   m.def(

@@ -51,13 +51,16 @@ def chunked(positions: list[int], rng: random.Random, most: int) -> list[list[in
     return chunks
 
 
-def build(tokens: torch.Tensor, chunks: list[list[int]], depth: int, insert=None) -> tuple[torch.Tensor, list[int]]:
-    """The index (entries, level sizes) after inserting each chunk in turn, with `insert` (the reference's by
-    default) called as insert(tokens, entries, levels, positions, depth)."""
+def build(tokens: torch.Tensor, chunks: list[list[int]], depth: int, insert=None, room: int = 0
+          ) -> tuple[torch.Tensor, list[int]]:
+    """The index (its entries buffer, exactly full unless `room` more is asked for, and its level sizes, oldest
+    first) after inserting each chunk in turn, with `insert` (the reference's by default) called in place as
+    insert(tokens, entries, levels, positions, depth)."""
     insert = insert or reference.ngram_memory_insert
-    entries, levels = torch.empty(0, dtype=torch.int32), []
+    entries = torch.full((sum(map(len, chunks)) + room,), -7, dtype=torch.int32)
+    levels: list[int] = []
     for chunk in chunks:
-        entries = insert(tokens, entries, levels, torch.tensor(chunk, dtype=torch.int64), depth)
+        insert(tokens, entries, levels, torch.tensor(chunk, dtype=torch.int64), depth)
         levels = reference.memory_levels(levels, len(chunk))
     return entries, levels
 

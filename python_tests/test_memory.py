@@ -27,8 +27,8 @@ def lookup(memory: NgramMemory, context: list[int], k: int = 4, w: int = 4):
 
 def check_index(memory: NgramMemory) -> None:
     """The memory's index is what the reference builds from its store: every followed token of every run,
-    each level sorted."""
-    tokens, entries = memory._tokens, memory._entries
+    each level (oldest first, from the buffer's start) sorted."""
+    tokens, entries = memory._tokens, memory._entries[:sum(memory._levels)]
     t = tokens.tolist()
     assert sorted(entries.tolist()) == [p for p in sorted(entries.tolist()) if t[p] >= 0 and t[p + 1] >= 0]
     start = 0

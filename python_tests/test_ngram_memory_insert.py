@@ -1,5 +1,6 @@
-"""ngram_memory_insert: the n-gram memory's index after new end positions join it. Hand cases, the level
-policy, every backend against the reference (same inputs, same entries), the order itself, opcheck."""
+"""ngram_memory_insert: the n-gram memory's index after new end positions join it, in place. Hand cases, the
+level policy, only the merged tail written, every backend against the reference (same inputs, same entries),
+the order itself, opcheck."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from specops import ops, reference
 
 
 def insert(impl: str):
-    """insert(tokens, entries, levels, positions, depth) of one implementation, on CPU tensors."""
+    """insert(tokens, entries, levels, positions, depth) of one implementation, in place, on CPU tensors."""
     if impl == "reference":
         return reference.ngram_memory_insert
     if impl == "cpp":
@@ -22,9 +23,17 @@ def insert(impl: str):
     launcher = triton_launcher("ngram_memory_insert")
 
     def run(t, e, sizes, p, d):
-        out = launcher(t.to(TRITON_DEVICE), e.to(TRITON_DEVICE), sizes, p.to(TRITON_DEVICE), d)
-        return out.cpu()
+        buffer = e.to(TRITON_DEVICE)
+        launcher(t.to(TRITON_DEVICE), buffer, sizes, p.to(TRITON_DEVICE), d)
+        e.copy_(buffer.cpu())
     return run
+
+
+def fresh(impl: str, tokens: torch.Tensor, positions: list[int], depth: int) -> torch.Tensor:
+    """The entries of an index that held nothing, after one insert of `positions`."""
+    entries = torch.full((len(positions),), -7, dtype=torch.int32)
+    insert(impl)(tokens, entries, [], torch.tensor(positions, dtype=torch.int64), depth)
+    return entries
 
 
 def keys(tokens: torch.Tensor, entries: torch.Tensor, depth: int) -> list[tuple]:
@@ -32,14 +41,14 @@ def keys(tokens: torch.Tensor, entries: torch.Tensor, depth: int) -> list[tuple]
 
 
 def test_levels_policy_by_hand():
-    # The new block merges while it is at least an eighth of the next level.
+    # Levels oldest first. The new block merges while it is at least an eighth of the next older level.
     assert reference.memory_merged_blocks([], 5) == 1
     assert reference.memory_merged_blocks([30], 4) == 2  # 4 * 8 = 32 > 30
     assert reference.memory_merged_blocks([32], 4) == 1  # 32 > 32 is false
-    assert reference.memory_merged_blocks([3, 30], 1) == 3  # 1 joins 3 (8 > 3), then 4 joins 30 (32 > 30)
-    assert reference.memory_merged_blocks([3, 30], 0) == 0
-    assert reference.memory_levels([3, 30], 1) == [34]
-    assert reference.memory_levels([32], 4) == [4, 32]
+    assert reference.memory_merged_blocks([30, 3], 1) == 3  # 1 joins 3 (8 > 3), then 4 joins 30 (32 > 30)
+    assert reference.memory_merged_blocks([30, 3], 0) == 0
+    assert reference.memory_levels([30, 3], 1) == [34]
+    assert reference.memory_levels([32], 4) == [32, 4]
     assert reference.memory_levels([7], 0) == [7]
 
 
@@ -48,7 +57,7 @@ def test_levels_grow_geometrically():
     for _ in range(5000):
         levels = reference.memory_levels(levels, 3)
     assert sum(levels) == 15000
-    assert all(older >= 8 * newer for newer, older in zip(levels, levels[1:]))
+    assert all(older >= 8 * newer for older, newer in zip(levels, levels[1:]))
     assert len(levels) <= 5
 
 
@@ -59,7 +68,7 @@ def test_order_by_hand(impl):
     # followed positions: 0 (5), 1 (1, after 5), 4 (7), 5 (1, after 7), 8 (1, run start)
     positions = followed(tokens)
     assert positions == [0, 1, 4, 5, 8]
-    entries = insert(impl)(tokens, torch.empty(0, dtype=torch.int32), [], torch.tensor(positions), 3)
+    entries = fresh(impl, tokens, positions, 3)
     # keys: 0 -> (5), 1 -> (1, 5), 4 -> (7), 5 -> (1, 7), 8 -> (1): (1) < (1, 5) < (1, 7) < (5) < (7)
     assert entries.tolist() == [8, 1, 5, 0, 4]
     assert entries.dtype == torch.int32
@@ -69,17 +78,31 @@ def test_order_by_hand(impl):
 def test_equal_keys_order_by_position(impl):
     tokens, _ = store_of([[4, 4, 4, 4, 4]])
     # depth 2: position 0 has key (4); 1, 2, 3 all have key (4, 4).
-    entries = insert(impl)(tokens, torch.empty(0, dtype=torch.int32), [], torch.tensor([0, 1, 2, 3]), 2)
-    assert entries.tolist() == [0, 1, 2, 3]
-    entries = insert(impl)(tokens, torch.empty(0, dtype=torch.int32), [], torch.tensor([0, 1, 2, 3]), 1)
-    assert entries.tolist() == [0, 1, 2, 3]
+    assert fresh(impl, tokens, [0, 1, 2, 3], 2).tolist() == [0, 1, 2, 3]
+    assert fresh(impl, tokens, [0, 1, 2, 3], 1).tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_nothing_added_changes_nothing(impl):
     tokens, _ = store_of([[1, 2, 3]])
-    entries = torch.tensor([1, 0], dtype=torch.int32)
-    assert insert(impl)(tokens, entries, [2], torch.empty(0, dtype=torch.int64), 4).tolist() == [1, 0]
+    entries = torch.tensor([1, 0, -7], dtype=torch.int32)
+    insert(impl)(tokens, entries, [2], torch.empty(0, dtype=torch.int64), 4)
+    assert entries.tolist() == [1, 0, -7]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_only_the_merged_tail_is_written(impl):
+    """An insert writes its merged level over the newest levels it absorbed; older levels and the free room
+    after the new index are not touched."""
+    tokens, _ = store_of([list(range(40))])
+    positions = followed(tokens)  # 0 .. 38
+    entries, levels = build(tokens, [positions[:30], positions[30:31]], 4, room=5)
+    assert levels == [30, 1]
+    before = entries.clone()
+    insert(impl)(tokens, entries, levels, torch.tensor(positions[31:32]), 4)  # 8 > 1, but 2 * 8 < 30
+    assert reference.memory_levels(levels, 1) == [30, 2]
+    assert torch.equal(entries[:30], before[:30]) and entries[32:].tolist() == [-7] * 4
+    assert sorted(entries[30:32].tolist()) == positions[30:32]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -106,11 +129,7 @@ def test_large_insert_matches_reference():
     positions = followed(tokens)
     assert len(positions) > 4096
     for depth in (1, 2, 16):
-        want = reference.ngram_memory_insert(tokens, torch.empty(0, dtype=torch.int32), [], torch.tensor(positions),
-                                             depth)
-        got = ops.ngram_memory_insert(tokens, torch.empty(0, dtype=torch.int32), [], torch.tensor(positions),
-                                      depth=depth)
-        assert torch.equal(got, want)
+        assert torch.equal(fresh("cpp", tokens, positions, depth), fresh("reference", tokens, positions, depth))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -127,7 +146,7 @@ def test_every_level_is_sorted_and_holds_every_position(seed):
         level = keys(tokens, entries[start:start + size], depth)
         assert level == sorted(level)
         start += size
-    assert all(older >= 8 * newer for newer, older in zip(levels, levels[1:]))
+    assert all(older >= 8 * newer for older, newer in zip(levels, levels[1:]))
 
 
 def test_keys_stop_at_separators_and_the_store_start():
@@ -138,7 +157,7 @@ def test_keys_stop_at_separators_and_the_store_start():
 
 def test_opcheck():
     tokens, _ = store_of([[1, 2, 3, 1, 2], [2, 3]])
-    positions = torch.tensor(followed(tokens))
-    entries = ops.ngram_memory_insert(tokens, torch.empty(0, dtype=torch.int32), [], positions[:3], depth=4)
+    positions = followed(tokens)
+    entries, levels = build(tokens, [positions[:3]], 4, room=len(positions) - 3)
     torch.library.opcheck(torch.ops.specops.ngram_memory_insert.default,
-                          (tokens, entries, [3], positions[3:], 4, True))
+                          (tokens, entries, levels, torch.tensor(positions[3:]), 4, True))

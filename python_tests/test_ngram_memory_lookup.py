@@ -98,7 +98,7 @@ def test_match_is_capped_at_depth(impl):
 def test_quota_reads_newest_levels_first_then_spreads(impl):
     # 13 runs "1 x" with x = 10 .. 22; the query "1" matches all 13 occurrences.
     runs = [[1, 10 + i] for i in range(13)]
-    # Inserted one run at a time: several levels; the newest holds the last runs.
+    # Inserted one run at a time: several levels (oldest first); the newest holds the last runs.
     tokens, entries, levels, starts = index_of(runs, depth=2, chunk=lambda p: [[q] for q in p])
     assert len(levels) > 1
     context = torch.tensor([[1]])
@@ -113,7 +113,7 @@ def test_quota_reads_newest_levels_first_then_spreads(impl):
     assert got[0][0, 0, 0].item() == 22
     # One read: from the newest level, which holds the last run inserted.
     got = lookup(impl)(tokens, entries, levels, context, torch.tensor([1]), 2, 1, 1, 1, 1)
-    newest = set(entries[:levels[0]].tolist())
+    newest = set(entries[sum(levels[:-1]):sum(levels)].tolist())
     assert got[2][0, 0].item() in newest
 
 

@@ -627,14 +627,16 @@ def _ngram_cases():
 MEMORY_TOKENS = [1, 2, 3, 1, 2, -1, 2, 3, -1]
 
 
-def _memory_index() -> tuple[torch.Tensor, torch.Tensor]:
+def _memory_index(room: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The store and its index's entries buffer (one level of 3, then `room` free entries)."""
     tokens = torch.tensor(MEMORY_TOKENS, dtype=I32)
-    return tokens, specops.ops.ngram_memory_insert(tokens, torch.empty(0, dtype=I32), [], torch.tensor([0, 1, 2]),
-                                                   depth=4)
+    entries = torch.full((3 + room,), -1, dtype=I32)
+    specops.ops.ngram_memory_insert(tokens, entries, [], torch.tensor([0, 1, 2]), depth=4)
+    return tokens, entries
 
 
 def ngram_memory_insert_args() -> dict:
-    tokens, entries = _memory_index()
+    tokens, entries = _memory_index(room=2)
     return dict(tokens=tokens, entries=entries, levels=[3], positions=torch.tensor([3, 6]), depth=4, validate=True)
 
 
@@ -645,12 +647,13 @@ def ngram_memory_lookup_args() -> dict:
                 validate=True)
 
 
-def _memory_index_cases(op: str):
+def _memory_index_cases(op: str, room: int):
     bad(op, "tokens_2d", with_(tokens=lambda t: t[None]), "tokens must be [T], got 2 dimensions", guard=True)
     bad(op, "tokens_int64", with_(tokens=lambda t: t.long()), "tokens must be int32, got Long", TypeError, guard=True)
-    bad(op, "entries_2d", with_(entries=lambda t: t[None]), "entries must be [N], got 2 dimensions")
+    bad(op, "entries_2d", with_(entries=lambda t: t[None]), "entries must be [capacity], got 2 dimensions")
     bad(op, "entries_int64", with_(entries=lambda t: t.long()), "entries must be int32, got Long", TypeError)
-    bad(op, "levels_too_many", with_(levels=[4]), "levels sum to 4 but entries holds 3")
+    bad(op, "levels_past_the_buffer", with_(levels=[4 + room]),
+        f"levels sum to {4 + room} but entries has room for {3 + room}")
     bad(op, "levels_empty_level", with_(levels=[0, 3]), "levels[0] = 0 must be >= 1")
     bad(op, "depth_zero", with_(depth=0), "depth must be in [1, 64], got 0")
     bad(op, "depth_65", with_(depth=65), "depth must be in [1, 64], got 65")
@@ -660,9 +663,13 @@ def _memory_cases():
     op = "ngram_memory_insert"
     good(op, "valid")
     good(op, "nothing_added", with_(positions=torch.empty(0, dtype=I64)))
-    good(op, "two_levels", with_(entries=lambda t: t, levels=[1, 2]))
+    good(op, "two_levels", with_(levels=[1, 2]))
     good(op, "validate_false_bad_position", seq(with_(validate=False), put("positions", 1, 5)))
-    _memory_index_cases(op)
+    _memory_index_cases(op, room=2)
+    bad(op, "no_room", with_(entries=lambda t: t[:4].clone()),
+        "entries has room for 4 entries, and the index would hold 5")
+    bad(op, "entries_not_contiguous", with_(entries=lambda t: torch.stack([t, t], 1)[:, 0]),
+        "entries must be contiguous (it is written in place)")
     bad(op, "positions_2d", with_(positions=lambda t: t[None]), "positions must be [n], got 2 dimensions")
     bad(op, "positions_int32", with_(positions=lambda t: t.int()), "positions must be int64, got Int", TypeError)
     bad(op, "position_negative", put("positions", 0, -1), "positions[0] = -1 is outside [0, 8)", guard=True)
@@ -684,7 +691,8 @@ def _memory_cases():
     good(op, "negative_padding", put("contexts", (1, 2), -1))
     good(op, "validate_false_negative_token", seq(with_(validate=False), put("contexts", (0, 0), -3)))
     good(op, "widest", with_(width=256, max_occurrences=256, num_candidates=256))
-    _memory_index_cases(op)
+    good(op, "buffer_with_room", with_(entries=lambda t: torch.cat([t, torch.full((4,), -1, dtype=I32)])))
+    _memory_index_cases(op, room=0)
     bad(op, "contexts_1d", with_(contexts=lambda t: t[0]), "contexts must be [B, C], got 1 dimensions", guard=True)
     bad(op, "contexts_float", with_(contexts=lambda t: t.float()), "contexts must be int32 or int64, got Float",
         TypeError)

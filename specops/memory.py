@@ -34,7 +34,6 @@ import torch
 
 from specops import ops
 from specops.ops.ngram import MEMORY_MAX_DEPTH
-from specops.reference import memory_levels
 
 __all__ = ["Matches", "NgramMemory"]
 
@@ -112,8 +111,8 @@ class NgramMemory:
         self._lock = threading.RLock()
         self._tokens = torch.full((0,), -1, dtype=torch.int32, device=self.device)
         self._used = 0  # store slots in use (runs and their separators)
-        self._entries = torch.empty(0, dtype=torch.int32, device=self.device)
-        self._levels: list[int] = []
+        self._entries = torch.empty(0, dtype=torch.int32, device=self.device)  # a buffer: the levels, then room
+        self._levels: list[int] = []  # level sizes, oldest first
         self._runs: dict[int, _Run] = {}  # run id -> run; ids increase with the run's start
         self._next_id = 0
         self._clock = 0
@@ -142,7 +141,7 @@ class NgramMemory:
             live = sum(r.live for r in self._runs.values())
             return {"runs": len(self._runs) - live, "running": live,
                     "tokens": sum(r.length - r.context for r in self._runs.values()),
-                    "entries": int(self._entries.numel()), "levels": list(self._levels), "bytes": self.nbytes,
+                    "entries": sum(self._levels), "levels": list(self._levels), "bytes": self.nbytes,
                     "budget_bytes": self.budget_bytes, "max_match": self.max_match, "vocab_size": self.vocab_size,
                     "vocabulary": self.vocabulary, **self.counters}
 
@@ -427,7 +426,8 @@ class NgramMemory:
             if self._compact_bytes() + need > self.budget_bytes:
                 return False
         # The most store slots the budget allows beside the index (with this run's entries) and the run table.
-        others = (self._entries.numel() + slots - 1) * _ENTRY_BYTES + (len(self._runs) + 1) * _RUN_BYTES
+        others = (max(self._entries.numel(), sum(self._levels) + slots - 1) * _ENTRY_BYTES
+                  + (len(self._runs) + 1) * _RUN_BYTES)
         largest = (self.budget_bytes - others) // _TOKEN_BYTES
         if self._used + slots <= self._tokens.numel() <= largest:
             return True
@@ -489,7 +489,7 @@ class NgramMemory:
                 if i is not None:
                     shift[j] = int(new_starts[i]) - start
                     keep_run[j] = True
-            entries = self._entries.cpu().long()
+            entries = self._entries[:sum(self._levels)].cpu().long()
             owner_of = torch.searchsorted(all_starts, entries, right=True) - 1
             keep = (owner_of >= 0) & keep_run[owner_of.clamp(min=0)]
             moved = (entries + shift[owner_of.clamp(min=0)]).int()
@@ -525,9 +525,15 @@ class NgramMemory:
         if not positions:
             return
         added = torch.tensor(sorted(positions), dtype=torch.int64, device=self.device)
-        self._entries = ops.ngram_memory_insert(self._tokens, self._entries, self._levels, added,
-                                                depth=self.max_match, validate=False)
-        self._levels = memory_levels(self._levels, len(positions))
+        held, needed = sum(self._levels), sum(self._levels) + len(positions)
+        if needed > self._entries.numel():  # grow the buffer, with room for what comes next within the budget
+            others = self._tokens.numel() * _TOKEN_BYTES + len(self._runs) * _RUN_BYTES
+            room = max(0, (self.budget_bytes - others) // _ENTRY_BYTES - needed)
+            bigger = torch.empty(needed + min(needed // 4, room), dtype=torch.int32, device=self.device)
+            bigger[:held] = self._entries[:held]
+            self._entries = bigger
+        self._levels = ops.ngram_memory_insert(self._tokens, self._entries, self._levels, added,
+                                               depth=self.max_match, validate=False)
 
     def _index_starts(self) -> None:
         order = sorted(self._runs.items(), key=lambda item: item[1].start)

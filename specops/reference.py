@@ -367,33 +367,34 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor, min_ngram: int, max
 # first negative token (or the array's start). Keys order lexicographically, a key before its extensions
 # (a stopped key reads as -1 from there on); equal keys order by position. So the end positions whose last
 # m tokens equal a query's last m tokens are one contiguous stretch of the sorted array, found by binary
-# search. The entries are kept in levels (sorted runs of the array, newest first, each at least
-# MEMORY_LEVEL_RATIO times larger than the level before it), so that an insert sorts only what it adds
-# and merges it into the levels it has outgrown.
+# search. The entries are kept in levels, sorted runs laid out one after another in a buffer, oldest first,
+# each at least MEMORY_LEVEL_RATIO times larger than the next: an insert sorts only what it adds and merges it
+# with the newest levels it has outgrown, rewriting only the buffer's tail.
 
 MEMORY_LEVEL_RATIO = 8
 
 
 def memory_merged_blocks(levels: list[int], added: int) -> int:
-    """How many blocks, of the `added` new entries (one block, when added > 0) followed by the levels (sizes,
-    newest first), merge into the new first level: while the merged block is at least 1 / MEMORY_LEVEL_RATIO
-    of the next level's size, that level joins it. 0 when nothing is added."""
+    """How many blocks, of the levels (sizes, oldest first) followed by the `added` new entries (one block,
+    when added > 0), merge into the new newest level, counted from the newest: while the merged block is at
+    least 1 / MEMORY_LEVEL_RATIO of the next older level's size, that level joins it. 0 when nothing is
+    added."""
     if added == 0:
         return 0
-    blocks = [added, *levels]
     merged, size = 1, added
-    while merged < len(blocks) and size * MEMORY_LEVEL_RATIO > blocks[merged]:
-        size += blocks[merged]
+    while merged <= len(levels) and size * MEMORY_LEVEL_RATIO > levels[-merged]:
+        size += levels[-merged]
         merged += 1
     return merged
 
 
 def memory_levels(levels: list[int], added: int) -> list[int]:
-    """The level sizes after inserting `added` entries into levels of sizes `levels` (newest first)."""
+    """The level sizes (oldest first) after inserting `added` entries into levels of sizes `levels`."""
     merged = memory_merged_blocks(levels, added)
     if merged == 0:
         return list(levels)
-    return [added + sum(levels[:merged - 1]), *levels[merged - 1:]]
+    kept = len(levels) - (merged - 1)
+    return [*levels[:kept], added + sum(levels[kept:])]
 
 
 def memory_keys(tokens: torch.Tensor, positions: torch.Tensor, depth: int) -> torch.Tensor:
@@ -418,16 +419,17 @@ def _memory_order(tokens: torch.Tensor, positions: torch.Tensor, depth: int) -> 
 
 
 def ngram_memory_insert(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], positions: torch.Tensor,
-                        depth: int) -> torch.Tensor:
-    """The index after adding end positions [n] (whose tokens are already in the store): the new entries
-    become the newest level, which merges with the levels `memory_merged_blocks` names. Returns the entries
-    [N + n] int32, laid out as `memory_levels(levels, n)` says."""
+                        depth: int) -> None:
+    """Add end positions [n] (whose tokens are already in the store) to the index held in the buffer `entries`
+    (levels of sizes `levels`, oldest first, from its start), in place: the new entries become the newest
+    level, which merges with the newest levels `memory_merged_blocks` names; the buffer then holds
+    `memory_levels(levels, n)` from its start (it needs room for them)."""
     merged = memory_merged_blocks(levels, positions.shape[0])
     if merged == 0:
-        return entries.clone()
-    cut = sum(levels[:merged - 1])
-    front = torch.cat([positions.long(), entries[:cut].long()])
-    return torch.cat([_memory_order(tokens, front, depth).int(), entries[cut:]])
+        return
+    start = sum(levels[:len(levels) - (merged - 1)])
+    group = torch.cat([entries[start:sum(levels)].long(), positions.long()])
+    entries[start:start + group.numel()] = _memory_order(tokens, group, depth).to(entries.dtype)
 
 
 def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], contexts: torch.Tensor,
@@ -435,11 +437,12 @@ def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: lis
                         max_occurrences: int) -> tuple[torch.Tensor, ...]:
     """Continuations in the memory of each row's last tokens.
 
-    Row b's query is its last min(lengths[b], depth) context tokens, read backwards. An entry e matches it for
-    m(e) tokens: the length of the common prefix of key(e) and the query. The row's match is L = the largest
-    m(e) over all entries (0, and nothing more, where that is below min_match); its occurrences are the
-    entries with m(e) >= L, O_l of them in level l (in the level's order). At most max_occurrences of them are
-    read: levels newest first, each whole while it fits in what is left of that quota, else the evenly spread
+    The index: the buffer `entries` holds levels of sizes `levels` (oldest first) from its start. Row b's query
+    is its last min(lengths[b], depth) context tokens, read backwards. An entry e matches it for m(e) tokens:
+    the length of the common prefix of key(e) and the query. The row's match is L = the largest m(e) over all
+    entries (0, and nothing more, where that is below min_match); its occurrences are the entries with
+    m(e) >= L, O_l of them in level l (in the level's order). At most max_occurrences of them are read:
+    levels newest first, each whole while it fits in what is left of that quota, else the evenly spread
     O_l[floor(i * |O_l| / r)], i < r, of the r left. An occurrence e continues with t[e + 1], ..., t[e + width],
     -1 from the first negative token (or the end of the store) on. Distinct continuations rank by how many of
     the read occurrences have them (count), then by their largest e (latest), both descending.
@@ -454,7 +457,7 @@ def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: lis
     latest = torch.full((batch, num_candidates), -1, dtype=torch.int64, device=device)
     match = torch.zeros(batch, dtype=torch.int64, device=device)
     occurrences = torch.zeros(batch, dtype=torch.int64, device=device)
-    tokens, entries = tokens.to(device), entries.to(device)
+    tokens, entries = tokens.to(device), entries[:sum(levels)].to(device)
     bounds = [0]
     for size in levels:
         bounds.append(bounds[-1] + size)
@@ -472,7 +475,7 @@ def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: lis
         match[b] = best
         occurrences[b] = int((m >= best).sum())
         chosen, left = [], max_occurrences
-        for level in range(len(levels)):
+        for level in reversed(range(len(levels))):  # newest first
             found = entries[bounds[level]:bounds[level + 1]][m[bounds[level]:bounds[level + 1]] >= best].long()
             if found.numel() <= left:
                 chosen.append(found)

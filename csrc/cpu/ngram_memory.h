@@ -42,25 +42,28 @@ struct Store {
   }
 };
 
-// reference.memory_merged_blocks: of [added, *levels], how many front blocks merge into the new first level.
+// reference.memory_merged_blocks: of [*levels, added] (oldest first), how many blocks from the newest merge into
+// the new newest level.
 inline int64_t merged_blocks(at::IntArrayRef levels, int64_t added) {
   if (added == 0) return 0;
+  const int64_t count = static_cast<int64_t>(levels.size());
   int64_t merged = 1, size = added;
-  while (merged <= static_cast<int64_t>(levels.size()) && size * kLevelRatio > levels[merged - 1]) {
-    size += levels[merged - 1];
+  while (merged <= count && size * kLevelRatio > levels[count - merged]) {
+    size += levels[count - merged];
     ++merged;
   }
   return merged;
 }
 
-// The checks both ops make on the store and the index (tokens int32 [T], entries int32 [N], level sizes
-// newest first, each >= 1, summing to N) and on depth.
-inline void check_index(const char* op, const at::Tensor& tokens, const at::Tensor& entries, at::IntArrayRef levels,
-                        int64_t depth) {
+// The checks both ops make on the store and the index (tokens int32 [T]; entries an int32 buffer [capacity]
+// holding levels of the given sizes from its start, oldest first, each >= 1) and on depth. Returns the
+// entries held.
+inline int64_t check_index(const char* op, const at::Tensor& tokens, const at::Tensor& entries, at::IntArrayRef levels,
+                           int64_t depth) {
   TORCH_CHECK_VALUE(tokens.dim() == 1, op, ": tokens must be [T], got ", tokens.dim(), " dimensions");
   TORCH_CHECK_TYPE(tokens.scalar_type() == at::kInt, op, ": tokens must be int32, got ", tokens.scalar_type());
   TORCH_CHECK_VALUE(tokens.size(0) <= kMaxStore, op, ": tokens must have T < 2**31 positions, got ", tokens.size(0));
-  TORCH_CHECK_VALUE(entries.dim() == 1, op, ": entries must be [N], got ", entries.dim(), " dimensions");
+  TORCH_CHECK_VALUE(entries.dim() == 1, op, ": entries must be [capacity], got ", entries.dim(), " dimensions");
   TORCH_CHECK_TYPE(entries.scalar_type() == at::kInt, op, ": entries must be int32, got ", entries.scalar_type());
   TORCH_CHECK_VALUE(entries.device() == tokens.device(), op, ": entries is on ", entries.device(),
                     " but tokens is on ", tokens.device());
@@ -69,8 +72,10 @@ inline void check_index(const char* op, const at::Tensor& tokens, const at::Tens
     TORCH_CHECK_VALUE(levels[l] >= 1, op, ": levels[", l, "] = ", levels[l], " must be >= 1");
     total += levels[l];
   }
-  TORCH_CHECK_VALUE(total == entries.size(0), op, ": levels sum to ", total, " but entries holds ", entries.size(0));
+  TORCH_CHECK_VALUE(total <= entries.size(0), op, ": levels sum to ", total, " but entries has room for ",
+                    entries.size(0));
   TORCH_CHECK_VALUE(1 <= depth && depth <= kMaxDepth, op, ": depth must be in [1, ", kMaxDepth, "], got ", depth);
+  return total;
 }
 
 }  // namespace memory

@@ -1,10 +1,10 @@
-// ngram_memory_insert on the CPU: new end positions join the n-gram memory's sorted index. Semantics:
+// ngram_memory_insert on the CPU: new end positions join the n-gram memory's sorted index, in place. Semantics:
 // specops/reference.py ("The n-gram memory's index").
 //
-// The new positions are sorted (std::sort on the key order), then merged with the levels they have outgrown
-// (std::merge, one level at a time, newest first); older levels are copied as they are. Keys never change
-// once written (a key reads only tokens before its position, and runs only grow forwards), so a merge of
-// two sorted levels is sorted.
+// The new positions are sorted (std::sort on the key order), then merged with the newest levels they have
+// outgrown (std::merge, one level at a time, newest first) and written over those levels at the buffer's
+// tail; older levels are not touched. Keys never change once written (a key reads only tokens before its
+// position, and runs only grow forwards), so a merge of two sorted levels is sorted.
 //
 // A comparison reads the store at two random places, so sorting n positions is bound by memory latency;
 // for large inserts (a corpus) each position first gets its first two key tokens packed in one word, so
@@ -49,19 +49,20 @@ void sort_positions(const memory::Store& s, std::vector<int32_t>& positions) {
   for (size_t i = 0; i < items.size(); ++i) positions[i] = items[i].position;
 }
 
-at::Tensor ngram_memory_insert_cpu(const at::Tensor& tokens, const at::Tensor& entries, at::IntArrayRef levels,
-                                   const at::Tensor& positions, int64_t depth, bool validate) {
+void ngram_memory_insert_cpu(const at::Tensor& tokens, const at::Tensor& entries, at::IntArrayRef levels,
+                             const at::Tensor& positions, int64_t depth, bool validate) {
   const char* op = "ngram_memory_insert";
-  memory::check_index(op, tokens, entries, levels, depth);
+  const int64_t total = memory::check_index(op, tokens, entries, levels, depth);
+  TORCH_CHECK_VALUE(entries.is_contiguous(), op, ": entries must be contiguous (it is written in place)");
   TORCH_CHECK_VALUE(positions.dim() == 1, op, ": positions must be [n], got ", positions.dim(), " dimensions");
   TORCH_CHECK_TYPE(positions.scalar_type() == at::kLong, op, ": positions must be int64, got ",
                    positions.scalar_type());
   TORCH_CHECK_VALUE(positions.device() == tokens.device(), op, ": positions is on ", positions.device(),
                     " but tokens is on ", tokens.device());
-  const at::Tensor store = tokens.contiguous(), index = entries.contiguous(), added = positions.contiguous();
-  const int64_t size = store.size(0), n = added.size(0), total = index.size(0);
-  TORCH_CHECK_VALUE(total + n <= memory::kMaxStore, op, ": the index would hold ", total + n,
-                    " entries, more than 2**31 - 1");
+  const at::Tensor store = tokens.contiguous(), added = positions.contiguous();
+  const int64_t size = store.size(0), n = added.size(0);
+  TORCH_CHECK_VALUE(total + n <= entries.size(0), op, ": entries has room for ", entries.size(0),
+                    " entries, and the index would hold ", total + n);
   const memory::Store s{store.data_ptr<int32_t>(), size, depth};
   const int64_t* pos_p = added.data_ptr<int64_t>();
   if (validate) {
@@ -76,30 +77,25 @@ at::Tensor ngram_memory_insert_cpu(const at::Tensor& tokens, const at::Tensor& e
                         s.t[p + 1], ")");
     }
   }
-  auto out = at::empty({total + n}, index.options());
-  int32_t* out_p = out.data_ptr<int32_t>();
-  const int32_t* in_p = index.data_ptr<int32_t>();
   const int64_t merged = memory::merged_blocks(levels, n);
-  if (merged == 0) {
-    std::copy(in_p, in_p + total, out_p);
-    return out;
-  }
+  if (merged == 0) return;
   std::vector<int32_t> front(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) front[i] = static_cast<int32_t>(pos_p[i]);
   sort_positions(s, front);
+  int32_t* buffer = entries.data_ptr<int32_t>();
+  int64_t end = total;  // the newest levels lie at the buffer's tail: merge them in from the newest
   std::vector<int32_t> next;
-  int64_t done = 0;  // entries of the old levels merged so far
-  for (int64_t l = 0; l + 1 < merged; ++l) {
-    const int32_t* level = in_p + done;
-    next.resize(front.size() + static_cast<size_t>(levels[l]));
-    std::merge(front.begin(), front.end(), level, level + levels[l], next.begin(),
+  const int64_t count = static_cast<int64_t>(levels.size());
+  for (int64_t k = 1; k < merged; ++k) {
+    const int64_t size_k = levels[count - k];
+    const int32_t* level = buffer + end - size_k;
+    next.resize(front.size() + static_cast<size_t>(size_k));
+    std::merge(front.begin(), front.end(), level, level + size_k, next.begin(),
                [&](int32_t a, int32_t b) { return s.less(a, b); });
     front.swap(next);
-    done += levels[l];
+    end -= size_k;
   }
-  std::copy(front.begin(), front.end(), out_p);
-  std::copy(in_p + done, in_p + total, out_p + front.size());
-  return out;
+  std::copy(front.begin(), front.end(), buffer + end);
 }
 
 }  // namespace

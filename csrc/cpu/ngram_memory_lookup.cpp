@@ -1,7 +1,8 @@
 // ngram_memory_lookup on the CPU: the longest match of each row's last tokens in the n-gram memory, and the
 // continuations that followed it. Semantics: specops/reference.py ("The n-gram memory's index").
 //
-// Per row and level: a binary search for the query's place in the level's order; the entries matching the
+// The index is levels (sorted runs of entries) laid out oldest first. Per row and level: a binary search for the
+// query's place in the level's order; the entries matching the
 // most query tokens are its neighbours there (keys sharing a prefix are contiguous). The row's match L is the
 // largest such length over the levels; each level's entries matching L tokens are found by galloping out from
 // the query's place, so a lookup costs O(log N) comparisons per level, each a few reads of the store. Then at
@@ -107,10 +108,10 @@ void lookup_row(const memory::Store& s, const std::vector<Level>& levels, const 
                 int64_t k, int64_t width, int64_t max_occurrences, Scratch& w, int64_t* candidates,
                 int64_t* counts, int64_t* latest, int64_t* match, int64_t* occurrences) {
   if (query.len == 0) return;
-  const size_t depth = levels.size();
-  w.place.assign(depth, 0);
+  const size_t n_levels = levels.size();
+  w.place.assign(n_levels, 0);
   int64_t best = 0;
-  for (size_t l = 0; l < depth; ++l) {
+  for (size_t l = 0; l < n_levels; ++l) {
     const Level& level = levels[l];
     int64_t lo = 0, hi = level.size;
     while (lo < hi) {  // the first entry whose key is not below the query
@@ -128,7 +129,7 @@ void lookup_row(const memory::Store& s, const std::vector<Level>& levels, const 
   // The occurrences: every level's matching stretch; the quota taken from the newest levels first.
   w.chosen.clear();
   int64_t found = 0, left = max_occurrences;
-  for (size_t l = 0; l < depth; ++l) {
+  for (size_t l = n_levels; l-- > 0;) {  // newest level first
     const Level& level = levels[l];
     const int64_t first = first_matching(s, level, w.place[l], query, best);
     const int64_t end = end_matching(s, level, w.place[l], query, best);
@@ -193,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ngram_mem
     const at::Tensor& lengths, int64_t depth, int64_t min_match, int64_t num_candidates, int64_t width,
     int64_t max_occurrences, bool validate) {
   const char* op = "ngram_memory_lookup";
-  memory::check_index(op, tokens, entries, levels, depth);
+  memory::check_index(op, tokens, entries, levels, depth);  // levels oldest first, from the buffer's start
   TORCH_CHECK_VALUE(contexts.dim() == 2, op, ": contexts must be [B, C], got ", contexts.dim(), " dimensions");
   TORCH_CHECK_TYPE(contexts.scalar_type() == at::kInt || contexts.scalar_type() == at::kLong, op,
                    ": contexts must be int32 or int64, got ", contexts.scalar_type());

@@ -1,12 +1,13 @@
-"""Triton kernel for `specops::ngram_memory_insert`: new end positions join the n-gram memory's sorted index
-(semantics: specops/reference.py, "The n-gram memory's index").
+"""Triton kernel for `specops::ngram_memory_insert`: new end positions join the n-gram memory's sorted index, in
+place (semantics: specops/reference.py, "The n-gram memory's index").
 
 One kernel merges pairs of sorted runs: every element finds, by binary search, how many elements of the other
 run of its pair precede it in the key order, which with its own index in its run is its place in the merged
 pair. The order is total (ties between equal keys go to the position), so the two runs of a pair fill the
-merged run without collisions. The launcher sorts the new positions bottom up (runs of 1, 2, 4, ...) and then
-merges the result with each level it has outgrown, newest first (`reference.memory_merged_blocks`); older
-levels are copied. Every size is known on the host from the level sizes, so there are no host syncs.
+merged run without collisions. The launcher sorts the new positions bottom up (runs of 1, 2, 4, ...), merges
+the result with each level it has outgrown, newest first (`reference.memory_merged_blocks`), and writes it over
+them at the buffer's tail; older levels are not touched. Every size is known on the host from the level
+sizes, so there are no host syncs.
 """
 
 from __future__ import annotations
@@ -87,27 +88,27 @@ def _merge_pass(tokens: torch.Tensor, src: torch.Tensor, run: int, depth: int) -
 
 
 def ngram_memory_insert_triton(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], positions: torch.Tensor,
-                               depth: int, validate: bool = True) -> torch.Tensor:
+                               depth: int, validate: bool = True) -> None:
     """Triton implementation of `specops::ngram_memory_insert` on the op's arguments (see
-    `specops.ops.ngram_memory_insert`). Values are not checked here (`check_ngram_memory_insert` does, before
-    the launch); every load is masked to the store, so no input reads out of bounds."""
-    tokens, entries = tokens.contiguous(), entries.contiguous()
+    `specops.ops.ngram_memory_insert`), in place. Values are not checked here (`check_ngram_memory_insert` does,
+    before the launch); every load is masked to the store, so no input reads out of bounds."""
+    tokens = tokens.contiguous()
     added = positions.shape[0]
     merged = memory_merged_blocks(levels, added)
     if merged == 0:
-        return entries.clone()
+        return
     front = positions.to(torch.int32).contiguous()
     run = 1
     while run < added:  # bottom-up merge sort of the new positions
         front = _merge_pass(tokens, front, run, depth)
         run *= 2
-    done = 0
-    for size in levels[:merged - 1]:
-        level = entries[done:done + size]
+    end = sum(levels)
+    for size in reversed(levels[len(levels) - (merged - 1):]):  # the newest levels, newest first
+        level = entries[end - size:end]
         longer, shorter = (level, front) if size >= front.shape[0] else (front, level)
         front = _merge_pass(tokens, torch.cat([longer, shorter]), longer.shape[0], depth)
-        done += size
-    return torch.cat([front, entries[done:]])
+        end -= size
+    entries[end:end + front.shape[0]] = front
 
 
 # What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,

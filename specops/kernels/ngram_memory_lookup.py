@@ -6,9 +6,9 @@ One program per row, in three passes over the levels:
 1. per level, a binary search for the query's place in the level's order (a key comparison is one vector
    load of up to `depth` tokens backwards from the entry); the row's match L is the longest common prefix of
    the query with the entries on either side of its place, over all levels;
-2. per level, the stretch of entries matching L tokens around that place, by galloping out and a binary
-   search; the quota of occurrences read is filled from the newest levels first, evenly spread in a level
-   that does not fit;
+2. per level, newest first (levels lie in the buffer oldest first), the stretch of entries matching L tokens
+   around that place, by galloping out and a binary search; the quota of occurrences read is filled from the
+   newest levels first, evenly spread in a level that does not fit;
 3. the continuations of the read occurrences [S, width] are grouped by exact comparison (one column at a
    time, [S, S] per column), each group led by its latest occurrence, and the top k groups written out.
 No host syncs; the level offsets go to the device as a small tensor built from the level sizes.
@@ -125,7 +125,8 @@ def _lookup_kernel(tokens_ptr, entries_ptr, starts_ptr, contexts_ptr, lengths_pt
     left = tl.where(found, max_occurrences, 0).to(tl.int64)
     total = n * 0
     if found:
-        for level in range(0, n_levels):
+        for newest in range(0, n_levels):
+            level = n_levels - 1 - newest
             start = tl.load(starts_ptr + level)
             size = tl.load(starts_ptr + level + 1) - start
             place = tl.load(places_ptr + b * n_levels + level)

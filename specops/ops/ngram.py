@@ -123,26 +123,30 @@ def _levels_list(op: str, levels) -> list[int]:
 
 
 def ngram_memory_insert(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], positions: torch.Tensor, *,
-                        depth: int = MEMORY_MAX_DEPTH, validate: bool = True) -> torch.Tensor:
-    """Add end positions to the n-gram memory's index (`specops.memory.NgramMemory` calls it; specops/reference.py
-    defines the order and the levels).
+                        depth: int = MEMORY_MAX_DEPTH, validate: bool = True) -> list[int]:
+    """Add end positions to the n-gram memory's index, in place (`specops.memory.NgramMemory` calls it;
+    specops/reference.py defines the order and the levels).
 
     The store `tokens` holds runs of token ids apart, separated by negative tokens; the key of an end position
-    e is the run's tokens read backwards from e, at most `depth` of them. `entries` are end positions sorted by
-    (key, position) within each level; `levels` are the level sizes, newest first. The new positions become the
-    newest level, which merges with the levels it has outgrown (`reference.memory_levels` gives the new sizes).
+    e is the run's tokens read backwards from e, at most `depth` of them. `entries` is a buffer holding the
+    index's levels one after another from its start, oldest first, each sorted by (key, position); `levels`
+    are their sizes. The new positions become the newest level, merged with the newest levels it has
+    outgrown; the merged level is written over them, so only the buffer's tail changes.
 
     Shape:
         tokens: [T] int32, T < 2**31; the new positions' tokens already written.
-        entries: [N] int32, levels: sizes (each >= 1) summing to N.
+        entries: [capacity] int32, contiguous, with room for sum(levels) + n entries; levels: sizes, each >= 1.
         positions: [n] int64, strictly increasing; each holds a token followed by a token.
         depth: int in [1, 64]. validate: check the positions (on CPU in the kernel; on accelerators in the op's
             contract, one host sync).
 
-    Returns entries [N + n] int32 in the new level layout.
+    Returns the new level sizes (`reference.memory_levels(levels, n)`).
     """
     levels = _levels_list("ngram_memory_insert", levels)
-    return torch.ops.specops.ngram_memory_insert(tokens, entries, levels, positions, depth, validate)
+    torch.ops.specops.ngram_memory_insert(tokens, entries, levels, positions, depth, validate)
+    from specops.reference import memory_levels
+
+    return memory_levels(levels, int(positions.shape[0]))
 
 
 def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: list[int], contexts: torch.Tensor,
@@ -159,7 +163,8 @@ def ngram_memory_lookup(tokens: torch.Tensor, entries: torch.Tensor, levels: lis
     latest position.
 
     Shape:
-        tokens, entries, levels, depth: the index (`ngram_memory_insert`).
+        tokens, entries, levels, depth: the index (`ngram_memory_insert`): levels oldest first, read newest
+            first.
         contexts: [B, C] int32 or int64, right-padded ids (>= 0 inside each context); lengths: [B] int64 in
             [0, C] (default C).
         min_match: int in [1, depth]. max_occurrences: int in [1, 256]. num_candidates (k): int in
@@ -182,13 +187,13 @@ def _check_memory_index(op: str, tokens, entries, levels, depth) -> None:
     _require(tokens.dim() == 1, op, f"tokens must be [T], got {tokens.dim()} dimensions")
     _require(tokens.dtype == torch.int32, op, f"tokens must be int32, got {_c_dtype(tokens.dtype)}", TypeError)
     _require(tokens.shape[0] <= _MEMORY_MAX_STORE, op, f"tokens must have T < 2**31 positions, got {tokens.shape[0]}")
-    _require(entries.dim() == 1, op, f"entries must be [N], got {entries.dim()} dimensions")
+    _require(entries.dim() == 1, op, f"entries must be [capacity], got {entries.dim()} dimensions")
     _require(entries.dtype == torch.int32, op, f"entries must be int32, got {_c_dtype(entries.dtype)}", TypeError)
     _require(entries.device == tokens.device, op, f"entries is on {entries.device} but tokens is on {tokens.device}")
     for i, size in enumerate(levels):
         _require(size >= 1, op, f"levels[{i}] = {size} must be >= 1")
-    _require(sum(levels) == entries.shape[0], op,
-             f"levels sum to {sum(levels)} but entries holds {entries.shape[0]}")
+    _require(sum(levels) <= entries.shape[0], op,
+             f"levels sum to {sum(levels)} but entries has room for {entries.shape[0]}")
     _require(1 <= depth <= MEMORY_MAX_DEPTH, op, f"depth must be in [1, {MEMORY_MAX_DEPTH}], got {depth}")
 
 
@@ -196,14 +201,15 @@ def check_ngram_memory_insert(tokens, entries, levels, positions, depth, validat
     """ngram_memory_insert's contract where its kernel cannot check: the C++ kernel's checks and messages."""
     op = "ngram_memory_insert"
     _check_memory_index(op, tokens, entries, levels, depth)
+    _require(entries.is_contiguous(), op, "entries must be contiguous (it is written in place)")
     _require(positions.dim() == 1, op, f"positions must be [n], got {positions.dim()} dimensions")
     _require(positions.dtype == torch.int64, op, f"positions must be int64, got {_c_dtype(positions.dtype)}",
              TypeError)
     _require(positions.device == tokens.device, op, f"positions is on {positions.device} but tokens is on "
              f"{tokens.device}")
     n, size = positions.shape[0], tokens.shape[0]
-    _require(entries.shape[0] + n <= _MEMORY_MAX_STORE, op, f"the index would hold {entries.shape[0] + n} entries, "
-             "more than 2**31 - 1")
+    _require(sum(levels) + n <= entries.shape[0], op, f"entries has room for {entries.shape[0]} entries, and the "
+             f"index would hold {sum(levels) + n}")
     if not validate or n == 0:
         return
     p = positions
@@ -262,7 +268,7 @@ def check_ngram_memory_lookup(tokens, entries, levels, contexts, lengths, depth,
 
 @torch.library.register_fake("specops::ngram_memory_insert")
 def _ngram_memory_insert_fake(tokens, entries, levels, positions, depth, validate=True):
-    return entries.new_empty((entries.shape[0] + positions.shape[0],))
+    return None
 
 
 @torch.library.register_fake("specops::ngram_memory_lookup")
