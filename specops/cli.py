@@ -231,8 +231,13 @@ def _check(args, names: list[str]) -> None:
                     max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, num_draft_tokens=args.num_draft_tokens, stop=args.stop,
                     ensemble=_ensemble(args), options=_options(args), num_samples=args.num_samples)
-    if args.memory is not None and (args.drafter is not None or len(names) > 1 or args.method not in ("auto", "ngram")):
-        raise ValueError("--memory is read by method ngram alone: no --drafter, one --target, --method auto or ngram")
+    if args.memory is not None:
+        from specops.decoding import registry
+
+        readers = [m.name for m in registry.METHODS.values() if m.memory]
+        if args.drafter is not None or len(names) > 1 or args.method not in ("auto", *readers):
+            raise ValueError(f"--memory is read by method {', '.join(readers)} alone: no --drafter, one --target, "
+                             f"--method auto or {' or '.join(readers)}")
 
 
 def _options(args) -> dict | None:
