@@ -286,6 +286,36 @@ def test_cpp_matches_reference(dtype, with_probs):
         assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"case {i}: ")
 
 
+@pytest.mark.parametrize("shape", ["gaussian", "peaked", "uniform", "ties", "underflow", "neg_inf"])
+def test_cpp_top_p_cut_matches_reference_at_a_large_vocabulary(shape):
+    """The C++ top-p cut (mass buckets of the weights, then a quickselect in one bucket) keeps the reference's
+    tokens at 262,144 ids, where the cut falls in a heavy bucket, among ties, after underflowed weights and
+    -inf logits, alone and after top-k."""
+    gen = torch.Generator().manual_seed(17)
+    vocab, rows = 262_144, 6
+    logits = {"gaussian": 3 * torch.randn(rows, 1, vocab, generator=gen),
+              "peaked": torch.where(torch.rand(rows, 1, vocab, generator=gen) < 1e-3, 12.0, 0.0)
+              + torch.randn(rows, 1, vocab, generator=gen),
+              "uniform": torch.zeros(rows, 1, vocab),
+              "ties": torch.randint(0, 4, (rows, 1, vocab), generator=gen).float(),
+              "underflow": torch.cat([torch.full((rows, 1, 8), 200.0), 200.0 * torch.rand(rows, 1, vocab - 8,
+                                                                                          generator=gen)], -1),
+              "neg_inf": torch.where(torch.rand(rows, 1, vocab, generator=gen) < 0.5, NEG_INF,
+                                     torch.randn(rows, 1, vocab, generator=gen))}[shape]
+    none = torch.empty(rows, 0, dtype=torch.long)
+    args = normalized_args(logits, none, temperature=torch.tensor([1.0, 0.8, 0.8, 1.3, 0.5, 1.0]),
+                           top_k=torch.tensor([0, 0, 1000, 0, 0, 50_000]),
+                           top_p=torch.tensor([0.95, 0.9, 0.95, 0.5, 0.999, 0.7]), seed=3)
+    for offset in OFFSETS[:2]:
+        assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"{shape}: ")
+    # The kept set itself: sample_without_replacement's q is the filtered softmax, through the same C++ cut.
+    rows_args = dict(temperature=args[4], top_k=args[5], top_p=args[6], seed=args[7])
+    _, q = specops.ops.sample_without_replacement(logits[:, 0], 1, **rows_args)
+    _, q_ref = reference.sample_without_replacement(logits[:, 0], 1, *rows_args.values(), 0)
+    assert torch.equal(q > 0, q_ref > 0), f"{shape}: kept sets differ in {int(((q > 0) != (q_ref > 0)).sum())} ids"
+    torch.testing.assert_close(q, q_ref, rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])

@@ -163,6 +163,58 @@ float weighted_upper_threshold(std::vector<float>& x, float m, double need) {
   return last;  // round-off left `need` above the total: keep everything seen
 }
 
+// Mass buckets of the top-p cut: a kept weight w = exp(x - m) in (0, 1] goes to bucket (its float bits >> 20):
+// 8 exponent bits and 3 mantissa bits, so a bucket spans at most an eighth of its weight, and a larger bucket
+// holds only larger weights, hence larger x.
+constexpr int kMassShift = 20;
+constexpr int kMassBuckets = (0x3F800000 >> kMassShift) + 1;  // w = 1 included
+constexpr int kMassCopies = 4;  // interleaved histograms: consecutive tokens rarely wait on one another
+
+int mass_bucket(float w) { return static_cast<int>(std::bit_cast<uint32_t>(w) >> kMassShift); }
+
+// Largest value t of the kept x = logit / t (x >= thr) such that the weight exp(x - m) of {x >= t} reaches
+// top_p of the kept total: the cut weighted_upper_threshold finds over every kept x, found with one SIMD
+// pass (the weights), a histogram of their mass by bucket, and a weighted quickselect over the one bucket
+// where the mass from the top reaches the need (the buckets above it hold every larger value). A 262,144-token
+// row: about 0.3 ms, where selecting over all of it took 3 to 8.
+float top_p_threshold(const float* logit, int64_t vocab, float t, float m, float thr, float top_p,
+                      std::vector<float>& scratch) {
+  scratch.resize(static_cast<size_t>(vocab));
+  float* w = scratch.data();
+  passes().fill_weights(logit, nullptr, vocab, t, m, 1.0f, thr, w);
+  std::vector<double> mass(kMassBuckets * kMassCopies, 0.0);
+  int64_t i = 0;
+  for (; i + kMassCopies <= vocab; i += kMassCopies) {
+    for (int c = 0; c < kMassCopies; ++c) mass[mass_bucket(w[i + c]) * kMassCopies + c] += w[i + c];
+  }
+  for (; i < vocab; ++i) mass[mass_bucket(w[i]) * kMassCopies] += w[i];
+  double total = 0.0;
+  std::vector<double> bucket(kMassBuckets, 0.0);
+  for (int b = 0; b < kMassBuckets; ++b) {
+    for (int c = 0; c < kMassCopies; ++c) bucket[b] += mass[b * kMassCopies + c];
+    total += bucket[b];
+  }
+  const double need = static_cast<double>(top_p) * total;
+  double above = 0.0;
+  int cut = 0;  // bucket 0 holds weights that underflowed to 0: reached only when round-off keeps everything
+  for (int b = kMassBuckets - 1; b > 0; --b) {
+    if (above + bucket[b] >= need) {
+      cut = b;
+      break;
+    }
+    above += bucket[b];
+  }
+  std::vector<float> values;
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (mass_bucket(w[j]) == cut) {
+      const float x = logit[j] / t;
+      if (x >= thr) values.push_back(x);
+    }
+  }
+  if (cut == 0) return values.empty() ? thr : *std::min_element(values.begin(), values.end());
+  return weighted_upper_threshold(values, m, need - above);
+}
+
 // Keep-threshold of a sampled row: x = logit / t is kept iff x >= threshold.
 float filter_threshold(const float* logit, int64_t vocab, float t, float m, int64_t top_k, float top_p,
                        std::vector<float>& scratch) {
@@ -173,15 +225,7 @@ float filter_threshold(const float* logit, int64_t vocab, float t, float m, int6
     std::nth_element(scratch.begin(), scratch.begin() + (top_k - 1), scratch.end(), std::greater<float>());
     thr = scratch[static_cast<size_t>(top_k - 1)];
   }
-  if (top_p < 1.0f) {
-    scratch.clear();
-    for (int64_t i = 0; i < vocab; ++i) {
-      const float x = logit[i] / t;
-      if (x >= thr) scratch.push_back(x);
-    }
-    const double need = static_cast<double>(top_p) * passes().sum_exp(logit, vocab, t, m, thr);
-    thr = weighted_upper_threshold(scratch, m, need);
-  }
+  if (top_p < 1.0f) thr = top_p_threshold(logit, vocab, t, m, thr, top_p, scratch);
   return thr;
 }
 
