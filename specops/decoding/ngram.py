@@ -59,11 +59,12 @@ class DraftTables:
         return self.follow
 
     def propose(self, contexts: torch.Tensor, lengths: torch.Tensor, k: int, w: int, memory=None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft rows [B, k, w] (-1 past a row's end) for contexts [B, C] int64 of lengths [B] (each >= 1),
-        and the source of each request's first row [B]: the length of its match, 0 if it came from the model
-        n-grams (or if there is none). With a memory (specops.NgramMemory) its continuations join the context's
-        (`merge_candidates`)."""
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft rows [B, k, w] (-1 past a row's end) for contexts [B, C] int64 of lengths [B] (each >= 1), the
+        length of each request's first row's match [B] (0 if it came from the model n-grams, or if there is
+        none) and that row's share [B] of the occurrences its candidates hold at that match length (how often
+        what followed the match went that way). With a memory (specops.NgramMemory) its continuations join
+        the context's (`merge_candidates`)."""
         candidates, counts, level = ops.ngram_match(contexts, lengths, min_ngram=self.min_ngram,
                                                     max_ngram=self.max_ngram, num_candidates=k, width=w,
                                                     validate=False)
@@ -99,7 +100,9 @@ class DraftTables:
             taken = fill.gather(1, from_fill.clamp(max=fill.shape[1] - 1)[:, :, None].expand(-1, -1, w))
             filled = torch.where(usable[:, :, None], taken, filled)
         rows = torch.where((order < found)[:, :, None], candidates, filled)
-        return rows, torch.where(found[:, 0] > 0, level[:, 0], 0)
+        first = torch.where(found[:, 0] > 0, level[:, 0], 0)
+        alike = torch.where(level == level[:, :1], counts, 0).sum(1).clamp(min=1)
+        return rows, first, counts[:, 0] / alike
 
 
 def merge_candidates(first: tuple[torch.Tensor, ...], second: tuple[torch.Tensor, ...], k: int
@@ -156,8 +159,8 @@ class NgramDrafter:
         rows = rows.to(self.contexts.device)
         self.contexts, self.lengths = self.contexts[rows], self.lengths[rows]
 
-    def propose(self, k: int, w: int, memory=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft rows [B, k, w] and the source of each request's first row [B] (DraftTables.propose)."""
+    def propose(self, k: int, w: int, memory=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft rows [B, k, w], each request's first row's match length and share (DraftTables.propose)."""
         return self.tables.propose(self.contexts, self.lengths, k, w, memory)
 
 
@@ -203,9 +206,9 @@ class NgramProposer(Proposer):
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         # The full draft list (for the acceptance record), then the rows this step can afford.
-        rows, source = self.contexts.propose(self.shape.k_max, self.shape.w_max, self.memory)
+        rows, source, share = self.contexts.propose(self.shape.k_max, self.shape.w_max, self.memory)
         if self.memory is not None:
-            source = match_source(source, MEMORY_SOURCES)
+            source = match_source(source, MEMORY_SOURCES, share)
         batch = self.batch
         self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
         if self.memory is None:
@@ -254,14 +257,18 @@ class NgramProposer(Proposer):
 
 
 # Draft-shape sources with a memory: no match (the model n-grams), then matches of 1-3, 4-15 and 16+ tokens,
-# so that long matches earn long drafts. Without one, 0 and any context match (DraftShape's docstring).
+# each split by whether at least half of what followed the match went the first row's way, so that long and
+# agreed matches earn long drafts. Without one, 0 and any context match (DraftShape's docstring).
 MEMORY_SOURCES = (1, 4, 16)
+_AGREED = 0.5
 
 
-def match_source(level: torch.Tensor, bounds: tuple[int, ...]) -> torch.Tensor:
-    """The draft-shape source of each request from the match length of its first row [B]: how many of the
-    increasing `bounds` it reaches (0: no match)."""
-    return (level[:, None] >= torch.tensor(bounds, device=level.device)).sum(1)
+def match_source(level: torch.Tensor, bounds: tuple[int, ...], share: torch.Tensor) -> torch.Tensor:
+    """The draft-shape source of each request [B] from its first row's match length (which of the increasing
+    `bounds` it reaches; 0: none) and its share of the occurrences: 0 for no match, then two sources per length
+    bucket, the second for a share of at least one half. Sources: 2 * len(bounds) + 1."""
+    bucket = (level[:, None] >= torch.tensor(bounds, device=level.device)).sum(1)
+    return torch.where(bucket > 0, 2 * bucket - 1 + (share >= _AGREED).long(), 0)
 
 
 def _check(options: dict) -> None:
@@ -296,7 +303,7 @@ def _make(setup: Setup) -> Proposer:
         shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, memory=learned)
     else:  # longer rows for long matches, sources by match length
         shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, w_max=_MEMORY_WIDTH,
-                           sources=len(MEMORY_SOURCES) + 1, memory=learned)
+                           sources=2 * len(MEMORY_SOURCES) + 1, memory=learned)
     return NgramProposer(setup, bigram, unigram, shape)
 
 

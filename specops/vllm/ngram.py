@@ -39,7 +39,8 @@ as they are decoded, and drafts merge its continuations (matches up to 64 tokens
 followed) with the request's own context n-grams, longest match first. So requests draft from each other,
 the n samples of one prompt (SamplingParams(n=...)) among them, and from everything the engine decoded
 before, within the memory's byte budget (least recently used requests leave first). Acceptance is then kept
-apart by match length: 0 (the bigram), 1, 2, 3, 4-7, 8-15, 16-31 and 32+ tokens.
+apart by match length (0: the bigram; 1-2, 3-7, 8-15 and 16+ tokens) and by whether at least half of what
+followed the match went the draft's way.
 
 Settings come from the environment of the vLLM process (vLLM passes a custom class no options of its own,
 and sets prompt_lookup_min/max to 0 for it): SPECOPS_DRAFT_LENGTH "auto" (the default) or a fixed number
@@ -73,7 +74,7 @@ __all__ = ["NgramProposer"]
 MIN_NGRAM, MAX_NGRAM = 1, 4  # match lengths, as specops.decode's ngram method has them
 _TOGETHER = 2  # steps apart that requests may start decoding and still count as submitted together
 BIGRAM_TOP = 8  # the table specops.decode's ngram method builds (and shares through the cache)
-_SOURCES = (1, 2, 3, 4, 8, 16, 32)  # acceptance kept apart by match length (the module docstring)
+_SOURCES = (1, 3, 8, 16)  # acceptance kept apart by match length and agreement (the module docstring)
 _SAVE_EVERY = 64  # finished requests between saves of the memory file
 _BUDGET = 256 << 20
 
@@ -147,7 +148,7 @@ class NgramProposer:
         # One row of drafts per request (vLLM verifies chains); costs are this proposer's own steps.
         # Acceptance kept per source: the match length (bucketed with a memory), 0 for the bigram.
         self.costs = StepCost()  # seconds per step from its requests and tokens in flight
-        sources = MAX_NGRAM + 1 if self.memory is None else len(_SOURCES) + 1
+        sources = MAX_NGRAM + 1 if self.memory is None else 2 * len(_SOURCES) + 1
         self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts,
                                 sources=sources, cost=self.costs)
         self.requests = Requests()
@@ -201,9 +202,9 @@ class NgramProposer:
             return drafts
         lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
-        candidates, source = self.tables.propose(contexts, lengths, 1, self.max_drafts, self.memory)
+        candidates, source, share = self.tables.propose(contexts, lengths, 1, self.max_drafts, self.memory)
         if self.memory is not None:
-            source = match_source(source, _SOURCES)
+            source = match_source(source, _SOURCES, share)
         widths = self.shape.widths(candidates, source, self._leads([ids[row] for row in rows], lengths))
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
