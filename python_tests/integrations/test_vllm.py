@@ -4,7 +4,9 @@
 
 1. Greedy identity on Gemma-3-270M: each proposer's tokens equal plain vLLM's, one request at a time and
    four prompts of different lengths together with requests finishing at different steps (max_tokens and a
-   stop token); drafts were proposed and accepted, so the identity is not vacuous.
+   stop token); drafts were proposed and accepted, so the identity is not vacuous. The same prompts once
+   more: NgramProposer's memory drafts the first outputs (far higher acceptance), and the engine's memory
+   is saved to SPECOPS_NGRAM_MEMORY when its process exits.
 2. Sampling (temperature 0.8, top-p 0.95, seeded) runs on Gemma; on a tiny model whose distribution is
    computed exactly, 3-token samples drawn through each proposer follow it (chi-square); the same check
    rejects the distribution at another temperature, and rejects vLLM's own ngram proposer without specops'
@@ -99,9 +101,10 @@ def engine_runs(tmp_path_factory):
     target, drafter = tmp / "tiny-target", tmp / "tiny-drafter"
     _tiny_model(target, seed=0)
     _tiny_model(drafter, seed=1)
-    engines = {f"gemma-{name}": {"model": gemma, **kwargs} for name, kwargs in _gemma_engines().items()}
+    engines = {f"gemma-{name}": {"model": gemma, **kwargs}
+               for name, kwargs in _gemma_engines(tmp / "ngram-memory.bin").items()}
     engines.update({f"tiny-{name}": {"model": target, **kwargs} for name, kwargs in _tiny_engines(drafter).items()})
-    return target, run_engines(engines, tmp)
+    return target, run_engines(engines, tmp), tmp
 
 
 def _named(runs: dict, prefix: str) -> dict:
@@ -111,19 +114,21 @@ def _named(runs: dict, prefix: str) -> dict:
 
 # ---- 1, 2: Gemma-3-270M, greedy and sampled ----
 
-def _gemma_engines() -> dict[str, dict]:
+def _gemma_engines(memory_file: Path) -> dict[str, dict]:
     prompts = _prompts()
     scenarios = {
         "each": {"prompts": prompts, "max_tokens": [24] * 4, "each": True},
         "together": {"prompts": prompts, "max_tokens": [32, 20, 28, 32],
                      "stop_token_ids": [None, None, None, [NEWLINE]]},
         "sampled": {"prompts": prompts, "max_tokens": [16] * 4, "temperature": 0.8, "top_p": 0.95, "seed": 7},
+        "again": {"prompts": prompts, "max_tokens": [24] * 4, "each": True},  # "each" once more
     }
     fixed = {"SPECOPS_DRAFT_LENGTH": "4"}  # draft every step, whatever it costs: every path gets exercised
     return {  # the longest first (run_engines starts them in this order)
         "slem": {"scenarios": scenarios, "speculative": SLEM, "env": {**fixed, "SPECOPS_DRAFTER": "smollm2-135m"}},
         "vllm": {"scenarios": scenarios},
-        "ngram": {"scenarios": scenarios, "speculative": NGRAM, "env": fixed},
+        "ngram": {"scenarios": scenarios, "speculative": NGRAM,
+                  "env": {**fixed, "SPECOPS_NGRAM_MEMORY": str(memory_file)}},
     }
 
 
@@ -133,7 +138,7 @@ def gemma_runs(engine_runs):
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
-@pytest.mark.parametrize("scenario", ["each", "together"])
+@pytest.mark.parametrize("scenario", ["each", "together", "again"])
 def test_greedy_tokens_equal_plain_vllm(gemma_runs, proposer, scenario):
     plain, run = gemma_runs["vllm"][scenario], gemma_runs[proposer][scenario]
     assert run["tokens"] == plain["tokens"]
@@ -142,6 +147,17 @@ def test_greedy_tokens_equal_plain_vllm(gemma_runs, proposer, scenario):
     if scenario == "together":  # requests finished at different steps, one at its stop token
         lengths = [len(t[0]) for t in plain["tokens"]]
         assert len(set(lengths)) >= 3 and plain["finish"][3] == ["stop"] and lengths[3] < 32, lengths
+
+
+def test_ngram_memory_drafts_what_the_engine_decoded_before(gemma_runs, engine_runs):
+    """The same prompts a second time: NgramProposer's memory holds the first outputs, so its drafts are
+    accepted far more often than the first time, with plain vLLM's tokens (above); the engine's memory goes to
+    SPECOPS_NGRAM_MEMORY when its process exits, holding every request (the warm-up, then 4 + 4 + 4 + 4)."""
+    first, again = gemma_runs["ngram"]["each"], gemma_runs["ngram"]["again"]
+    assert again["accepted"] / again["drafted"] > max(0.8, first["accepted"] / first["drafted"]), (first, again)
+    memory = specops.NgramMemory.load(engine_runs[2] / "ngram-memory.bin")
+    stats = memory.stats()
+    assert stats["runs"] + stats["running"] >= 16 and stats["vocab_size"] == 262144, stats
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
@@ -236,7 +252,7 @@ def _tiny_engines(drafter: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def tiny(engine_runs):
-    target, runs = engine_runs
+    target, runs, _ = engine_runs
     return target, _named(runs, "tiny-")
 
 
