@@ -254,6 +254,20 @@ def _ngram_match(run):
                 _t(16, dtype=torch.int64), 1, 4, 8, 8)
 
 
+def _ngram_memory(run):
+    from specops.kernels.ngram_memory_insert import ngram_memory_insert_triton
+    from specops.kernels.ngram_memory_lookup import ngram_memory_lookup_triton
+
+    store, levels = 1 << 24, [1 << 20, 1 << 16]
+    tokens, entries = _t(store, dtype=torch.int32), _t(store, dtype=torch.int32)
+    for added in (512, 1 << 16):  # a decoding step's new positions; a corpus merging into the older level
+        run(f"T=2**24 levels={levels} n={added} depth=64", ngram_memory_insert_triton, tokens, entries, levels,
+            _t(added, dtype=torch.int64), 64)
+    for occurrences, width in ((64, 16), (256, 256)):  # what ngram drafting asks; the op's largest
+        run(f"B=64 T=2**24 levels={levels} S={occurrences} W={width} depth=64", ngram_memory_lookup_triton, tokens,
+            entries, levels, _t(64, 512, dtype=torch.int64), _t(64, dtype=torch.int64), 64, 1, 8, width, occurrences)
+
+
 def _tree_attention(run):
     from specops.kernels.tree_attention import tree_attention_triton
 
@@ -295,7 +309,7 @@ def _quantized_linear(run):
 
 
 CASES = [_chain_verify, _tree_verify, _sample_without_replacement, _stochastic_beam_step, _vocab_project,
-         _ensemble_logits, _ngram_match, _tree_attention, _skinny_linear, _quantized_linear]
+         _ensemble_logits, _ngram_match, _ngram_memory, _tree_attention, _skinny_linear, _quantized_linear]
 
 
 def kernels_launched() -> list[Launch]:

@@ -2,7 +2,8 @@
 place (semantics: specops/reference.py, "The n-gram memory's index").
 
 One kernel merges pairs of sorted runs: every element finds, by binary search, how many elements of the other
-run of its pair precede it in the key order, which with its own index in its run is its place in the merged
+run of its pair precede it in the key order (keys compared one depth at a time, all lanes together, until
+every lane has decided: most comparisons end within a token or two), which with its own index in its run is its place in the merged
 pair. The order is total (ties between equal keys go to the position), so the two runs of a pair fill the
 merged run without collisions. The launcher sorts the new positions bottom up (runs of 1, 2, 4, ...), merges
 the result with each level it has outgrown, newest first (`reference.memory_merged_blocks`), and writes it over
@@ -26,37 +27,38 @@ _BLOCK = 128  # elements per program
 
 
 @triton.jit
-def _keys(tokens_ptr, T, e, offs, depth):
-    """[BLOCK, BLOCK_D] key tokens of end positions e [BLOCK]: t[e - j], -1 from the first negative token (or
-    the store's start) on, and past depth."""
-    at = e[:, None] - offs[None, :]
-    raw = tl.load(tokens_ptr + at, mask=(offs[None, :] < depth) & (at >= 0) & (at < T), other=-1)
-    stopped = tl.cumsum((raw < 0).to(tl.int32), 1) > 0
-    return tl.where(stopped, -1, raw)
-
-
-@triton.jit
-def _less(tokens_ptr, T, a, b, offs, depth):
-    """(key(a), a) < (key(b), b) lane by lane, for end positions a, b [BLOCK]."""
-    x = _keys(tokens_ptr, T, a, offs, depth)
-    y = _keys(tokens_ptr, T, b, offs, depth)
-    differs = x != y
-    first = tl.min(tl.where(differs, offs[None, :], depth), 1)
-    at = offs[None, :] == first[:, None]
-    x_first = tl.sum(tl.where(at, x, 0), 1)
-    y_first = tl.sum(tl.where(at, y, 0), 1)
-    return tl.where(first < depth, x_first < y_first, a < b)
+def _less(tokens_ptr, T, a, b, depth, live):
+    """(key(a), a) < (key(b), b) lane by lane, for end positions a, b [BLOCK]: the keys read one depth at a time
+    (t[e - j], -1 from the first negative token or the store's start on), until every live lane has decided."""
+    undecided = live
+    less = a < b  # equal keys: the position decides
+    a_alive = live
+    b_alive = live
+    j = tl.zeros([], tl.int32)
+    while (j < depth) & (tl.max(undecided.to(tl.int32), 0) > 0):
+        at_a = a - j
+        at_b = b - j
+        x = tl.load(tokens_ptr + at_a, mask=undecided & (at_a >= 0) & (at_a < T), other=-1)
+        y = tl.load(tokens_ptr + at_b, mask=undecided & (at_b >= 0) & (at_b < T), other=-1)
+        a_alive = a_alive & (x >= 0)
+        b_alive = b_alive & (y >= 0)
+        x = tl.where(a_alive, x, -1)
+        y = tl.where(b_alive, y, -1)
+        differs = undecided & (x != y)
+        less = tl.where(differs, x < y, less)
+        undecided = undecided & ~differs & (a_alive | b_alive)  # both keys stopped: equal
+        j += 1
+    return less
 
 
 @triton.jit(do_not_specialize=["T", "n", "run", "steps", "depth"])
 def _merge_kernel(tokens_ptr, src_ptr, dst_ptr,
                   T, n, run, steps, depth,
-                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK: tl.constexpr):
     """src [n] holds sorted runs of `run` elements (the last may be shorter); dst gets each pair of runs
     merged. steps >= log2(run + 1): binary-search iterations."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
-    offs = tl.arange(0, BLOCK_D)
     me = tl.load(src_ptr + i, mask=live, other=0).to(tl.int64)
     which = i // run
     base = (which // 2) * (2 * run)
@@ -71,7 +73,7 @@ def _merge_kernel(tokens_ptr, src_ptr, dst_ptr,
         searching = lo < hi
         mid = (lo + hi) // 2
         them = tl.load(src_ptr + mid, mask=live & searching, other=0).to(tl.int64)
-        before = _less(tokens_ptr, T, them, me, offs, depth)
+        before = _less(tokens_ptr, T, them, me, depth, live & searching)
         lo = tl.where(searching & before, mid + 1, lo)
         hi = tl.where(searching & ~before, mid, hi)
     own = i - tl.where(left_run, base, base + run)
@@ -83,7 +85,7 @@ def _merge_pass(tokens: torch.Tensor, src: torch.Tensor, run: int, depth: int) -
     dst = torch.empty_like(src)
     _merge_kernel[(triton.cdiv(n, _BLOCK),)](
         tokens, src, dst, tokens.shape[0], n, run, max(run, 1).bit_length(), depth,
-        BLOCK=_BLOCK, BLOCK_D=triton.next_power_of_2(depth), num_warps=4)
+        BLOCK=_BLOCK, num_warps=4)
     return dst
 
 

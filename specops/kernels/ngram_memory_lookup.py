@@ -9,8 +9,10 @@ One program per row, in three passes over the levels:
 2. per level, newest first (levels lie in the buffer oldest first), the stretch of entries matching L tokens
    around that place, by galloping out and a binary search; the quota of occurrences read is filled from the
    newest levels first, evenly spread in a level that does not fit;
-3. the continuations of the read occurrences [S, width] are grouped by exact comparison (one column at a
-   time, [S, S] per column), each group led by its latest occurrence, and the top k groups written out.
+3. the read occurrences go to a scratch buffer and are grouped by exact comparison of their continuations,
+   tiles of 32 against tiles of 32, one continuation token at a time read from the store (so nothing as
+   large as [occurrences, width] is held), each group led by its latest occurrence; the top k groups are
+   written out.
 No host syncs; the level offsets go to the device as a small tensor built from the level sizes.
 """
 
@@ -24,6 +26,8 @@ from specops.ops._checks import guarded
 from specops.ops.ngram import check_ngram_memory_lookup
 
 __all__ = ["ngram_memory_lookup_triton"]
+
+_TILE = 32  # occurrences compared at once in the grouping pass: [32, 32] per tile pair
 
 
 @triton.jit
@@ -86,11 +90,11 @@ def _matching_stretch(tokens_ptr, entries_ptr, T, start, size, place, query, qle
 
 @triton.jit(do_not_specialize=["T", "C", "n_levels", "depth", "min_match", "num_candidates", "width",
                                "max_occurrences"])
-def _lookup_kernel(tokens_ptr, entries_ptr, starts_ptr, contexts_ptr, lengths_ptr, places_ptr,
+def _lookup_kernel(tokens_ptr, entries_ptr, starts_ptr, contexts_ptr, lengths_ptr, places_ptr, chosen_ptr, keys_ptr,
                    candidates_ptr, counts_ptr, latest_ptr, match_ptr, occurrences_ptr,
                    T, C, n_levels,
                    depth, min_match, num_candidates, width, max_occurrences,
-                   BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
+                   BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, TILE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), C)  # clamped: never read outside the row
@@ -142,31 +146,50 @@ def _lookup_kernel(tokens_ptr, entries_ptr, starts_ptr, contexts_ptr, lengths_pt
             chosen = tl.where(here, e, chosen)
             taken += take
             left -= take
-    valid = slots < taken
+    tl.store(chosen_ptr + b * BLOCK_S + slots, chosen)
+    tl.debug_barrier()  # the tiles below read what other threads of this program stored
 
-    # 3. Continuations, grouped exactly; each group led by its latest occurrence.
+    # 3. Continuations, grouped exactly (tiles of occurrences, one continuation token at a time, read from the
+    #    store); each group is led by its latest occurrence, whose key (count << 32 | position) ranks it.
+    tile = tl.arange(0, TILE)
+    for i0 in range(0, BLOCK_S, TILE):
+        mine = tl.load(chosen_ptr + b * BLOCK_S + i0 + tile)
+        mine_valid = (i0 + tile) < taken
+        count = tl.zeros([TILE], tl.int64)
+        last = tl.full([TILE], -1, tl.int64)
+        for j0 in range(0, BLOCK_S, TILE):
+            theirs = tl.load(chosen_ptr + b * BLOCK_S + j0 + tile)
+            their_valid = (j0 + tile) < taken
+            same = mine_valid[:, None] & their_valid[None, :]
+            mine_alive = mine_valid
+            their_alive = their_valid
+            for j in range(0, width):
+                x = tl.load(tokens_ptr + mine + 1 + j, mask=mine_alive & (mine + 1 + j < T), other=-1)
+                y = tl.load(tokens_ptr + theirs + 1 + j, mask=their_alive & (theirs + 1 + j < T), other=-1)
+                mine_alive = mine_alive & (x >= 0)
+                their_alive = their_alive & (y >= 0)
+                x = tl.where(mine_alive, x, -1)
+                y = tl.where(their_alive, y, -1)
+                same = same & (x[:, None] == y[None, :])
+            count += tl.sum(same.to(tl.int64), 1)
+            last = tl.maximum(last, tl.max(tl.where(same, theirs[None, :], -1), 1))
+        key = tl.where(mine_valid & (mine == last), (count << 32) | last, -1)
+        tl.store(keys_ptr + b * BLOCK_S + i0 + tile, key)
+
+    tl.debug_barrier()
+    keys = tl.load(keys_ptr + b * BLOCK_S + slots)
     cols = tl.arange(0, BLOCK_W)
-    at = chosen[:, None] + 1 + cols[None, :]
-    raw = tl.load(tokens_ptr + at, mask=valid[:, None] & (cols[None, :] < width) & (at < T), other=-1).to(tl.int64)
-    stopped = tl.cumsum((raw < 0).to(tl.int32), 1) > 0
-    cont = tl.where(stopped, -1, raw)
-    same = valid[:, None] & valid[None, :]
-    for j in range(0, width):
-        column = tl.sum(tl.where(cols[None, :] == j, cont, 0), 1)
-        same = same & (column[:, None] == column[None, :])
-    count = tl.sum(same.to(tl.int64), 1)
-    last = tl.max(tl.where(same, chosen[None, :], -1), 1)
-    key = tl.where(valid & (chosen == last), (count << 32) | last, -1)
-
     out = b * num_candidates
     for t in range(0, num_candidates):
-        top = tl.max(key, 0)
-        row = tl.sum(tl.where((key == top)[:, None] & (top >= 0), cont, 0), 0)
-        row = tl.where(top >= 0, row, -1)
+        top = tl.max(keys, 0)
+        e = tl.where(top >= 0, top & 0xFFFFFFFF, T)  # no group left: a place past the store, nothing read
+        at = e + 1 + cols
+        raw = tl.load(tokens_ptr + at, mask=(cols < width) & (at < T), other=-1).to(tl.int64)
+        row = tl.where(tl.cumsum((raw < 0).to(tl.int32), 0) > 0, -1, raw)
         tl.store(candidates_ptr + (out + t) * width + cols, row, mask=cols < width)
         tl.store(counts_ptr + out + t, tl.where(top >= 0, top >> 32, 0))
-        tl.store(latest_ptr + out + t, tl.where(top >= 0, top & 0xFFFFFFFF, -1))
-        key = tl.where(key == top, -1, key)
+        tl.store(latest_ptr + out + t, tl.where(top >= 0, e, -1))
+        keys = tl.where(keys == top, -1, keys)
     tl.store(match_ptr + b, tl.where(found, best, 0))
     tl.store(occurrences_ptr + b, total)
 
@@ -191,13 +214,16 @@ def ngram_memory_lookup_triton(tokens: torch.Tensor, entries: torch.Tensor, leve
         return candidates, counts, latest, match, occurrences
     starts = torch.tensor([0, *torch.tensor(levels).cumsum(0).tolist()], **long)
     places = torch.empty((batch, len(levels)), **long)
+    block_s = max(_TILE, triton.next_power_of_2(max_occurrences))
+    chosen = torch.empty((batch, block_s), **long)  # scratch: the occurrences read, and their groups' keys
+    keys = torch.empty((batch, block_s), **long)
     _lookup_kernel[(batch,)](
-        tokens, entries, starts, contexts, lengths, places,
+        tokens, entries, starts, contexts, lengths, places, chosen, keys,
         candidates, counts, latest, match, occurrences,
         tokens.shape[0], columns, len(levels),
         depth, min_match, num_candidates, width, max_occurrences,
-        BLOCK_D=triton.next_power_of_2(depth), BLOCK_S=triton.next_power_of_2(max_occurrences),
-        BLOCK_W=triton.next_power_of_2(width), num_warps=4)
+        BLOCK_D=triton.next_power_of_2(depth), BLOCK_S=block_s, BLOCK_W=triton.next_power_of_2(width), TILE=_TILE,
+        num_warps=4)
     return candidates, counts, latest, match, occurrences
 
 
