@@ -1023,20 +1023,21 @@ def test_ngram_drafter_rows():
     bigram = torch.tensor([[1, 2], [2, 0], [3, 1], [1, 0]], dtype=torch.int32)  # V = 4, top1 = 1, 2, 3, 1
     prompts = [[1, 2, 3, 1, 2], [3, 0, 3]]
     drafter = _drafter(prompts, bigram)
-    rows, source = drafter.propose(3, 4)
+    rows, source, share = drafter.propose(3, 4)
     # Request 0: "1 2" occurred before, followed by 3 1 2 | end -> 3 1 2 then top1(2) = 3; then the
     # bigram after 2 (3, 1), extended: 3 1 2 3 and 1 2 3 1.
     # Request 1: "3" occurred before, followed by 0 3 | end -> 0 3 1 2; then 1 2 3 1 and 0 1 2 3.
     assert rows.tolist() == [[[3, 1, 2, 3], [3, 1, 2, 3], [1, 2, 3, 1]],
                              [[0, 3, 1, 2], [1, 2, 3, 1], [0, 1, 2, 3]]]
     assert source.tolist() == [2, 1]  # the length of the context match
+    assert share.tolist() == [1.0, 1.0]  # each match was followed one way only
     # Without model n-grams, only the context rows; with the unigram, one-token rows after them.
-    rows, source = _drafter(prompts).propose(3, 4)
+    rows, _, _ = _drafter(prompts).propose(3, 4)
     assert rows.tolist() == [[[3, 1, 2, -1]] + [[-1] * 4] * 2, [[0, 3, -1, -1]] + [[-1] * 4] * 2]
-    rows, _ = _drafter(prompts, unigram=torch.tensor([2, 0])).propose(3, 4)
+    rows, _, _ = _drafter(prompts, unigram=torch.tensor([2, 0])).propose(3, 4)
     assert rows[0].tolist() == [[3, 1, 2, -1], [2, -1, -1, -1], [0, -1, -1, -1]]
     # No context match at all: the bigram rows, source 0.
-    rows, source = _drafter([[0, 1, 2, 3]], bigram).propose(2, 2)
+    rows, source, _ = _drafter([[0, 1, 2, 3]], bigram).propose(2, 2)
     assert rows.tolist() == [[[1, 2], [0, 1]]] and source.tolist() == [0]
     # The contexts grow with what is emitted, ragged across requests.
     drafter.extend_contexts([[3], [1, 0]])

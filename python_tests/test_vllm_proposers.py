@@ -442,3 +442,16 @@ def test_expand_spreads_each_request_over_its_tokens(dtype):
     assert output.tolist() == [3, 3, 5, 5, 5, 5]
     _expand(output, values, torch.tensor([1, 3, 4], dtype=torch.int32), -1, 1)
     assert output[:4].tolist() == [3, 1, 1, 5]
+
+
+def test_ngram_memory_drafts_past_the_lookup_width(monkeypatch):
+    """num_speculative_tokens beyond the memory lookup's widest continuation (256 tokens): the memory is asked
+    for 256 and the rows padded, so a proposer of 300 tokens drafts from it like any other."""
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "300")
+    proposer = NgramProposer(_config(300, max_len=1024))
+    run = list(range(10, 400))
+    proposer.memory.add([run])
+    tokens = np.zeros((1, 1024), dtype=np.int32)
+    tokens[0, :3] = run[:3]
+    drafts = proposer.propose([[run[2]]], np.array([3]), tokens)
+    assert drafts == [run[3:3 + 256]]

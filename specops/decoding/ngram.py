@@ -32,6 +32,7 @@ from specops.decoding.draft_shape import DraftShape
 from specops.decoding.model_ngrams import extend, successors
 from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
+from specops.ops.ngram import MEMORY_MAX_OCCURRENCES, MEMORY_MAX_WIDTH
 
 __all__ = ["MEMORY_SOURCES", "DraftTables", "NgramDrafter", "NgramProposer", "match_source", "merge_candidates"]
 
@@ -69,9 +70,15 @@ class DraftTables:
                                                     max_ngram=self.max_ngram, num_candidates=k, width=w,
                                                     validate=False)
         if memory is not None:
-            found = memory.lookup(contexts, lengths, num_candidates=k, width=w)
+            found = memory.lookup(contexts, lengths, num_candidates=min(k, MEMORY_MAX_OCCURRENCES),
+                                  width=min(w, MEMORY_MAX_WIDTH))
+            rows = torch.nn.functional.pad(found.candidates, (0, w - found.candidates.shape[2]), value=-1)
+            more = k - rows.shape[1]
+            if more > 0:
+                rows = torch.nn.functional.pad(rows, (0, 0, 0, more), value=-1)
+            found_counts = torch.nn.functional.pad(found.counts, (0, max(more, 0)))
             candidates, counts, level = merge_candidates(
-                (found.candidates, found.counts, torch.where(found.counts > 0, found.match[:, None], 0)),
+                (rows, found_counts, torch.where(found_counts > 0, found.match[:, None], 0)),
                 (candidates, counts, level), k)
         batch = candidates.shape[0]
         last = contexts[torch.arange(batch, device=contexts.device), lengths - 1]
