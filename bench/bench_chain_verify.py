@@ -1,6 +1,6 @@
 """Benchmark of `specops.ops.chain_verify` (speculative-sampling verification of a chain of drafts).
 
-    python bench/bench_chain_verify.py [--device cpu|cuda] [--quick] [--csv PATH] [--threads N]
+    python bench/bench_chain_verify.py [--device cpu|cuda] [--quick] [--csv PATH] [--threads N] [--top-p P]
 
 Providers. CPU: `reference` (specops.reference, the pure-torch spec), `cpu` and `cpu no-validate` (the C++
 kernel through the public wrapper, validate=True and False), `cpu block` (scheme="block", validate=True),
@@ -13,7 +13,10 @@ N(0, 0.6^2) noise, so a draft is accepted with probability about 0.77 (1 - total
 chains are sampled from the draft distribution. The timed calls cycle through 16 draft chains, each at
 its own Philox offset, so they see varied acceptance as decoding steps do: specops reads target rows
 lazily on the CPU, and its cost grows with acceptance. `accepted` is the mean number of accepted
-drafts per request (the reference row repeats specops', which it equals by construction).
+drafts per request (the reference row repeats specops', which it equals by construction). --top-p P < 1 adds
+nucleus sampling (top-p P) to every specops and reference call, and leaves transformers out (its
+`_speculative_sampling` takes probabilities already filtered by generate()'s warpers); K = 0 cases then time
+what sampling one token per row costs, as positional verification draws every position of a chain.
 
 GB/s is for every provider the bytes that must be read, B*(K+1)*V*sizeof(logits) + B*V*4 (the
 target rows and one draft-probability row for the residual), divided by the median time.
@@ -38,6 +41,7 @@ NUM_VARIANTS = 16  # draft chains (and Philox offsets) the timed calls cycle thr
 PROMPT_LEN = 16
 SEED = 1234
 HEADLINE = (1, 5, 262144, torch.float32)  # CPU goal: >= 10x faster than transformers
+TOP_P = 1.0  # --top-p
 REQUIRED_CUDA = (64, 4, 128256)  # CUDA goal: report kernel time against the bandwidth floor
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
@@ -83,7 +87,7 @@ def make_inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, device: str)
         "num_draft": torch.full((batch,), k, dtype=torch.int64, device=device),
         "temperature": torch.ones(batch, dtype=torch.float32, device=device),
         "top_k": torch.zeros(batch, dtype=torch.int64, device=device),
-        "top_p": torch.ones(batch, dtype=torch.float32, device=device),
+        "top_p": torch.full((batch,), TOP_P, dtype=torch.float32, device=device),
     }
 
 
@@ -177,7 +181,7 @@ def bench_cpu_case(specops, case, quick: bool, have_hf: bool) -> list[dict]:
     block_accepted = p.specops_accepted("block")
     t, n = median_time(p.specops_fn(scheme="block"), **fast)
     out.append(row("cpu", batch, k, vocab, dtype, "cpu block", t, n, 'scheme="block", validate=True', block_accepted))
-    if have_hf:
+    if have_hf and TOP_P == 1.0:
         run = p.transformers_fn()
         hf_acc = transformers_accepted(run)
         t, n = median_time(run, **fast)
@@ -231,7 +235,7 @@ def bench_cuda_case(specops, case, quick: bool, have_hf: bool, flashinfer) -> li
     add("triton validate", p.specops_fn(validate=True), "eager, validate=True (one host sync)", accepted)
     add("triton block", p.specops_fn(validate=False, scheme="block"), 'eager, scheme="block", validate=False',
         p.specops_accepted("block"))
-    if have_hf:
+    if have_hf and TOP_P == 1.0:
         run = p.transformers_fn()
         hf_acc = transformers_accepted(run)
         add("transformers", run, f"{batch} calls (B=1 only), wall clock" if batch > 1 else "wall clock",
@@ -296,7 +300,11 @@ def main() -> int:
     parser.add_argument("--cases", default=None,
                         help="only these cases, BxKxV[xdtype] comma-separated, e.g. 1x4x262144,64x4x262144 "
                              "(issue 34's block-verification shapes)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for specops and the reference "
+                        "(transformers left out below 1)")
     args, csv_path = parse_bench_args(parser, "chain_verify")
+    global TOP_P
+    TOP_P = args.top_p
     specops = import_specops()
     try:
         import transformers.generation.utils  # noqa: F401

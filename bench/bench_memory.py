@@ -2,7 +2,8 @@
 llama.cpp on the same model, in one run.
 
     python bench/bench_memory.py [--rounds 2] [--configs ar,ngram,ngram-memory,hf-lookup,vllm,vllm-ngram,
-                                  vllm-suffix,vllm-specops,llama,llama-ngram-simple,llama-ngram-mod]
+                                  vllm-suffix,vllm-specops,llama,llama-ngram-simple,llama-ngram-mod,
+                                  llama-ngram-cache]
                                  [--workloads unrelated,refine,again,passk] [--vllm-python PATH]
                                  [--gguf PATH] [--csv PATH] [--plot docs/memory_cpu.png]
 
@@ -31,8 +32,10 @@ Configurations:
   vllm-suffix, vllm-specops (4 tokens, n-grams 1-4), its suffix proposer (arctic-inference), and
                             specops.vllm.NgramProposer (8 tokens at most, its memory on)
   llama, llama-ngram-simple, llama.cpp's llama-server (2 threads, its slots sharing the ngram-mod pool): plain,
-  llama-ngram-mod           ngram-simple (n 3, m 8: its best setting in docs/research), ngram-mod (n_match 8,
-                            n_min 2, n_max 16: short enough to draft on this model's outputs)
+  llama-ngram-mod,          ngram-simple (n 3, m 8: its best setting on this model, docs/memory.md), ngram-mod
+  llama-ngram-cache         (n_match 8, n_min 2, n_max 16: short enough to draft on this model's outputs; one pool
+                            for every slot and request), ngram-cache (n-grams of 1-4 tokens of each slot's
+                            context, kept across its requests; no static file)
 
 Every configuration runs in a fresh process per round (the engine's own state: a memory, a suffix tree, an
 n-gram pool, a prompt cache), workloads in the order above, the configurations in a new random order every
@@ -57,7 +60,7 @@ from _timing import load_prompts, machine_info, markdown_table
 
 BENCH = Path(__file__).resolve().parent
 CONFIGS = ["ar", "ngram", "ngram-memory", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix", "vllm-specops", "llama",
-           "llama-ngram-simple", "llama-ngram-mod"]
+           "llama-ngram-simple", "llama-ngram-mod", "llama-ngram-cache"]
 WORKLOADS = ["unrelated", "refine", "again", "passk"]
 # (workload, mode) -> first HumanEval problem of its 8 prompts
 PROMPTS = {("unrelated", "alone"): 24, ("unrelated", "together8"): 32, ("refine", "alone"): 8,
@@ -74,7 +77,8 @@ _VLLM_SPECS = {"vllm": None,
                "vllm-suffix": {"method": "suffix", "num_speculative_tokens": 8},
                "vllm-specops": {"model": "specops.vllm.NgramProposer", "num_speculative_tokens": 8}}
 _LLAMA_SPECS = {"llama": None, "llama-ngram-simple": {"type": "ngram-simple", "n": 3, "m": 8},
-                "llama-ngram-mod": {"type": "ngram-mod", "n_match": 8, "n_min": 2, "n_max": 16}}
+                "llama-ngram-mod": {"type": "ngram-mod", "n_match": 8, "n_min": 2, "n_max": 16},
+                "llama-ngram-cache": {"type": "ngram-cache"}}
 
 
 def revision(prompt: str, output: str) -> str:
@@ -366,6 +370,8 @@ def main() -> None:
                         help="Gemma-3-270M as an F32 GGUF, made by llama.cpp's convert_hf_to_gguf.py")
     parser.add_argument("--csv", default=str(BENCH / "results" / "memory_cpu.csv"))
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--summarize", action="store_true",
+                        help="write the CSV, table and plot from the rows an earlier (or unfinished) run saved")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -376,6 +382,11 @@ def main() -> None:
     configs = args.configs.split(",")
     out = Path(args.csv).with_suffix("")
     out.mkdir(parents=True, exist_ok=True)
+    saved = out / "rows.json"  # every row so far, after each configuration: --summarize reads it back
+    if args.summarize:
+        state = json.loads(saved.read_text())
+        report(state["rows"], state["before"], state["after"], args)
+        return
     before = bandwidth_gbs()
     print(f"streaming bandwidth at the start: {before:.1f} GB/s", file=sys.stderr, flush=True)
     rows, rng = [], random.Random(0)
@@ -391,17 +402,25 @@ def main() -> None:
                 row["tok_s"] = r["tokens"] / r["seconds"] if r.get("seconds") else None
                 row["greedy"] = r.get("greedy")
                 rows.append(row)
+            saved.write_text(json.dumps({"rows": rows, "before": before, "after": None}))
             print(f"round {round_} {config}: {time.perf_counter() - start:.0f} s "
                   f"{[(r.get('workload'), r.get('mode'), round(r['tokens'] / r['seconds'], 1)) if r.get('seconds') else r.get('error') for r in results]}",
                   file=sys.stderr, flush=True)
     after = bandwidth_gbs()
     print(f"streaming bandwidth at the end: {after:.1f} GB/s", file=sys.stderr, flush=True)
+    saved.write_text(json.dumps({"rows": rows, "before": before, "after": after}))
+    report(rows, before, after, args)
+
+
+def report(rows: list[dict], before: float, after: float | None, args) -> None:
+    """The CSV, the summary table and the plot of a run's rows."""
     # Greedy outputs against specops' ar of the same round, prompt by prompt.
     reference = {(r["round"], r["workload"], r["mode"]): r["greedy"] for r in rows if r["config"] == "ar" and r["greedy"]}
     for r in rows:
         want = reference.get((r["round"], r["workload"], r["mode"]))
         r["same_as_ar"] = sum(a == b for a, b in zip(r["greedy"], want)) if r["greedy"] and want else None
-    info = {**machine_info("cpu"), "bandwidth_start_gbs": f"{before:.1f}", "bandwidth_end_gbs": f"{after:.1f}"}
+    end = "" if after is None else f"{after:.1f}"
+    info = {**machine_info("cpu"), "bandwidth_start_gbs": f"{before:.1f}", "bandwidth_end_gbs": end}
     path = Path(args.csv)
     fields = ["round", "workload", "mode", "config", "tokens", "seconds", "tok_s", "same_as_ar", "error", *info]
     with open(path, "w", newline="") as f:
@@ -410,8 +429,9 @@ def main() -> None:
         for r in rows:
             writer.writerow({**info, **r})
     summary = summarize(rows)
-    print(f"{info['machine']}, {info['cpu_cores']} cores; bandwidth {before:.1f} GB/s at the start, {after:.1f} at "
-          f"the end; {args.rounds} rounds")
+    rounds = len({r["round"] for r in rows})
+    print(f"{info['machine']}, {info['cpu_cores']} cores; bandwidth {before:.1f} GB/s at the start, "
+          f"{end or 'not measured'} at the end; {rounds} rounds")
     print(markdown_table(summary, ["workload", "mode", "config", "tok_s", "min", "max", "vs_ar", "vs_ngram",
                                    "greedy_same_as_ar"]))
     if args.plot:
