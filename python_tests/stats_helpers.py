@@ -88,6 +88,16 @@ def _fit(texts: list[str], exact: dict[str, float]) -> tuple[float, int]:
     return float(scipy_stats.chisquare(observed, expected).pvalue), impossible
 
 
+def mass_moved(exact: dict[str, float], amount: float = 0.01) -> dict[str, float]:
+    """`exact` with `amount` of probability moved from its likeliest sequence to the next: the wrong target a
+    check that can fail must reject."""
+    shifted = dict(exact)
+    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
+    shifted[first] -= amount
+    shifted[second] += amount
+    return shifted
+
+
 def assert_follows_target(texts: list[str], temperature: float, top_k: int) -> None:
     """Chi-square of sampled continuations against the exact sequence distribution of SD_TARGET_TABLE."""
     exact = sequence_distribution(SD_TARGET_TABLE, "ab", SD_STAT_NEW, temperature, top_k)

@@ -28,6 +28,7 @@ from specops.decoding.cost_model import DraftLength
 from stats_helpers import (ALPHA, N_SEQUENCES, PROMPTS, STEP_COST, _fit, _simulate, _true_rate,
                            assert_follows_target, check_stats, cpu_like)
 from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
+from stats_helpers import mass_moved
 from stats_helpers import SD_STAT_NEW as STAT_NEW
 from stats_helpers import SD_STAT_PROMPTS as STAT_PROMPTS
 from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
@@ -276,10 +277,7 @@ def test_chisquare_can_fail():
     pvalue, impossible = _fit(drafter_samples, exact)
     assert impossible > 0 or pvalue < ALPHA  # ...the target's does not
 
-    shifted = dict(exact)
-    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
-    shifted[first] -= 0.01
-    shifted[second] += 0.01
+    shifted = mass_moved(exact)
     sd_samples = _sample("sd", 2).text
     assert _fit(sd_samples, exact)[0] > ALPHA
     assert _fit(sd_samples, shifted)[0] < ALPHA

@@ -34,6 +34,7 @@ from specops import vocab as vocab_maps
 from stats_helpers import (ALPHA, CLOSE_TABLE, DRAFT_TO_TARGET, DRAFTER_TOKENS, MERGED_WORDS, N_SEQUENCES,
                            PROMPTS, STAT_K, TARGET_TOKENS, _drafter_table, _exact, _pooled_fit, check_stats)
 from stats_helpers import TLI_STAT_NEW as STAT_NEW
+from stats_helpers import mass_moved
 from stats_helpers import TLI_STAT_PROMPTS as STAT_PROMPTS
 from stats_helpers import TLI_TARGET_TABLE as TARGET_TABLE
 from toy_models import (BYTE_VOCAB, TableLM, byte_tokenizer, letter_tokenizer, merged_byte_tokenizer,
@@ -308,10 +309,7 @@ def test_chisquare_can_fail(toks):
     its two likeliest sequences, and against the distribution at another temperature."""
     samples = _sample("tli", toks).tokens
     exact = _exact()
-    shifted = dict(exact)
-    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
-    shifted[first] -= 0.01
-    shifted[second] += 0.01
+    shifted = mass_moved(exact)
     assert _pooled_fit(samples, exact)[0] > ALPHA
     assert _pooled_fit(samples, shifted)[0] < ALPHA
     pvalue, impossible = _pooled_fit(samples, _exact(0.7, 3))

@@ -13,7 +13,7 @@ import torch
 import specops
 from specops.decoding import model_ngrams
 from specops.decoding.engine import KVState
-from stats_helpers import ALPHA, N_SEQUENCES, _fit, assert_follows_target
+from stats_helpers import ALPHA, N_SEQUENCES, _fit, assert_follows_target, mass_moved
 from stats_helpers import SD_STAT_NEW as STAT_NEW
 from stats_helpers import SD_STAT_PROMPTS as STAT_PROMPTS
 from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
@@ -164,10 +164,7 @@ def test_chisquare_on_memory_samples_can_fail():
     samples = _memory_samples("auto").text
     exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW)
     assert _fit(samples, exact)[0] > ALPHA
-    shifted = dict(exact)
-    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
-    shifted[first] -= 0.01
-    shifted[second] += 0.01
+    shifted = mass_moved(exact)
     assert _fit(samples, shifted)[0] < ALPHA
 
 

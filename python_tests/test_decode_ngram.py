@@ -32,7 +32,7 @@ from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftSh
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
 from specops.decoding.tree import build_tree
-from stats_helpers import ALPHA, N_SEQUENCES, _fit, assert_follows_target
+from stats_helpers import ALPHA, N_SEQUENCES, _fit, assert_follows_target, mass_moved
 from stats_helpers import SD_STAT_NEW as STAT_NEW
 from stats_helpers import SD_STAT_PROMPTS as STAT_PROMPTS
 from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
@@ -325,10 +325,7 @@ def test_chisquare_can_fail():
     exact = sequence_distribution(TARGET_TABLE, "ab", STAT_NEW)
     samples = _sample((4, 2), "bigram", 1.0, 0).text
     assert _fit(samples, exact)[0] > ALPHA
-    shifted = dict(exact)
-    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
-    shifted[first] -= 0.01
-    shifted[second] += 0.01
+    shifted = mass_moved(exact)
     assert _fit(samples, shifted)[0] < ALPHA
     assert _fit(samples, sequence_distribution(TARGET_TABLE, "ab", STAT_NEW, 0.9))[0] < ALPHA
 

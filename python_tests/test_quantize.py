@@ -48,6 +48,7 @@ from stats_helpers import (ALPHA, CLOSE_TABLE, DRAFTER_TOKENS, MERGED_WORDS, N_S
                            TLI_STAT_NEW, TLI_STAT_PROMPTS, TLI_TARGET_TABLE, _exact, _fit, _pooled_fit,
                            _simulate, _true_rate, assert_follows_target, cpu_like)
 from stats_helpers import SD_STAT_NEW as STAT_NEW
+from stats_helpers import mass_moved
 from toy_models import (BYTE_VOCAB, TableLM, byte_tokenizer, letter_tokenizer, merged_byte_tokenizer,
                         sequence_distribution, tiny_gemma3, tiny_llama, token_tokenizer)
 
@@ -578,10 +579,7 @@ def test_sampled_tli_with_int4_drafter_follows_target(tli_samples):
 
 def _shifted(exact: dict) -> dict:
     """`exact` with 1% of probability moved between its two likeliest sequences."""
-    shifted = dict(exact)
-    first, second = sorted(exact, key=exact.get, reverse=True)[:2]
-    shifted[first] -= 0.01
-    shifted[second] += 0.01
+    shifted = mass_moved(exact)
     return shifted
 
 
