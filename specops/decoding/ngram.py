@@ -72,11 +72,9 @@ class DraftTables:
         if memory is not None:
             found = memory.lookup(contexts, lengths, num_candidates=min(k, MEMORY_MAX_OCCURRENCES),
                                   width=min(w, MEMORY_MAX_WIDTH))
-            rows = torch.nn.functional.pad(found.candidates, (0, w - found.candidates.shape[2]), value=-1)
-            more = k - rows.shape[1]
-            if more > 0:
-                rows = torch.nn.functional.pad(rows, (0, 0, 0, more), value=-1)
-            found_counts = torch.nn.functional.pad(found.counts, (0, max(more, 0)))
+            _, got, width = found.candidates.shape  # padded to k rows of w tokens, as the context's
+            rows = torch.nn.functional.pad(found.candidates, (0, w - width, 0, k - got), value=-1)
+            found_counts = torch.nn.functional.pad(found.counts, (0, k - got))
             candidates, counts, level = merge_candidates(
                 (rows, found_counts, torch.where(found_counts > 0, found.match[:, None], 0)),
                 (candidates, counts, level), k)
