@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -195,7 +196,7 @@ def _tokenizer_of(path: Path):
         pass  # absent, someone else's, stale or damaged: load from the files and write it again
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     try:
-        partial = saved.with_suffix(f".{os.getpid()}.partial")
+        partial = saved.with_suffix(f".{os.getpid()}.{threading.get_ident()}.partial")
         with open(partial, "wb") as f:
             pickle.dump(tokenizer, f)
         os.replace(partial, saved)

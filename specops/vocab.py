@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import string
+import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,7 +252,7 @@ def vocab_map(target_tokenizer, draft_tokenizer, *, cache: bool = True) -> Vocab
         maps = _build(target, draft)
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             torch.save({"draft_to_target": maps[0], "target_to_draft": maps[1]}, tmp)
             os.replace(tmp, path)
     result = VocabMap(target, draft, *maps)

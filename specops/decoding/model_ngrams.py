@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import sys
 import time
 import weakref
@@ -300,7 +301,7 @@ def _load_or_build(model, bos: int | None, top: int, chunk: int, progress: bool,
 
 
 def _save(obj, path: Path) -> None:
-    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.partial")  # per thread too
     torch.save(obj, partial)
     os.replace(partial, path)  # atomic: a concurrent reader sees the whole file or none
 
