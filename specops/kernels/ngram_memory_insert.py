@@ -3,8 +3,8 @@ place (semantics: specops/reference.py, "The n-gram memory's index").
 
 One kernel merges pairs of sorted runs: every element finds, by binary search, how many elements of the other
 run of its pair precede it in the key order (keys compared one depth at a time, all lanes together, until
-every lane has decided: most comparisons end within a token or two), which with its own index in its run is its place in the merged
-pair. The order is total (ties between equal keys go to the position), so the two runs of a pair fill the
+every lane has decided: most comparisons end within a token or two), which with its own index in its run is
+its place in the merged pair. The order is total (ties between equal keys go to the position), so the two runs of a pair fill the
 merged run without collisions. The launcher sorts the new positions bottom up (runs of 1, 2, 4, ...), merges
 the result with each level it has outgrown, newest first (`reference.memory_merged_blocks`), and writes it over
 them at the buffer's tail; older levels are not touched. Every size is known on the host from the level
