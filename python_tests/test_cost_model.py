@@ -190,6 +190,30 @@ def test_cost_plane_fits_requests_and_drafts():
     assert fit[2] == 0.0 and fit[0] == pytest.approx((0.97 * 0.1 + 0.09) / 1.97)
 
 
+def test_cost_plane_reads_near_batch_sizes():
+    """A CPU's cost is no plane across batch sizes: bound by the weights up to some 16 tokens in flight, by
+    the arithmetic past them (a draft token 2.5 ms with 1 or 8 requests, 9.5 ms with 32). Read at a batch
+    size, steps of about that size decide, and a batch size never measured gets what the nearest ones say.
+    Every step alike (requests None) is the one plane, which prices drafts for 8 requests far too dear."""
+    def seconds(requests: int, tokens: int) -> float:
+        return 0.04 + 0.002 * requests + 0.0025 * tokens + 0.007 * max(0, tokens - 16)
+
+    plane = CostPlane()
+    steps = [(1, 1), (1, 2), (1, 4), (1, 8), (8, 8), (8, 16), (32, 32), (32, 64)]
+    for _ in range(3):
+        for requests, tokens in steps:
+            plane.observe(requests, tokens, seconds(requests, tokens))
+    cost = StepCost()
+    cost.target = plane
+    for requests, tokens in steps:
+        assert cost(requests, tokens) == pytest.approx(seconds(requests, tokens), rel=0.05), (requests, tokens)
+    for requests, tokens in ((4, 8), (6, 12), (16, 32)):  # between: what the sizes around say, roughly
+        assert cost(requests, tokens) == pytest.approx(seconds(requests, tokens), rel=0.2), (requests, tokens)
+    a, b, c, e = plane.coefficients().tolist()
+    assert a + 8 * b + (c + 8 * e) * 8 > 1.2 * seconds(8, 16)  # the one plane
+    assert cost(16, 32) > cost(16, 16) * 1.4  # between 8 and 32: dearer, as the steps of 32 say
+
+
 # ---- the choosers ----
 
 def test_chains_explore_by_doubling():

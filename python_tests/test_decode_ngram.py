@@ -677,6 +677,33 @@ def test_draft_shape_auto_plain_when_drafting_cannot_pay():
     assert all(s == (0, 0) for s, _ in chosen[-15:]), chosen
 
 
+def test_draft_shape_probes_batch_sizes_whose_drafts_were_never_measured():
+    """Drafts measured with one request only, plain steps of 32: the fit prices 32 drafts for 32 requests by
+    extrapolation, so the first plain-winning step there drafts one token per request (both choosers) to
+    measure them. Once measured too dear, plain decoding wins, and probes come only at the probe interval
+    and only where drafting could pay at all (here it cannot: no step before the interval drafts)."""
+    for method in ("choose", "shapes"):
+        shape = DraftShape("auto", _ModelKey(), "cpu", sources=3)
+        for _ in range(10):
+            for drafts in (0, 1, 3, 7):
+                shape.observe_cost(1, 1 + drafts, 0.05 + 0.02 * drafts)  # steep: drafts never pay with one
+            shape.observe_cost(32, 32, 0.3)
+        rows = _distinct_rows(32, shape.k_max, shape.w_max)
+        source = torch.zeros(32, dtype=torch.long)
+        for _ in range(20):  # the first row is always what followed
+            shape.score([rows[0]], [0], [rows[0, 0].tolist()])
+        first = getattr(shape, method)(rows, source)
+        drafted = (first != 0).any(-1).all() if method == "shapes" else first == (1, 1)
+        assert drafted, first  # the probe: one node per request
+        if method == "shapes":
+            assert first.tolist() == [[1, 1]] * 32
+        shape.observe_cost(32, 64, 0.9)  # 2.4 plain steps for 1.5 steps' tokens: never worth it
+        for _ in range(5):
+            again = getattr(shape, method)(rows, source)
+            assert (again == 0).all() if method == "shapes" else again == (0, 0), again
+            shape.observe_cost(32, 32, 0.3)
+
+
 def test_draft_shape_auto_wide_when_drafting_is_free():
     """A GPU-like flat cost and drafts that match fully, but by turns from rows 0, 1 and 2: it grows
     by doubling to three full-width rows (a(3, 8) = 8 tokens, fewer rows accept less)."""

@@ -45,7 +45,7 @@ import weakref
 
 import torch
 
-__all__ = ["Acceptance", "CostPlane", "DraftLength", "ShapeChooser", "StepCost", "TreeShape"]
+__all__ = ["Acceptance", "CostPlane", "DraftLength", "Probe", "ShapeChooser", "StepCost", "TreeShape"]
 
 _EMA = 0.3  # weight of a new measurement
 _EXPLORE = 2  # a step is priced at most at this many times the most tokens in flight measured
@@ -88,43 +88,71 @@ class CostPlane:
     more in a bigger batch (vLLM on this CPU: 4.4 ms with one request, 7.5 ms with eight). A term enters the
     fit only once the steps seen tell it apart from the terms before it (the order 1, drafts, requests,
     product; with one batch size the product is the drafts term again), so before any step with drafts they
-    cost nothing: the first drafts look free, optimism that gets them measured."""
+    cost nothing: the first drafts look free, optimism that gets them measured.
+
+    Read at a batch size, the fit weighs each step by how near its batch size is: a factor of two away counts
+    e^-2 of a step at that size, a factor of 32 e^-10. The surface is no plane across batch sizes on a CPU: a
+    step is bound by reading the weights up to some 8-16 tokens in flight and by arithmetic past them (on the
+    2-vCPU EPYC, a draft token cost 5 ms with one request and 14 ms with 32), and one plane through both
+    priced 14 tokens in flight for 7 requests at twice a plain step. Where only distant batch sizes were
+    measured, they decide alone, as before."""
 
     _ORDER = (0, 2, 1, 3)  # 1, drafts, requests, requests x drafts
     _APART = 1e-6  # a term's share of its spread that the terms before it must leave unexplained
+    _NEAR = math.log(2.0) / 2  # a step's weight falls by e for every factor of this in batch size
 
     def __init__(self, decay: float = 0.97):
         self.decay = decay
-        self.xx = torch.zeros(4, 4, dtype=torch.float64)  # weighted sums of x x^T
+        self.xx = torch.zeros(4, 4, dtype=torch.float64)  # weighted sums of x x^T over every step
         self.xy = torch.zeros(4, dtype=torch.float64)
-        self._fit: torch.Tensor | None = None  # coefficients(), until the next observation
+        self.by_requests: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # the same sums per batch size
+        self._fits: dict[int | None, torch.Tensor] = {}  # coefficients() per batch size, until the next step
 
     def observe(self, requests: int, tokens: int, seconds: float) -> None:
         drafts = tokens - requests
         x = torch.tensor([1.0, requests, drafts, requests * drafts], dtype=torch.float64)
         self.xx = self.decay * self.xx + torch.outer(x, x)
         self.xy = self.decay * self.xy + x * seconds
-        self._fit = None
+        for size, (xx, xy) in self.by_requests.items():
+            self.by_requests[size] = (self.decay * xx, self.decay * xy)
+        xx, xy = self.by_requests.get(requests, (0.0, 0.0))
+        self.by_requests[requests] = (xx + torch.outer(x, x), xy + x * seconds)
+        self._fits = {}
 
-    def coefficients(self) -> torch.Tensor | None:
-        """(a, b, c, e), or None before any step. A term the steps cannot tell apart is 0; a slope that
-        fits below 0 is noise: 0, the rest refitted. Solved once per observation: a choice prices many sizes."""
+    def copy(self) -> CostPlane:
+        new = CostPlane(self.decay)
+        new.xx, new.xy = self.xx.clone(), self.xy.clone()
+        new.by_requests = {size: (xx.clone(), xy.clone()) for size, (xx, xy) in self.by_requests.items()}
+        return new
+
+    def coefficients(self, requests: int | None = None) -> torch.Tensor | None:
+        """(a, b, c, e) read at `requests` requests (None: every step alike), or None before any step. A term
+        the steps cannot tell apart is 0; a slope that fits below 0 is noise: 0, the rest refitted. Solved once
+        per observation and batch size: a choice prices many sizes."""
         if not self.xx[0, 0]:
             return None
-        if self._fit is None:
-            self._fit = self._solve()
-        return self._fit
+        if requests not in self._fits:
+            if requests is None:
+                xx, xy = self.xx, self.xy
+            else:
+                xx = torch.zeros(4, 4, dtype=torch.float64)
+                xy = torch.zeros(4, dtype=torch.float64)
+                for size, (size_xx, size_xy) in self.by_requests.items():
+                    near = math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR)
+                    xx, xy = xx + near * size_xx, xy + near * size_xy
+            self._fits[requests] = self._solve(xx, xy)
+        return self._fits[requests]
 
-    def _solve(self) -> torch.Tensor:
+    def _solve(self, xx: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
         free = [0]
         for j in self._ORDER[1:]:
-            inner = self.xx[free][:, free]
-            cross = self.xx[free, j]
-            left = float(self.xx[j, j] - cross @ torch.linalg.solve(inner, cross))
-            if left > self._APART * float(self.xx[j, j]) and left > 0:
+            inner = xx[free][:, free]
+            cross = xx[free, j]
+            left = float(xx[j, j] - cross @ torch.linalg.solve(inner, cross))
+            if left > self._APART * float(xx[j, j]) and left > 0:
                 free.append(j)
         while True:
-            solved = torch.linalg.solve(self.xx[free][:, free], self.xy[free])
+            solved = torch.linalg.solve(xx[free][:, free], xy[free])
             negative = [i for i, v in zip(free, solved.tolist()) if i > 0 and v < 0]
             if not negative:
                 out = torch.zeros(4, dtype=torch.float64)
@@ -166,10 +194,15 @@ class StepCost:
     def measured_plain(self) -> bool:
         return any(requests == tokens for requests, tokens in self.sizes)
 
+    def measured_drafts(self, requests: int) -> bool:
+        """Whether a step with drafts ran with between half and twice `requests` requests: the fit prices drafts
+        at other batch sizes by extrapolation only."""
+        return any(tokens > seen and requests <= 2 * seen and seen <= 2 * requests for seen, tokens in self.sizes)
+
     def at(self, requests: int, tokens: torch.Tensor, forwards: torch.Tensor | int = 0) -> torch.Tensor | None:
         """Predicted seconds [same shape as tokens, float64] of steps with `requests` requests, `tokens` in
         flight and `forwards` drafter forwards; None before any step."""
-        fit = self.target.coefficients()
+        fit = self.target.coefficients(requests)
         if fit is None:
             return None
         a, b, c, e = fit.tolist()
@@ -183,9 +216,34 @@ class StepCost:
 
     def copy(self) -> StepCost:
         new = StepCost(self.target.decay)
-        new.target.xx, new.target.xy = self.target.xx.clone(), self.target.xy.clone()
+        new.target = self.target.copy()
         new.drafter, new.outside, new.sizes = self.drafter, self.outside, set(self.sizes)
         return new
+
+
+class Probe:
+    """When to draft although the fit says plain decoding wins: plain decoding measures neither acceptance nor
+    what drafts cost at this batch size, so a fit misled once (a plane fitted to one batch size and
+    extrapolated to another: 64 tokens in flight for 32 requests priced at 1.5 s where a plain step of 32 took
+    0.2 s) would lock drafting out for good. After `_PROBE_EVERY` plain steps in a row a probe is due; each
+    probe that does not bring drafting back doubles the interval, up to `_PROBE_MAX`."""
+
+    def __init__(self):
+        self.plain_steps = 0  # plain steps since drafting was last chosen or probed
+        self.interval = _PROBE_EVERY
+
+    def due(self) -> bool:
+        """Count one more plain step; True when a probe is due (the interval then doubles)."""
+        self.plain_steps += 1
+        if self.plain_steps < self.interval:
+            return False
+        self.plain_steps = 0
+        self.interval = min(2 * self.interval, _PROBE_MAX)
+        return True
+
+    def drafted(self) -> None:
+        """The fit chose drafting: probes start over from the shortest interval."""
+        self.plain_steps, self.interval = 0, _PROBE_EVERY
 
 
 class Acceptance:
@@ -255,8 +313,7 @@ class ShapeChooser:
         self.initial = self.current = initial
         self.cost = StepCost()
         self.acceptance = Acceptance(widest)
-        self.plain_steps = 0  # plain steps since drafting was last chosen or probed
-        self.probe_interval = _PROBE_EVERY
+        self.probe = Probe()
         self._sizes = torch.tensor([self.nodes(s) for s in candidates], dtype=torch.long)
         self._forwards = torch.tensor([self.forwards(s) for s in candidates], dtype=torch.long)
 
@@ -283,7 +340,7 @@ class ShapeChooser:
             return None
         self.cost = old.cost.copy()
         self.acceptance = old.acceptance.carried(_MEMORY_WEIGHT)
-        self.probe_interval, self.current = old.probe_interval, old.current
+        self.probe.interval, self.current = old.probe.interval, old.current
         return old
 
     def rates(self, requests: int) -> torch.Tensor | None:
@@ -310,18 +367,14 @@ class ShapeChooser:
             # could pay at all (every draft accepted). A probe costs more than its drafts (the drafter first
             # reads every token since it last ran), so probes that keep confirming plain decoding come less
             # and less often.
-            self.plain_steps += 1
-            if self.plain_steps >= self.probe_interval:
-                self.plain_steps = 0
-                self.probe_interval = min(2 * self.probe_interval, _PROBE_MAX)
+            if self.probe.due():
                 probe = self.candidates[1]
                 tokens = requests * (1 + self.nodes(probe))
                 best_case = (1 + len(self.path(probe))) / self.cost(requests, tokens, self.forwards(probe))
                 if best_case > float(rates[0]) / requests:
                     best = probe
         else:
-            self.plain_steps = 0
-            self.probe_interval = _PROBE_EVERY
+            self.probe.drafted()
         self.current = best
         return best
 

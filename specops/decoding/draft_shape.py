@@ -29,7 +29,7 @@ import weakref
 
 import torch
 
-from specops.decoding.cost_model import StepCost, swap_learned
+from specops.decoding.cost_model import Probe, StepCost, swap_learned
 
 __all__ = ["DraftShape"]
 
@@ -43,6 +43,7 @@ _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying w
 # beyond the group then cannot pay; where drafting is nearly free (a GPU at small batches) they still do.
 _AHEAD_WORTH = 0.25
 
+_PROBE_GAIN = 1.01  # a probe where drafts were measured must be able to beat plain decoding by this much
 _CARRIED = 16.0  # steps' worth of acceptance per source carried into the next decode call
 # target model -> {(device and settings, "ngram"): the DraftShape of the last call}
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -89,6 +90,7 @@ class DraftShape:
         self.accepted = torch.zeros(sources, self.k_max, self.w_max, dtype=torch.float64)
         self.weight = torch.zeros(sources, dtype=torch.float64)
         self.pending: list[tuple[int, int, int, torch.Tensor]] = []  # request, at, source, rows
+        self.probe = Probe()
         if memory is not None and self.fixed is None:
             last = swap_learned(_LEARNED, model, f"{device}|{memory}", "ngram", self)
             if last is not None and last.accepted.shape == self.accepted.shape:
@@ -131,7 +133,10 @@ class DraftShape:
         rate = torch.where(sizes <= self.cost.reach(), tokens / cost, float("-inf"))
         best_rate = rate.max()
         if not float(best_rate) > batch / plain:
+            if bool((rows[:, 0, 0] >= 0).any()) and self._probe(batch, float((rows[:, 0, 0] >= 0).sum()), plain):
+                return 1, 1
             return 0, 0
+        self.probe.drafted()
         # Among shapes of the best rate: the fewest tokens in flight, then the fewest rows.
         rank = sizes * sizes.numel() + torch.arange(sizes.numel()).view_as(sizes)
         index = int(torch.where(rate == best_rate, rank, rank.max() + 1).argmin())
@@ -170,13 +175,28 @@ class DraftShape:
         rate = torch.where(in_flight <= self.cost.reach(), rate, float("-inf"))
         size = int(rate.argmax())  # the first best: the fewest nodes
         if size == 0 or not float(rate[size]) > batch / plain:
-            return none
+            if largest == 0 or not self._probe(batch, float((best[1] > 0).sum()), plain):
+                return none
+            size = 1  # a probe: each request's best one-node draft
+        else:
+            self.probe.drafted()
         # Each request's shape at that size: the most value, then the fewest nodes, then the fewest rows.
         rank = nodes * nodes.shape[1] + torch.arange(nodes.shape[1])[None]
         top = best[size][:, None]
         pick = torch.where(fits[size] & (value == top) & (top > 0), rank, rank.max() + 1).argmin(1)
         chosen = torch.stack([pick // w_max + 1, pick % w_max + 1], 1)
         return torch.where((best[size] > 0)[:, None], chosen, 0)
+
+    def _probe(self, batch: int, drafts: float, plain: float) -> bool:
+        """Whether this plain step should draft one token per request instead: at once where drafts were never
+        measured at about this batch size (the fit only extrapolates there), else when a probe is due
+        (cost_model.Probe) and its best case (`drafts` of its tokens, all accepted) would beat plain decoding."""
+        if not self.cost.measured_drafts(batch):
+            return True
+        if not self.probe.due():
+            return False
+        best_case = (batch + drafts) / float(self.cost.at(batch, torch.tensor(2 * batch)))
+        return best_case > _PROBE_GAIN * batch / plain
 
     def widths(self, rows: torch.Tensor, source: torch.Tensor, lead: torch.Tensor | None = None) -> list[int]:
         """Draft length per request for one chain each (k_max 1; rows [B, 1, w_max], -1 past a row's end;
