@@ -755,33 +755,36 @@ def test_stop_and_stream_with_an_embedded_name(models, tok, monkeypatch):
     assert "".join(text for request, text in pieces if request == 0) == result.text[0]
 
 
-def test_decoding_threads_follow_the_load_unless_the_user_chose(monkeypatch):
-    """The Python API picks threads as --threads auto does, for the call only; a count the user set, or
-    OMP_NUM_THREADS, is left alone."""
+def test_decode_leaves_torch_threads_alone_unless_asked(monkeypatch):
+    """decode() keeps torch's thread count as the user has it (no measurement, no change) unless threads= asks:
+    an int for the call, "auto" the cores other processes leave; restored afterwards either way; nothing
+    changes off the CPU; anything else is refused before decoding."""
     import torch
 
     import specops._machine_load as cpu
 
-    given = torch.get_num_threads()  # a pytest-xdist worker's share of the cores (conftest.py)
-    before = 2  # torch's default on a 2-core machine
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(cpu, "_IMPORT_THREADS", [before])
+    given = torch.get_num_threads()
     monkeypatch.setattr(cpu, "_DECIDED", [])
-    monkeypatch.setattr(cpu, "auto_threads", lambda window: 1)  # another process keeps a core busy
+    measured = []
+    monkeypatch.setattr(cpu, "auto_threads", lambda window: measured.append(window) or 1)
+    seen = []
     try:
-        torch.set_num_threads(before)
+        torch.set_num_threads(2)
         with decoding_threads(torch.device("cpu")):
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == before
-        with decoding_threads(torch.device("meta")):  # not the CPU: untouched
-            assert torch.get_num_threads() == before
-        monkeypatch.setenv("OMP_NUM_THREADS", str(before))
-        with decoding_threads(torch.device("cpu")):
-            assert torch.get_num_threads() == before
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        torch.set_num_threads(1)
-        monkeypatch.setattr(cpu, "_IMPORT_THREADS", [before])  # the user changed torch's default
-        with decoding_threads(torch.device("cpu")):
-            assert torch.get_num_threads() == 1
+            seen.append(torch.get_num_threads())
+        assert not measured  # None: not even measured
+        with decoding_threads(torch.device("cpu"), "auto"):
+            seen.append(torch.get_num_threads())
+        with decoding_threads(torch.device("cpu"), 3):
+            seen.append(torch.get_num_threads())
+        with decoding_threads(torch.device("meta"), 1):
+            seen.append(torch.get_num_threads())
+        assert seen == [2, 1, 3, 2] and torch.get_num_threads() == 2 and measured == [0.1]
+        model = tiny_llama(layers=1)
+        specops.decode("ab", target=model, tokenizer=byte_tokenizer(), method="ar", max_new_tokens=2)
+        assert torch.get_num_threads() == 2 and measured == [0.1]
+        for bad in (0, -1, 1.5, "two", True):
+            with pytest.raises(ValueError, match="threads must be None, 'auto' or an int >= 1"):
+                specops.decode("ab", target=model, tokenizer=byte_tokenizer(), method="ar", threads=bad)
     finally:
         torch.set_num_threads(given)

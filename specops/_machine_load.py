@@ -1,16 +1,17 @@
 """CPU time of the whole machine, for telling how busy other processes keep it (the command line's
-`--threads auto`, the Python API's thread count, the benchmarks' `others` column)."""
+`--threads auto`, `decode(threads="auto")`, the benchmarks' `others` column)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import contextmanager
 
-__all__ = ["auto_threads", "busy_seconds", "decoding_threads"]
+__all__ = ["auto_threads", "busy_seconds", "check_threads", "decoding_threads"]
 
-_IMPORT_THREADS: list[int] = []  # torch's thread count when specops was first asked (its default)
-_DECIDED: list[tuple[float, int]] = []  # (when, threads) of the last measurement
+_DECIDED: list[tuple[float, int]] = []  # (when, threads) of the last "auto" measurement
+_LOCK = threading.Lock()
 _KEEP = 30.0  # seconds a measurement stands
 
 
@@ -39,25 +40,34 @@ def auto_threads(window: float = 0.25) -> int:
     return max(1, min(cores, (os.cpu_count() or cores) - round(max(0.0, others))))
 
 
+def check_threads(threads) -> None:
+    """Raises ValueError unless `threads` is None, "auto" or an int >= 1 (decode's `threads`)."""
+    if threads is None or threads == "auto":
+        return
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        return
+    raise ValueError(f"decode: threads must be None, 'auto' or an int >= 1, got {threads!r}")
+
+
 @contextmanager
-def decoding_threads(device):
-    """For the duration of a decode call on the CPU, torch threads as `--threads auto` picks them: the cores
-    other processes leave (on a 2-core machine beside a busy process, one thread instead of two that fight
-    it for the same cores). Left alone where the user chose: OMP_NUM_THREADS set, or torch.set_num_threads
-    called with another count than torch's default. A measurement (0.1 s) stands for 30 s."""
+def decoding_threads(device, threads=None):
+    """torch's CPU threads for the duration of a decode call on the CPU, as the caller asked: None leaves them
+    alone, an int sets them, "auto" takes the cores other processes leave (`auto_threads`, a measurement of
+    0.1 s that stands for 30 s). Restored afterwards. Nothing changes on another device."""
     import torch
 
-    if not _IMPORT_THREADS:
-        _IMPORT_THREADS.append(torch.get_num_threads())
-    before = torch.get_num_threads()
-    if (getattr(device, "type", str(device)) != "cpu" or os.environ.get("OMP_NUM_THREADS")
-            or before != _IMPORT_THREADS[0] or before < 2):
+    check_threads(threads)
+    if threads is None or getattr(device, "type", str(device)) != "cpu":
         yield
         return
-    now = time.monotonic()
-    if not _DECIDED or now - _DECIDED[0][0] > _KEEP:
-        _DECIDED[:] = [(now, auto_threads(0.1))]
-    torch.set_num_threads(_DECIDED[0][1])
+    if threads == "auto":
+        now = time.monotonic()
+        with _LOCK:
+            if not _DECIDED or now - _DECIDED[0][0] > _KEEP:
+                _DECIDED[:] = [(now, auto_threads(0.1))]
+            threads = _DECIDED[0][1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         yield
     finally:

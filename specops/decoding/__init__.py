@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specops._machine_load import decoding_threads
+from specops._machine_load import check_threads, decoding_threads
 from specops._seeds import draw_seed, row_seeds
 from specops.decoding import registry
 from specops.decoding.batch import Batch
@@ -264,7 +264,7 @@ def _refuse_trees(method, role: str, lm: CausalLM, rows: list[list[int]]) -> Non
 def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None, drafter_tokenizer=None,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            num_draft_tokens="auto", seed: int | None = None, stop=None, stream=None, options: dict | None = None,
-           ensemble=None, memory=None, num_samples: int | None = None) -> DecodeResult:
+           ensemble=None, memory=None, num_samples: int | None = None, threads=None) -> DecodeResult:
     """Generate continuations of `prompt` (a string, or a list of strings decoded as one batch).
 
     Returns a DecodeResult:
@@ -327,6 +327,10 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     num_samples: decode each prompt this many times (pass@k, best-of-n): each prompt is read once and its
     cache forked, and every sample draws with its own seed (request i * num_samples + j), so the texts are
     those of the prompt list with each prompt repeated num_samples times.
+    threads: torch's CPU threads for this call: None (the default) leaves torch's count as it is; an int
+    sets it; "auto" takes the cores other processes leave free (measured over 0.1 s, kept 30 s: on a busy
+    2-core machine two OpenMP threads ran 10-20x slower than one). torch's count is process-wide, so other
+    threads of the process see it while the call runs; it is restored when the call returns.
 
     Ensembles: target=[m1, m2, ...] with tokenizer=[t1, t2, ...] (None for embedded names) decodes from the
     ensemble `ensemble` defines: specops.WeightedEnsemble(weights) (the default: equal weights) or
@@ -346,7 +350,8 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
                            drafter_tokenizer=drafter_tokenizer, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_k=top_k, top_p=top_p,
                            num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, stream=stream,
-                           options=options, ensemble=ensemble, memory=memory, num_samples=num_samples)
+                           options=options, ensemble=ensemble, memory=memory, num_samples=num_samples,
+                           threads=threads)
     texts = batch.texts()
     tokens = batch.generated
     if num_samples is not None:  # each prompt's samples as one list
@@ -447,13 +452,14 @@ def check_arguments(*, target, drafter=None, method: str = "auto", tokenizer=Non
 
 def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, max_new_tokens, temperature,
             top_k, top_p, num_draft_tokens, seed, stop, stream, options, ensemble=None, eos_ids=None,
-            stop_when=None, on_tokens=None, memory=None, num_samples=None):
+            stop_when=None, on_tokens=None, memory=None, num_samples=None, threads=None):
     """`decode` for prompts given as strings or as the target's token ids (then the tokenizers may be None
     where nothing needs text: a drafter model object without one shares the target's vocabulary). eos_ids
     replaces the model's and tokenizer's EOS ids; stop_when / on_tokens: see `Batch` (with num_samples,
     request i * num_samples + j is sample j of prompt i). Returns the finished (Batch, Stats), one request
     per sample."""
     call = dict(locals())
+    check_threads(threads)
     as_ids = not isinstance(prompts[0], str)
     stops, members, rule = check_arguments(
         target=target, drafter=drafter, method=method, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
@@ -521,6 +527,6 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
                   seeded=seed is not None, memory=memory)
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
-    with torch.inference_mode(), decoding_threads(target_lm.device):  # measures the load: before the clock
+    with torch.inference_mode(), decoding_threads(target_lm.device, threads):  # "auto": before the clock
         run(target_lm, batch, params, seeds, stats, proposer, chosen.name)
     return batch, stats

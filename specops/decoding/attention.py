@@ -38,8 +38,13 @@ import torch
 __all__ = ["TreeMask", "pack_rows", "tree_forward", "weakly_keyed"]
 
 NAME = "specops_tree"
-_ACTIVE = threading.local()
+_ACTIVE = threading.local()  # the tree of this thread's tree forward (None outside one)
 _REGISTERED = False
+# A config is switched to NAME while any thread runs a tree forward with it; a forward of the same model in
+# another thread meanwhile reaches the registered functions without a tree of its own, and they hand it to
+# the implementation the config had: id(config) -> [config, its implementation, tree forwards holding it].
+_SWITCH = threading.Lock()
+_HELD: dict[int, list] = {}
 
 
 @dataclass
@@ -177,11 +182,34 @@ def _chain_index(tree: TreeMask, base: int, slots: torch.Tensor) -> torch.Tensor
     return torch.where(inside, base + depth, slots)
 
 
-def _mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
-          attention_mask=None, dtype=torch.float32, device=None, cache_position=None, **_):
-    """AttentionMaskInterface entry: the model's mask function on chain indices, restricted to valid keys
-    and to each node's ancestors (module docstring). Bool for SDPA, additive float for eager."""
-    tree = _active()
+def _own_implementation(config) -> str:
+    """The attention implementation `config` had before a tree forward switched it (a forward outside any
+    tree forward of its thread runs with it). Without the config (older transformers do not pass it to mask
+    functions), the one every switched config had."""
+    with _SWITCH:
+        held = _HELD.get(id(config)) if config is not None else None
+        names = {held[1]} if held is not None else {entry[1] for entry in _HELD.values()}
+    if len(names) != 1:
+        raise RuntimeError(f"specops tree attention: a forward outside specops' tree forwards reached '{NAME}' "
+                           "while models with different attention implementations decode trees in other threads")
+    return names.pop() or "eager"
+
+
+def _mask(*args, **kwargs):
+    """AttentionMaskInterface entry: inside a tree forward of this thread the tree's mask (`_tree_mask`),
+    else the mask of the implementation the model had (another thread's forward of the same model)."""
+    tree = getattr(_ACTIVE, "tree", None)
+    if tree is None:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        return ALL_MASK_ATTENTION_FUNCTIONS[_own_implementation(kwargs.get("config"))](*args, **kwargs)
+    return _tree_mask(tree, *args, **kwargs)
+
+
+def _tree_mask(tree: TreeMask, batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0,
+               mask_function=None, attention_mask=None, dtype=torch.float32, device=None, cache_position=None, **_):
+    """The model's mask function on chain indices, restricted to valid keys and to each node's ancestors
+    (module docstring). Bool for SDPA, additive float for eager."""
     tree.mask_calls += 1
     nodes = tree.depth.shape[1]
     if cache_position is not None:  # older transformers pass the query slots themselves
@@ -223,10 +251,15 @@ def _eager_function(module):
 
 
 def _attention(module, query, key, value, attention_mask, **kwargs):
-    """AttentionInterface entry: the model's configured attention with the tree mask."""
+    """AttentionInterface entry: the model's configured attention with the tree mask (outside a tree forward
+    of this thread, the model's configured attention as it is)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    tree = _active()
+    tree = getattr(_ACTIVE, "tree", None)
+    if tree is None:
+        own = _own_implementation(getattr(module, "config", None))
+        function = _eager_function(module) if own == "eager" else ALL_ATTENTION_FUNCTIONS[own]
+        return function(module, query, key, value, attention_mask, **kwargs)
     tree.attention_calls += 1
     window = tree.windows.get(attention_mask.data_ptr()) if attention_mask is not None else None
     if window is not None and attention_mask.numel() == 1:
@@ -253,13 +286,6 @@ def _kernel(module, query, key, value, tree: TreeMask, window: int, kwargs) -> t
                              window=window or None, softcap=kwargs.get("softcap") or None,
                              sinks=None if sinks is None else sinks.float(), validate=False)
     return out.transpose(1, 2).contiguous()
-
-
-def _active() -> TreeMask:
-    tree = getattr(_ACTIVE, "tree", None)
-    if tree is None:
-        raise RuntimeError(f"the '{NAME}' attention implementation is only usable inside specops' tree forwards")
-    return tree
 
 
 def _register() -> None:
@@ -319,17 +345,26 @@ def tree_forward(model, tree: TreeMask):
         return
     _register()
     configs = _configs(model)
-    saved = [config._attn_implementation for config in configs]
-    tree.original = model.config._attn_implementation or "eager"
+    with _SWITCH:  # switched while any thread's tree forward holds it (_HELD)
+        for config in configs:
+            held = _HELD.get(id(config))
+            if held is None:
+                held = _HELD[id(config)] = [config, config._attn_implementation, 0]
+                config._attn_implementation_internal = NAME
+            held[2] += 1
+        tree.original = _HELD[id(model.config)][1] or "eager"
     _ACTIVE.tree = tree
     try:
-        for config in configs:
-            config._attn_implementation_internal = NAME
         yield
     finally:
-        for config, implementation in zip(configs, saved):
-            config._attn_implementation_internal = implementation
         _ACTIVE.tree = None
+        with _SWITCH:
+            for config in configs:
+                held = _HELD[id(config)]
+                held[2] -= 1
+                if not held[2]:
+                    config._attn_implementation_internal = held[1]
+                    del _HELD[id(config)]
 
 
 def weakly_keyed(model) -> bool:

@@ -5,13 +5,16 @@ of its cost. BLAS GEMMs re-read a weight for few rows (MKL on an Intel Xeon once
 EPYC about once per row), so verifying several tokens cost several times one token's forward, which
 decides whether speculation can pay on a CPU. `specops.ops.skinny_linear` reads each weight once for
 any number of rows up to a few dozen. The path is taken only where a probe reproduces the model's logits
-and, for large models, a timing on the machine itself shows it faster. The model's own modules are
-routed for the duration of a call only.
+and, for large models, a timing on the machine itself shows it faster. The model's linear layers are routed
+while a call runs, and for its own thread only: another thread using the same model meanwhile runs it as
+it is, and the last call to finish puts the layers back.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -36,19 +39,58 @@ def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor
     return torch.ops.specops.skinny_linear(rows, weight, bias)
 
 
-def _linear_forward(module: torch.nn.Linear):
+# While any thread runs a CpuForward call, the model's float linear layers hold a forward that routes the
+# products of the threads inside such a call (_INSIDE) through `_product` and runs every other thread's as
+# the layer's own; the last call to leave puts the layer back as it was. (A torch function mode would touch
+# no module, but it intercepts every op of a forward: 8-12 % of a Gemma-3-270M step on two CPU cores.)
+_SWITCH = threading.Lock()
+_HELD: dict[int, list] = {}  # id(layer) -> [layer, its own instance forward or None, calls holding it]
+_INSIDE = threading.local()  # .depth: this thread's CpuForward calls in progress
+
+
+def _routed_forward(module: torch.nn.Linear, own):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        out = _product(module.weight, module.bias, x.reshape(-1, x.shape[-1]))
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        if getattr(_INSIDE, "depth", 0):
+            out = _product(module.weight, module.bias, x.reshape(-1, x.shape[-1]))
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+        return own(x) if own is not None else torch.nn.Linear.forward(module, x)
 
     return forward
+
+
+@contextmanager
+def _routed(linears: list[torch.nn.Linear]):
+    """This thread's products through `_product` for the duration of the block (the comment above)."""
+    with _SWITCH:
+        for module in linears:
+            held = _HELD.get(id(module))
+            if held is None:
+                own = module.__dict__.get("forward")
+                held = _HELD[id(module)] = [module, own, 0]
+                module.forward = _routed_forward(module, own)
+            held[2] += 1
+    _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _INSIDE.depth -= 1
+        with _SWITCH:
+            for module in linears:
+                held = _HELD[id(module)]
+                held[2] -= 1
+                if not held[2]:
+                    if held[1] is None:
+                        del module.forward
+                    else:
+                        module.forward = held[1]
+                    del _HELD[id(module)]
 
 
 class CpuForward:
     """Forwards of a CPU float32 model with every float linear layer of its decoder, and its output head,
     through skinny_linear (`_product`); layers `specops.quantize` made low-precision run as they are.
-    Plain decoding gets the same forwards as verification. The model's own modules are routed for the
-    duration of a call only, and the output projection is applied here (then the final soft-cap, if the
+    Plain decoding gets the same forwards as verification. The products are routed in the calling thread
+    for the duration of a call only (`_routed`), and the output projection is applied here (then the final soft-cap, if the
     model has one). Used only after a probe shows the result reproduces the model's own logits."""
 
     def __init__(self, model):
@@ -65,17 +107,8 @@ class CpuForward:
         transformers cache, passed under the name the base model takes it by) if given."""
         if cache is not None:
             kwargs[self.cache_argument] = cache
-        saved = [module.__dict__.get("forward") for module in self.linears]
-        for module in self.linears:
-            module.forward = _linear_forward(module)
-        try:
+        with _routed(self.linears):
             hidden = self.base(**kwargs).last_hidden_state[:, -keep:]
-        finally:
-            for module, forward in zip(self.linears, saved):
-                if forward is None:
-                    del module.forward
-                else:
-                    module.forward = forward
         batch, n, dim = hidden.shape
         rows = hidden.reshape(batch * n, dim)
         # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.

@@ -1,0 +1,112 @@
+"""Two threads decoding with one model object at once, as a user serving requests from threads would: each
+gets the output it gets alone, and the model is left as it was.
+
+What is shared while they run: the model's configs switch to specops' tree attention while a tree forward is in
+flight in any thread (attention.tree_forward), and its float linear layers route the products of threads inside
+a CPU forward (cpu_forward._routed); a forward of another thread meanwhile must run as the model's own. A
+`threads` left at None leaves torch's thread count as the user set it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import specops
+from toy_models import byte_tokenizer, tiny_gemma3, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = ["abcabcabcabc abc", "Hello", "the cat sat; the cat sat; the cat"]
+ROUNDS = 4
+
+# Pairs run at once: a tree verifier beside plain forwards, two tree verifiers, a drafter's chain beside
+# trees, a sampled tree beside a sampled chain.
+PAIRS = [("ngram", "ar"), ("ngram", "ngram"), ("rsd-c", "sd"), ("specinfer", "ar")]
+
+
+def _call(method: str, model, drafter, tok, sampled: bool, shape):
+    kwargs = dict(temperature=0.9, seed=11) if sampled else {}
+    if method in ("sd", "rsd-c", "specinfer"):
+        kwargs.update(drafter=drafter, drafter_tokenizer=tok)
+    if method == "ngram":
+        kwargs["num_draft_tokens"] = shape  # fixed: every step verifies a tree
+    return lambda: specops.decode(PROMPTS, target=model, tokenizer=tok, method=method, max_new_tokens=12,
+                                  **kwargs).tokens
+
+
+def _together(calls) -> list[list]:
+    """Run each call ROUNDS times in its own thread, all starting at once; each thread's results in order."""
+    start = threading.Barrier(len(calls))
+    results: list[list] = [[] for _ in calls]
+    errors: list[BaseException] = []
+
+    def work(i, call):
+        try:
+            start.wait()
+            for _ in range(ROUNDS):
+                results[i].append(call())
+        except BaseException as error:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("first,second", PAIRS)
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+def test_two_threads_share_one_model(name, first, second, sampled):
+    model = tiny_llama(layers=2, seed=0) if name == "llama" else tiny_gemma3(layers=2, seed=0, sliding_window=8)
+    drafter = tiny_llama(layers=1, seed=1) if name == "llama" else tiny_gemma3(layers=1, seed=1, sliding_window=8)
+    tok = byte_tokenizer()
+    implementation = model.config._attn_implementation
+    calls = [_call(first, model, drafter, tok, sampled, (4, 3)), _call(second, model, drafter, tok, sampled, (2, 4))]
+    alone = [call() for call in calls]
+    threads_before = torch.get_num_threads()
+    results = _together(calls)
+    for i, call in enumerate(calls):
+        assert results[i] == [alone[i]] * ROUNDS, (i, (first, second)[i])
+    assert model.config._attn_implementation == implementation
+    assert all("forward" not in m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert torch.get_num_threads() == threads_before
+
+
+def test_a_plain_forward_beside_a_tree_forward_is_the_models_own():
+    """While one thread holds a tree forward open, another thread's forward of the same model (transformers'
+    own, not through specops) gives the logits it gives alone, bit for bit."""
+    from specops.decoding.attention import TreeMask, tree_forward
+
+    model = tiny_llama(layers=2, seed=0)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():
+        alone = model(ids).logits
+    tree = TreeMask(valid=torch.ones(1, 5, dtype=torch.bool), depth=torch.zeros(1, 1, dtype=torch.long),
+                    visible=torch.ones(1, 1, 1, dtype=torch.bool))
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with tree_forward(model, tree):
+            inside.set()
+            leave.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(30)
+        assert model.config._attn_implementation == "specops_tree"  # switched: the other thread's tree is open
+        with torch.inference_mode():
+            beside = model(ids).logits
+    finally:
+        leave.set()
+        holder.join()
+    assert torch.equal(beside, alone)
+    assert model.config._attn_implementation != "specops_tree"
