@@ -332,3 +332,40 @@ def test_models_command_lists_names_and_refuses_bad_ones(capsys):
                           (["models", "list", "x"], "takes no model name")]:
         assert cli.main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [None, "", "/tmp/specops-elsewhere"])
+def test_every_cache_reads_specops_cache_alike(monkeypatch, value):
+    """Models, vocabulary maps and model n-grams live under one root: $SPECOPS_CACHE, or ~/.cache/specops
+    when it is unset or empty (an empty value once sent two of them to ./vocab and ./ngrams)."""
+    from pathlib import Path
+
+    from specops import models, vocab
+    from specops.decoding import model_ngrams
+
+    if value is None:
+        monkeypatch.delenv("SPECOPS_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("SPECOPS_CACHE", value)
+    root = Path(value) if value else Path.home() / ".cache" / "specops"
+    assert models._cache_dir("gemma-3-270m") == root / "models" / "gemma-3-270m"
+    assert vocab._cache_dir() == root / "vocab"
+    assert model_ngrams.cache_dir() == root / "ngrams"
+
+
+def test_write_atomically_leaves_the_old_file_when_writing_fails(tmp_path):
+    """A write that raises leaves the file as it was and no temporary behind; one that succeeds replaces it."""
+    from specops._files import write_atomically
+
+    path = tmp_path / "table.bin"
+    path.write_bytes(b"old")
+
+    def fail(temporary):
+        temporary.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(path, fail)
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["table.bin"]
+    write_atomically(path, lambda temporary: temporary.write_bytes(b"new"))
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["table.bin"]

@@ -13,9 +13,9 @@ import threading
 
 import pytest
 import torch
+from toy_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 import specops
-from toy_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

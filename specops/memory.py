@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from specops import ops
+from specops._files import write_atomically
 from specops.ops.ngram import MEMORY_MAX_DEPTH
 
 __all__ = ["Matches", "NgramMemory"]
@@ -303,10 +303,11 @@ class NgramMemory:
                   "tokens": int(tokens.numel()), "entries": int(entries.numel()), "levels": levels,
                   "sha256": hashlib.sha256(payload).hexdigest()}
         raw = json.dumps(header).encode()
-        temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-        with open(temporary, "wb") as f:
-            f.write(_MAGIC + struct.pack("<I", len(raw)) + raw + payload)
-        os.replace(temporary, path)
+        def write(temporary):
+            with open(temporary, "wb") as f:
+                f.write(_MAGIC + struct.pack("<I", len(raw)) + raw + payload)
+
+        write_atomically(path, write)
 
     @classmethod
     def load(cls, path, *, budget_bytes: int | None = None, device="cpu") -> NgramMemory:

@@ -17,12 +17,13 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from specops._files import cache_root, write_atomically
 
 __all__ = ["check_name", "drafter_weights", "load", "load_drafter", "load_tokenizer", "names", "path",
            "split_weights"]
@@ -196,10 +197,11 @@ def _tokenizer_of(path: Path):
         pass  # absent, someone else's, stale or damaged: load from the files and write it again
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     try:
-        partial = saved.with_suffix(f".{os.getpid()}.{threading.get_ident()}.partial")
-        with open(partial, "wb") as f:
-            pickle.dump(tokenizer, f)
-        os.replace(partial, saved)
+        def dump(temporary):
+            with open(temporary, "wb") as f:
+                pickle.dump(tokenizer, f)
+
+        write_atomically(saved, dump)
         stamp.write_text(key)
     except OSError:
         pass  # a read-only cache: load from the files every time
@@ -222,8 +224,7 @@ def _canonical(name: str) -> str:
 
 
 def _cache_dir(name: str) -> Path:
-    root = os.environ.get("SPECOPS_CACHE") or Path.home() / ".cache" / "specops"
-    return Path(root) / "models" / name
+    return cache_root() / "models" / name
 
 
 def _require(module: str, install: str) -> None:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import string
-import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from specops._files import cache_root, write_atomically
 
 __all__ = ["Vocabulary", "VocabMap", "vocab_map", "vocabulary"]
 
@@ -207,7 +207,7 @@ def _fingerprint(target: Vocabulary, draft: Vocabulary) -> str:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("SPECOPS_CACHE", Path.home() / ".cache" / "specops")) / "vocab"
+    return cache_root() / "vocab"
 
 
 def _build(target: Vocabulary, draft: Vocabulary) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,9 +252,8 @@ def vocab_map(target_tokenizer, draft_tokenizer, *, cache: bool = True) -> Vocab
         maps = _build(target, draft)
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            torch.save({"draft_to_target": maps[0], "target_to_draft": maps[1]}, tmp)
-            os.replace(tmp, path)
+            write_atomically(path, lambda temporary: torch.save(
+                {"draft_to_target": maps[0], "target_to_draft": maps[1]}, temporary))
     result = VocabMap(target, draft, *maps)
     if result.size == 0:
         raise ValueError("vocab: the target and drafter vocabularies share no token (compared by the text "

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import threading
 import sys
 import time
 import weakref
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specops._files import cache_root, write_atomically
 from specops.decoding.hf_compat import cache_argument
 
 __all__ = ["unigram", "bigram", "bigram_ready", "folder_bigram", "successors", "extend", "cache_dir"]
@@ -65,7 +64,7 @@ def _remembered(model, key, compute):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECOPS_CACHE", Path.home() / ".cache" / "specops")) / "ngrams"
+    return cache_root() / "ngrams"
 
 
 def unigram(model, top: int = 64) -> torch.Tensor:
@@ -301,9 +300,7 @@ def _load_or_build(model, bos: int | None, top: int, chunk: int, progress: bool,
 
 
 def _save(obj, path: Path) -> None:
-    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.partial")  # per thread too
-    torch.save(obj, partial)
-    os.replace(partial, path)  # atomic: a concurrent reader sees the whole file or none
+    write_atomically(path, lambda temporary: torch.save(obj, temporary))
 
 
 def successors(table: torch.Tensor, depth: int) -> torch.Tensor:
