@@ -1,5 +1,5 @@
 // The one place where specops op schemas are defined. Implementations register per device:
-// csrc/cpu/<op>.cpp (CPU), specops/kernels/<op>.py (Triton, CUDA), specops/ops.py (fake).
+// csrc/cpu/<op>.cpp (CPU), specops/kernels/<op>.py (Triton, CUDA), specops/ops/<family>.py (fake).
 #include <Python.h>
 #include <torch/library.h>
 

@@ -59,6 +59,58 @@ def test_decode_help_names_every_method_and_the_result():
         assert field in doc
 
 
+def _option_rows() -> dict[tuple[str, str], str]:
+    """docs/methods.md's options table: (method, option) -> the values cell."""
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    section = text[text.index("## Options"):]
+    rows = {}
+    for methods, option, values in re.findall(r"^\| (`[^|]+`) \| `([^`]+)` \| (.+) \|$", section, re.M):
+        for method in re.findall(r"`([^`]+)`", methods):
+            rows[method, option] = values
+    return rows
+
+
+def test_options_table_and_decode_help_follow_the_registry():
+    """Every method's options, every value each takes and its default, in docs/methods.md's table and in
+    help(specops.decode), and nothing there that the registry does not hold: both fail when the code moves."""
+    import specops
+    from specops.decoding import registry
+
+    rows = _option_rows()
+    wanted = {(name, option) for name, method in registry.METHODS.items() for option in method.options}
+    assert set(rows) == wanted, (sorted(set(rows) - wanted), sorted(wanted - set(rows)))
+    doc = " ".join(specops.decode.__doc__.split())
+    section = doc[doc.index("options: "):doc.index('With "auto", options are checked')]
+    bullets = []  # ("methods" the bullet names, what it says of them)
+    for bullet in section.split(" - ")[1:]:
+        head, _, rest = bullet.partition(": ")
+        bullets.append((re.findall(r'"([^"]+)"', head), rest))
+    for name, method in registry.METHODS.items():
+        for option, default in method.options.items():
+            cell = rows[name, option]
+            for value in method.option_choices.get(option, ()):
+                assert f'`"{value}"`' in cell, (name, option, value)
+                assert f'"{value}"' in doc, (name, option, value)
+            said = f'`"{default}"` (the default' if isinstance(default, str) else f"default {default}"
+            assert said in cell, (name, option, default)
+            assert any(name in methods and f'"{option}"' in rest for methods, rest in bullets), (name, option)
+
+
+def test_ops_page_and_readme_follow_the_registered_ops():
+    """Every op csrc/registration.cpp defines has a row in docs/ops.md's table, and a Triton kernel in
+    specops/kernels/<op>.py except those the README names as CPU-only (today llama_layers alone)."""
+    schemas = (ROOT / "csrc" / "registration.cpp").read_text(encoding="utf-8")
+    ops = set(re.findall(r'm\.def\(\s*"(\w+)\(', schemas))
+    assert len(ops) >= 12, ops
+    table = (ROOT / "docs" / "ops.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"`specops\.ops\.(\w+)`", table[:table.index("\n\n", table.index("| --- |"))]))
+    assert listed == ops, (sorted(ops - listed), sorted(listed - ops))
+    without = {op for op in ops if not (ROOT / "specops" / "kernels" / f"{op}.py").exists()}
+    assert without == {"llama_layers"}, without
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    assert "all but one with a Triton GPU kernel" in readme and "`llama_layers` (a run of Llama-family" in readme
+
+
 def _uses_vllm(code: str) -> bool:
     return re.search(r"^\s*(from|import) vllm\b", code, re.M) is not None
 

@@ -285,7 +285,7 @@ inline float checked_row_max(const char* op, const float* logit, int64_t vocab, 
   return m;
 }
 
-// ---- arguments of the sampling ops (messages start with the op's name, as specops/ops.py's) ----
+// ---- arguments of the sampling ops (messages start with the op's name, as specops/ops/'s) ----
 
 inline void check_logit_dtype(const char* op, const char* name, const at::Tensor& logits) {
   const auto dtype = logits.scalar_type();

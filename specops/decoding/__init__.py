@@ -290,23 +290,29 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     num_draft_tokens: "auto" (the default) chooses it each step from measured costs and acceptance; an int
     for chains; for "ngram" a tuple (k, w) is k rows of w tokens; for "rsd-c" / "specinfer" (b1, ..., bL)
     children per node at each level; for "rsd-s" (W, L) beams and levels; for "se" one int per member.
-    options: the method's own settings, a dict:
-      - "ngram": {"tables": "auto" | "bigram" | "unigram" | "none"}: the model-derived n-grams that fill rows
-        the context does not ("bigram" is computed once per model, with a progress bar, and cached on disk:
-        seconds on a GPU, 7 to 25 minutes for Gemma-3-270M on two CPU cores (7.4 on a Xeon with AMX);
-        "unigram" comes from the embeddings, instantly; "auto", the default, takes the bigram when it is
-        cached or estimated to build within a minute, else the context alone);
-      - "slrs": {"max_nodes": int}: raise rather than score more drafter positions than this in a step;
-      - "se": {"draws": "auto" | "alternate" | "mixture"};
-      - "sd", "tli", "union": {"scheme": "auto" | "positional" | "token" | "block"}: how sampled drafts are
-        drawn and verified ("positional": with the target's own random numbers, kept when equal to its
+    options: the method's own settings, one flat dict for the method that runs (method="ngram",
+    options={"tables": "none"}); a key the method does not take is refused. Every method's options, their
+    values and defaults are in docs/methods.md ("Options"):
+      - "ngram": "tables" ("auto" | "bigram" | "unigram" | "none": the model-derived n-grams that fill rows the
+        context does not; "bigram" is computed once per model, with a progress bar, and cached on disk:
+        seconds on a GPU, 7 to 25 minutes for Gemma-3-270M on two CPU cores; "unigram" comes from the
+        embeddings, instantly; "auto", the default, takes the bigram when it is cached or estimated to build
+        within a minute, else the context alone) and "scheme" ("auto" | "positional" | "recursive" |
+        "traversal": how sampled trees are verified; "auto" is "positional");
+      - "slrs": "max_nodes" (an int: raise rather than score more drafter positions than this in a step);
+      - "se": "draws" ("auto" | "alternate" | "mixture") and "scheme" ("auto" | "token" | "block");
+      - "slem": "scheme" ("auto" | "positional" | "token" | "block": how its drafts, which carry no q, are
+        verified; "auto" is "positional");
+      - "sd", "tli", "union": "scheme" ("auto" | "positional" | "token" | "block"): how sampled drafts
+        are drawn and verified ("positional": with the target's own random numbers, kept when equal to its
         token, the same text as sampled "ar"; "token": from q, speculative sampling token by token;
         "block": from q, block verification, never fewer kept; "auto": "positional" when a seed is given,
         else "block");
-      - "rsd-c", "rsd-s", "specinfer": {"scheme": "auto" | "positional" | "recursive"}: how sampled draft
-        trees are verified ("positional": the child that is the target's own positional token is kept, the
-        same text as sampled "ar"; "recursive": recursive rejection sampling against q; "auto":
-        "positional" when a seed is given, else "recursive").
+      - "rsd-c", "rsd-s", "specinfer": "scheme" ("auto" | "positional" | "recursive" | "traversal"): how
+        sampled draft trees are verified ("positional": the child that is the target's own positional token
+        is kept, the same text as sampled "ar"; "recursive": recursive rejection sampling against q;
+        "traversal": traversal verification from the leaves; "auto": "positional" when a seed is given,
+        else "traversal").
     With "auto", options are checked against the method it picks. seed: the same seed gives the same
     text. Given a seed, "ar", "ngram", "slem", "sd", "tli", "union", "rsd-c", "rsd-s" and "specinfer"
     draw each token with random numbers keyed by the seed, the request and the token's position alone and
