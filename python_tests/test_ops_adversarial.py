@@ -923,7 +923,7 @@ BAD_ARGUMENTS = [
     (lambda: ops.vocab_project(_logits(2, 4), torch.arange(4), 2**70), ValueError,
      r"target_vocab must be an int >= 1 and < 2\*\*31"),
     (lambda: ops.ngram_match(_LONG, num_candidates=2**70), ValueError,
-     r"num_candidates and width must be >= 1"),
+     r"num_candidates must be >= 1 and < 2\*\*28"),
     (lambda: ops.ngram_match(_LONG, width=2**64), ValueError, r"and < 2\*\*28"),
     (lambda: ops.chain_verify(_logits(2, 3, 5), _LONG, top_k=2**70), ValueError, "top_k must fit int64"),
     (lambda: ops.chain_verify(_logits(2, 3, 5), _LONG, offset=2**64), ValueError,

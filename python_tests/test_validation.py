@@ -608,8 +608,11 @@ def _ngram_cases():
         "max_ngram = 64")
     bad(op, "min_ngram_above_max", with_(min_ngram=4), "need 1 <= min_ngram <= max_ngram <= 63, got min_ngram = 4, "
         "max_ngram = 3")
-    bad(op, "num_candidates_zero", with_(num_candidates=0), "num_candidates must be >= 1, got 0")
-    bad(op, "width_zero", with_(width=0), "width must be >= 1, got 0")
+    bad(op, "num_candidates_zero", with_(num_candidates=0), "num_candidates must be >= 1 and < 2**28, got 0")
+    bad(op, "num_candidates_2_to_the_28", with_(num_candidates=2**28),
+        "num_candidates must be >= 1 and < 2**28, got 268435456")
+    bad(op, "width_zero", with_(width=0), "width must be >= 1 and < 2**28, got 0")
+    bad(op, "width_2_to_the_28", with_(width=2**28), "width must be >= 1 and < 2**28, got 268435456")
     bad(op, "lengths_above_l", put("lengths", 1, 11), "lengths[1] = 11 is outside [0, 10]", guard=True)
     bad(op, "lengths_negative", put("lengths", 0, -1), "lengths[0] = -1 is outside [0, 10]")
     bad(op, "negative_token", put("tokens", (1, 3), -1),

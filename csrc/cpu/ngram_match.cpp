@@ -146,8 +146,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ngram_match_cpu(const at::Tensor&
   TORCH_CHECK_VALUE(1 <= min_ngram && min_ngram <= max_ngram && max_ngram <= kMaxNgram,
                     "ngram_match: need 1 <= min_ngram <= max_ngram <= ", kMaxNgram, ", got min_ngram = ", min_ngram,
                     ", max_ngram = ", max_ngram);
-  TORCH_CHECK_VALUE(num_candidates >= 1, "ngram_match: num_candidates must be >= 1, got ", num_candidates);
-  TORCH_CHECK_VALUE(width >= 1, "ngram_match: width must be >= 1, got ", width);
+  // Caps as L's: the outputs are [B, k, width], and nothing asks for more than a context holds.
+  TORCH_CHECK_VALUE(num_candidates >= 1 && num_candidates < (int64_t{1} << kKeyBits),
+                    "ngram_match: num_candidates must be >= 1 and < 2**28, got ", num_candidates);
+  TORCH_CHECK_VALUE(width >= 1 && width < (int64_t{1} << kKeyBits),
+                    "ngram_match: width must be >= 1 and < 2**28, got ", width);
 
   const at::Tensor ctx = tokens.contiguous();
   const at::Tensor lens = lengths.contiguous();

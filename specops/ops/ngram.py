@@ -39,34 +39,23 @@ def ngram_match(tokens: torch.Tensor, lengths: torch.Tensor | None = None, *, mi
     """
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"ngram_match: tokens must be a tensor, got {type(tokens).__name__}")
-    if tokens.dim() != 2:
-        raise ValueError(f"ngram_match: tokens must be [B, L], got shape {tuple(tokens.shape)}")
-    if tokens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"ngram_match: tokens must be int32 or int64, got {tokens.dtype}")
-    batch, length = tokens.shape
-    if length >= 2**28:
-        raise ValueError(f"ngram_match: tokens must have L < 2**28 columns, got {length}")
-    device = tokens.device
-    if lengths is None:
-        lengths = torch.full((batch,), length, dtype=torch.int64, device=device)
+    if lengths is None:  # every token (a tensor that is not [B, L] gets the op's message)
+        batch, length = (tokens.shape[0], tokens.shape[-1]) if tokens.dim() else (0, 0)
+        lengths = torch.full((batch,), length, dtype=torch.int64, device=tokens.device)
     elif not isinstance(lengths, torch.Tensor):
         raise TypeError(f"ngram_match: lengths must be a [B] int64 tensor or None, got {type(lengths).__name__}")
-    elif lengths.shape != (batch,):
-        raise ValueError(f"ngram_match: lengths must be [B] = [{batch}], got shape {tuple(lengths.shape)}")
-    elif lengths.dtype != torch.int64:
-        raise TypeError(f"ngram_match: lengths must be int64, got {lengths.dtype}")
-    elif lengths.device != device:
-        raise ValueError(f"ngram_match: lengths is on {lengths.device} but tokens is on {device}")
     for name, value in (("min_ngram", min_ngram), ("max_ngram", max_ngram), ("num_candidates", num_candidates),
                         ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"ngram_match: {name} must be an int, got {type(value).__name__}")
-    if not 1 <= min_ngram <= max_ngram <= 63:
+    # Values are checked once, by the op (the C++ kernel on CPU, its contract check_ngram_match elsewhere); an
+    # int the schema's int64 cannot carry gets the op's message here.
+    if not all(-2**63 <= v < 2**63 for v in (min_ngram, max_ngram)):
         raise ValueError(f"ngram_match: need 1 <= min_ngram <= max_ngram <= 63, got min_ngram = {min_ngram}, "
                          f"max_ngram = {max_ngram}")
-    if not (1 <= num_candidates < 2**28 and 1 <= width < 2**28):
-        raise ValueError(f"ngram_match: num_candidates and width must be >= 1 and < 2**28 (as L), got "
-                         f"{num_candidates} and {width}")
+    for name, value in (("num_candidates", num_candidates), ("width", width)):
+        if not -2**63 <= value < 2**63:
+            raise ValueError(f"ngram_match: {name} must be >= 1 and < 2**28, got {value}")
     return torch.ops.specops.ngram_match(tokens.contiguous(), lengths.contiguous(), min_ngram, max_ngram,
                                          num_candidates, width, validate)
 
@@ -86,8 +75,8 @@ def check_ngram_match(tokens, lengths, min_ngram, max_ngram, num_candidates, wid
     _require(lengths.device == tokens.device, op, f"lengths is on {lengths.device} but tokens is on {tokens.device}")
     _require(1 <= min_ngram <= max_ngram <= 63, op, f"need 1 <= min_ngram <= max_ngram <= 63, got min_ngram = "
              f"{min_ngram}, max_ngram = {max_ngram}")
-    _require(num_candidates >= 1, op, f"num_candidates must be >= 1, got {num_candidates}")
-    _require(width >= 1, op, f"width must be >= 1, got {width}")
+    _require(1 <= num_candidates < 2**28, op, f"num_candidates must be >= 1 and < 2**28, got {num_candidates}")
+    _require(1 <= width < 2**28, op, f"width must be >= 1 and < 2**28, got {width}")
     if not validate:
         return
     inside = torch.arange(length, device=tokens.device) < lengths.unsqueeze(1)
@@ -100,6 +89,9 @@ def check_ngram_match(tokens, lengths, min_ngram, max_ngram, num_candidates, wid
 
 @torch.library.register_fake("specops::ngram_match")
 def _ngram_match_fake(tokens, lengths, min_ngram, max_ngram, num_candidates, width, validate=True):
+    # What can be checked without the values is checked here too (shapes, dtypes, devices, caps): a traced call
+    # refuses what the kernels refuse.
+    check_ngram_match(tokens, lengths, min_ngram, max_ngram, num_candidates, width, validate=False)
     batch = tokens.shape[0]
     candidates = tokens.new_empty((batch, num_candidates, width), dtype=torch.int64)
     counts = tokens.new_empty((batch, num_candidates), dtype=torch.int64)
