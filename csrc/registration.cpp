@@ -3,10 +3,19 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "cpu/isa.h"
+
 // specops._C is imported as a Python module only so that loading it runs the registrations below;
 // it exposes nothing itself (ops are reached through torch.ops.specops).
+namespace {
+// specops._C.cpu_isa(): the instruction set the C++ kernels take ("avx512", "avx2" or "base"; cpu/isa.h).
+PyObject* cpu_isa_name(PyObject*, PyObject*) { return PyUnicode_FromString(specops::isa_name(specops::cpu_isa())); }
+PyMethodDef methods[] = {{"cpu_isa", cpu_isa_name, METH_NOARGS, "the instruction set the C++ kernels take"},
+                         {nullptr, nullptr, 0, nullptr}};
+}  // namespace
+
 extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module);
 }
 

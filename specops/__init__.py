@@ -9,11 +9,18 @@ bf16 linear layers, for fast drafters), `specops.ops` (the kernels, as typed wra
 `specops.vocab` (vocabulary maps between two tokenizers: `specops.vocab.vocab_map`).
 """
 
+import os as _os
+
 import torch  # noqa: F401  (loads libtorch before the extension)
+
+# SPECOPS_CPU_ISA caps the instruction set the C++ kernels take (csrc/cpu/per_isa.h), for benchmarking the
+# AVX2 copies on an AVX-512 machine; read by the kernels once, so it is checked before they load.
+if _os.environ.get("SPECOPS_CPU_ISA", "") not in ("", "avx512", "avx2", "base"):
+    raise ValueError(f"SPECOPS_CPU_ISA must be avx512, avx2 or base (or unset), got "
+                     f"{_os.environ['SPECOPS_CPU_ISA']!r}")
 
 from specops import _C  # noqa: F401  (registers the op schemas and the C++ CPU kernels)
 from specops import ops
-import os as _os
 
 if torch.cuda.is_available() or _os.environ.get("TRITON_INTERPRET") == "1":
     # Registers the Triton kernels for CUDA (or, interpreted, for the tests). Without CUDA they can never

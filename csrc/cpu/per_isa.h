@@ -5,35 +5,7 @@
 // compiles helpers and callers for the same target.) cpu_isa() says which copy the running CPU takes.
 // No include guard around the copies: a translation unit may include this once per SIMD header.
 
-#ifndef SPECOPS_PER_ISA_ONCE
-#define SPECOPS_PER_ISA_ONCE
-#ifndef SPECOPS_INLINE  // helpers are forced inline so that every instruction-set copy inlines them
-#define SPECOPS_INLINE __attribute__((always_inline)) inline
-#endif
-
-namespace specops {
-namespace {
-
-enum class Isa { avx512, avx2, base };
-
-// The instruction set of the running CPU, found once.
-Isa cpu_isa() {
-  static const Isa isa = [] {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-      return Isa::avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
-#endif
-    return Isa::base;
-  }();
-  return isa;
-}
-
-}  // namespace
-}  // namespace specops
-#endif
+#include "isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
