@@ -30,6 +30,7 @@ import transformers
 from toy_models import byte_tokenizer, merged_byte_tokenizer, tiny_llama
 
 from specops import ops
+from specops.decoding.cost_model import DraftLength
 from specops.decoding import model_ngrams
 from specops.vllm import NgramProposer, SlemProposer
 from specops.vllm import _requests as requests_module
@@ -374,6 +375,12 @@ def test_slem_with_the_target_as_drafter_has_every_draft_accepted(saved, monkeyp
     folder, target = saved
     monkeypatch.setenv("SPECOPS_DRAFTER", str(folder))
     monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", length)
+    # "auto" chooses from measured seconds: the chooser is shown a flat cost (50 ms a step whatever its drafts,
+    # 1 ms a drafter forward), so what it does cannot depend on the machine's load (a loaded machine once made
+    # it choose short drafts: 15 < 20 drafted).
+    observe = DraftLength.observe
+    monkeypatch.setattr(DraftLength, "observe", lambda self, drafts, target, drafter, outside, accepted, offered:
+                        observe(self, drafts, 0.05, None if drafter is None else 0.001, 0.0, accepted, offered))
     proposer = SlemProposer(_config(4, tokenizer=str(folder)))
     loop = _Loop(target, seed=1)
     prompts = [[72, 101, 108], [40, 41, 42, 43, 44, 45, 46], [99], [60, 61, 62, 63]]
