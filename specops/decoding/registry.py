@@ -66,8 +66,3 @@ def check_options(method: Method, options: dict | None) -> dict:
     if method.check is not None:
         method.check(merged)
     return merged
-
-
-def tree_roles_refused(method: Method) -> list[str]:
-    """Methods that score no draft tree on the given roles (for refusals: what works instead)."""
-    return [m.name for m in METHODS.values() if not set(m.trees) & set(method.trees)]
