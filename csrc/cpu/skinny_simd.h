@@ -22,6 +22,7 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
   for (int i = 0; i < 16; ++i) acc[i] = f32x16{};
   int64_t k = 0;
   int turn = phase;
+#ifdef SPECOPS_ISA_AVX512
   for (; k + kLanes <= k_dim; k += kLanes) {
     f32x16 wv[JB], xv[RB];
     for (int a = 0; a < JB; ++a) wv[a] = load16(w + a * k_dim + k);
@@ -34,6 +35,38 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
       for (int a = 0; a < JB; ++a) acc[b * JB + a] += wv[a] * xv[b];
     }
   }
+#else
+  // Without 64-byte registers GCC keeps a 16-lane vector in memory between operations (the loop was all
+  // moves: 240 vmovdqa for 32 FMAs). The same 16 lanes as two 8-lane halves stay in ymm registers; each
+  // lane sees the same products in the same order, so a row's result is the AVX-512 copy's bits.
+  using f32x8 = float __attribute__((vector_size(32)));
+  f32x8 lo[JB * RB], hi[JB * RB];
+  for (int i = 0; i < JB * RB; ++i) lo[i] = hi[i] = f32x8{};
+  for (; k + kLanes <= k_dim; k += kLanes) {
+    f32x8 wl[JB], wh[JB], xl[RB], xh[RB];
+    for (int a = 0; a < JB; ++a) {
+      std::memcpy(&wl[a], w + a * k_dim + k, sizeof(f32x8));
+      std::memcpy(&wh[a], w + a * k_dim + k + 8, sizeof(f32x8));
+    }
+    if (ahead != nullptr && turn == 0) {
+      for (int a = 0; a < JB; ++a) __builtin_prefetch(ahead + a * k_dim + k, 0, 1);
+    }
+    turn = turn + 1 == phases ? 0 : turn + 1;
+    for (int b = 0; b < RB; ++b) {
+      std::memcpy(&xl[b], x + b * k_dim + k, sizeof(f32x8));
+      std::memcpy(&xh[b], x + b * k_dim + k + 8, sizeof(f32x8));
+    }
+    for (int b = 0; b < RB; ++b) {
+      for (int a = 0; a < JB; ++a) {
+        lo[b * JB + a] += wl[a] * xl[b];
+        hi[b * JB + a] += wh[a] * xh[b];
+      }
+    }
+  }
+  for (int i = 0; i < JB * RB; ++i) {
+    acc[i] = __builtin_shufflevector(lo[i], hi[i], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+#endif
   const f32x16 sums = reduce16(acc);
   for (int b = 0; b < RB; ++b) {
     for (int a = 0; a < JB; ++a) {
@@ -43,6 +76,16 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
     }
   }
 }
+
+// Input rows per group. A 16-lane vector is one zmm register with AVX-512 (32 of them: 4 x 4 tiles keep 16
+// accumulators and 8 operands in registers) and two ymm registers with AVX2 (16 of them: 2 x 2 tiles, 4
+// accumulators and 4 operands, fill them; the 4 x 4 tiles spilled to the stack on every FMA and made 16 rows
+// cost 14x what reading the weight does, against 2x with AVX-512: bench/bench_floor.py).
+#ifdef SPECOPS_ISA_AVX512
+constexpr int64_t kGroupRows = 4;
+#else
+constexpr int64_t kGroupRows = 2;
+#endif
 
 // One group of RB input rows against the 16 rows of a panel, JB weight rows per tile.
 template <int JB, int RB>
@@ -54,13 +97,14 @@ SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const f
 }
 
 // A panel of 16 weight rows w against all m input rows x: out[r * ldo + j] for r < m, j < 16. The rows
-// go in G = ceil(m / 4) groups of near-equal size (4 rows: 4 x 4 tiles; 1-3: tiles as wide as 16
-// accumulators allow), the panel re-read from L1/L2 by every group after the first. The weight is read
+// go in G = ceil(m / kGroupRows) groups of near-equal size (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in tiles as
+// wide as 16 accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1), the panel re-read from L1/L2 by
+// every group after the first. The weight is read
 // from memory once. Group g prefetches its share of the next panel (`ahead`, nullptr: none): k steps
 // g, g + G, ..., so that requests to memory are spread over the panel's whole arithmetic.
 void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float* ahead, float* out,
            int64_t ldo) {
-  const int64_t groups = (m + 3) / 4;
+  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const int64_t base = m / groups, extra = m % groups;
   const int phases = static_cast<int>(std::min<int64_t>(groups, 16));
   int64_t r = 0;
@@ -70,12 +114,20 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
     float* o = out + r * ldo;
     const float* pf = g < phases ? ahead : nullptr;
     const int phase = static_cast<int>(g);
+#ifdef SPECOPS_ISA_AVX512
     switch (rows) {
       case 4: tiles<4, 4>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 3: tiles<4, 3>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 2: tiles<8, 2>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       default: tiles<16, 1>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
     }
+#else
+    if (rows == 2) {
+      tiles<2, 2>(xr, w, k_dim, pf, phase, phases, o, ldo);
+    } else {
+      tiles<2, 1>(xr, w, k_dim, pf, phase, phases, o, ldo);
+    }
+#endif
     r += rows;
   }
 }
