@@ -238,6 +238,36 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def bandwidth_gbs() -> float:
+    """Streaming bandwidth with 2 threads: a 512 MiB copy, the best of 5 (GB/s counting read and write)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    a = torch.ones(128 << 20)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - start)
+    torch.set_num_threads(threads)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def read_bandwidth_gbs() -> float:
+    """Streaming read bandwidth with 2 threads: the sum of a 512 MiB float32 tensor, the best of 5 (GB/s read):
+    what a decoding step does with its weights."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    a = torch.ones(128 << 20)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - start)
+    torch.set_num_threads(threads)
+    return a.numel() * 4 / best / 1e9
+
+
 def machine_info(device: str) -> dict[str, str]:
     """What a result row needs to be compared with another machine's."""
     info = {

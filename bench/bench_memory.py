@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from _timing import load_prompts, machine_info, markdown_table
+from _timing import bandwidth_gbs, load_prompts, machine_info, markdown_table
 
 BENCH = Path(__file__).resolve().parent
 CONFIGS = ["ar", "ngram", "ngram-memory", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix", "vllm-specops", "llama",
@@ -267,23 +267,6 @@ def worker(config: str, workloads: list[str], gguf: str, path: str) -> None:
 
 
 # ---- the run ----
-
-def bandwidth_gbs() -> float:
-    """Streaming bandwidth with 2 threads: a 512 MiB copy, the best of 5 (GB/s counting read and write)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    a = torch.ones(128 << 20)
-    b = torch.empty_like(a)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        b.copy_(a)
-        best = min(best, time.perf_counter() - start)
-    torch.set_num_threads(threads)
-    return 2 * a.numel() * 4 / best / 1e9
-
 
 def run_config(config: str, workloads: list[str], args, out: Path) -> list[dict]:
     python = args.vllm_python if config.startswith("vllm") else sys.executable
