@@ -110,3 +110,30 @@ def test_a_plain_forward_beside_a_tree_forward_is_the_models_own():
         holder.join()
     assert torch.equal(beside, alone)
     assert model.config._attn_implementation != "specops_tree"
+
+
+def test_held_switch_switches_once_and_restores_when_the_last_holder_leaves():
+    """The first holder of an object switches it, later ones find it switched, the last to leave restores what
+    it had; `saved` tells what that was while it is held."""
+    from specops.decoding.held import HeldSwitch
+
+    state = {"a": "own-a", "b": "own-b"}
+    calls = []
+
+    def install(key):
+        calls.append(("install", key))
+        before, state[key] = state[key], "switched"
+        return before
+
+    def restore(key, before):
+        calls.append(("restore", key))
+        state[key] = before
+
+    switch = HeldSwitch(install, restore)
+    with switch.hold(["a"]):
+        with switch.hold(["a", "b"]):
+            assert state == {"a": "switched", "b": "switched"} and switch.saved("a") == (True, "own-a")
+        assert state == {"a": "switched", "b": "own-b"} and switch.saved("b") == (False, None)
+        assert switch.saved_values() == ["own-a"]
+    assert state == {"a": "own-a", "b": "own-b"}
+    assert calls == [("install", "a"), ("install", "b"), ("restore", "b"), ("restore", "a")]

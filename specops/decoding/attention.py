@@ -35,16 +35,29 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specops.decoding.held import HeldSwitch
+
 __all__ = ["TreeMask", "pack_rows", "tree_forward", "weakly_keyed"]
 
 NAME = "specops_tree"
 _ACTIVE = threading.local()  # the tree of this thread's tree forward (None outside one)
 _REGISTERED = False
+
+
+def _switch_config(config) -> str:
+    implementation = config._attn_implementation
+    config._attn_implementation_internal = NAME
+    return implementation
+
+
+def _restore_config(config, implementation: str) -> None:
+    config._attn_implementation_internal = implementation
+
+
 # A config is switched to NAME while any thread runs a tree forward with it; a forward of the same model in
 # another thread meanwhile reaches the registered functions without a tree of its own, and they hand it to
-# the implementation the config had: id(config) -> [config, its implementation, tree forwards holding it].
-_SWITCH = threading.Lock()
-_HELD: dict[int, list] = {}
+# the implementation the config had.
+_SWITCHED = HeldSwitch(_switch_config, _restore_config)
 
 
 @dataclass
@@ -186,9 +199,8 @@ def _own_implementation(config) -> str:
     """The attention implementation `config` had before a tree forward switched it (a forward outside any
     tree forward of its thread runs with it). Without the config (older transformers do not pass it to mask
     functions), the one every switched config had."""
-    with _SWITCH:
-        held = _HELD.get(id(config)) if config is not None else None
-        names = {held[1]} if held is not None else {entry[1] for entry in _HELD.values()}
+    switched, own = _SWITCHED.saved(config) if config is not None else (False, None)
+    names = {own} if switched else set(_SWITCHED.saved_values())
     if len(names) != 1:
         raise RuntimeError(f"specops tree attention: a forward outside specops' tree forwards reached '{NAME}' "
                            "while models with different attention implementations decode trees in other threads")
@@ -344,27 +356,13 @@ def tree_forward(model, tree: TreeMask):
         yield
         return
     _register()
-    configs = _configs(model)
-    with _SWITCH:  # switched while any thread's tree forward holds it (_HELD)
-        for config in configs:
-            held = _HELD.get(id(config))
-            if held is None:
-                held = _HELD[id(config)] = [config, config._attn_implementation, 0]
-                config._attn_implementation_internal = NAME
-            held[2] += 1
-        tree.original = _HELD[id(model.config)][1] or "eager"
-    _ACTIVE.tree = tree
-    try:
-        yield
-    finally:
-        _ACTIVE.tree = None
-        with _SWITCH:
-            for config in configs:
-                held = _HELD[id(config)]
-                held[2] -= 1
-                if not held[2]:
-                    config._attn_implementation_internal = held[1]
-                    del _HELD[id(config)]
+    with _SWITCHED.hold(_configs(model)):  # switched while any thread's tree forward holds it
+        tree.original = _SWITCHED.saved(model.config)[1] or "eager"
+        _ACTIVE.tree = tree
+        try:
+            yield
+        finally:
+            _ACTIVE.tree = None
 
 
 def weakly_keyed(model) -> bool:

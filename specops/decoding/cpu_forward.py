@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
+from specops.decoding.held import HeldSwitch
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
 
@@ -43,47 +44,42 @@ def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor
 # products of the threads inside such a call (_INSIDE) through `_product` and runs every other thread's as
 # the layer's own; the last call to leave puts the layer back as it was. (A torch function mode would touch
 # no module, but it intercepts every op of a forward: 8-12 % of a Gemma-3-270M step on two CPU cores.)
-_SWITCH = threading.Lock()
-_HELD: dict[int, list] = {}  # id(layer) -> [layer, its own instance forward or None, calls holding it]
 _INSIDE = threading.local()  # .depth: this thread's CpuForward calls in progress
 
 
-def _routed_forward(module: torch.nn.Linear, own):
+def _route(module: torch.nn.Linear):
+    """Give `module` the routing forward; returns its own instance forward (None: the class's)."""
+    own = module.__dict__.get("forward")
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         if getattr(_INSIDE, "depth", 0):
             out = _product(module.weight, module.bias, x.reshape(-1, x.shape[-1]))
             return out.reshape(*x.shape[:-1], out.shape[-1])
         return own(x) if own is not None else torch.nn.Linear.forward(module, x)
 
-    return forward
+    module.forward = forward
+    return own
+
+
+def _unroute(module: torch.nn.Linear, own) -> None:
+    if own is None:
+        del module.forward
+    else:
+        module.forward = own
+
+
+_ROUTED = HeldSwitch(_route, _unroute)
 
 
 @contextmanager
 def _routed(linears: list[torch.nn.Linear]):
     """This thread's products through `_product` for the duration of the block (the comment above)."""
-    with _SWITCH:
-        for module in linears:
-            held = _HELD.get(id(module))
-            if held is None:
-                own = module.__dict__.get("forward")
-                held = _HELD[id(module)] = [module, own, 0]
-                module.forward = _routed_forward(module, own)
-            held[2] += 1
-    _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _INSIDE.depth -= 1
-        with _SWITCH:
-            for module in linears:
-                held = _HELD[id(module)]
-                held[2] -= 1
-                if not held[2]:
-                    if held[1] is None:
-                        del module.forward
-                    else:
-                        module.forward = held[1]
-                    del _HELD[id(module)]
+    with _ROUTED.hold(linears):
+        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _INSIDE.depth -= 1
 
 
 class CpuForward:
