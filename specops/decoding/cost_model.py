@@ -103,16 +103,13 @@ class CostPlane:
 
     def __init__(self, decay: float = 0.97):
         self.decay = decay
-        self.xx = torch.zeros(4, 4, dtype=torch.float64)  # weighted sums of x x^T over every step
-        self.xy = torch.zeros(4, dtype=torch.float64)
-        self.by_requests: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # the same sums per batch size
+        # Decayed sums of x x^T and x * seconds over the steps of each batch size.
+        self.by_requests: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._fits: dict[int | None, torch.Tensor] = {}  # coefficients() per batch size, until the next step
 
     def observe(self, requests: int, tokens: int, seconds: float) -> None:
         drafts = tokens - requests
         x = torch.tensor([1.0, requests, drafts, requests * drafts], dtype=torch.float64)
-        self.xx = self.decay * self.xx + torch.outer(x, x)
-        self.xy = self.decay * self.xy + x * seconds
         for size, (xx, xy) in self.by_requests.items():
             self.by_requests[size] = (self.decay * xx, self.decay * xy)
         xx, xy = self.by_requests.get(requests, (0.0, 0.0))
@@ -121,7 +118,6 @@ class CostPlane:
 
     def copy(self) -> CostPlane:
         new = CostPlane(self.decay)
-        new.xx, new.xy = self.xx.clone(), self.xy.clone()
         new.by_requests = {size: (xx.clone(), xy.clone()) for size, (xx, xy) in self.by_requests.items()}
         return new
 
@@ -129,17 +125,14 @@ class CostPlane:
         """(a, b, c, e) read at `requests` requests (None: every step alike), or None before any step. A term
         the steps cannot tell apart is 0; a slope that fits below 0 is noise: 0, the rest refitted. Solved once
         per observation and batch size: a choice prices many sizes."""
-        if not self.xx[0, 0]:
+        if not self.by_requests:
             return None
         if requests not in self._fits:
-            if requests is None:
-                xx, xy = self.xx, self.xy
-            else:
-                xx = torch.zeros(4, 4, dtype=torch.float64)
-                xy = torch.zeros(4, dtype=torch.float64)
-                for size, (size_xx, size_xy) in self.by_requests.items():
-                    near = math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR)
-                    xx, xy = xx + near * size_xx, xy + near * size_xy
+            xx = torch.zeros(4, 4, dtype=torch.float64)
+            xy = torch.zeros(4, dtype=torch.float64)
+            for size, (size_xx, size_xy) in self.by_requests.items():
+                near = 1.0 if requests is None else math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR)
+                xx, xy = xx + near * size_xx, xy + near * size_xy
             self._fits[requests] = self._solve(xx, xy)
         return self._fits[requests]
 
