@@ -86,8 +86,8 @@ class CpuForward:
     """Forwards of a CPU float32 model with every float linear layer of its decoder, and its output head,
     through skinny_linear (`_product`); layers `specops.quantize` made low-precision run as they are.
     Plain decoding gets the same forwards as verification. The products are routed in the calling thread
-    for the duration of a call only (`_routed`), and the output projection is applied here (then the final soft-cap, if the
-    model has one). Used only after a probe shows the result reproduces the model's own logits."""
+    for the duration of a call only (`_routed`), and the output projection is applied here (then the final
+    soft-cap, if the model has one). Used only after a probe shows the result reproduces the model's own logits."""
 
     def __init__(self, model):
         self.base = model.get_decoder()

@@ -133,7 +133,8 @@ class DraftShape:
         rate = torch.where(sizes <= self.cost.reach(), tokens / cost, float("-inf"))
         best_rate = rate.max()
         if not float(best_rate) > batch / plain:
-            if bool((rows[:, 0, 0] >= 0).any()) and self._probe(batch, float((rows[:, 0, 0] >= 0).sum()), plain):
+            drafts = int((rows[:, 0, 0] >= 0).sum())  # requests with a one-token draft
+            if drafts and self._probe(batch, drafts, plain):
                 return 1, 1
             return 0, 0
         self.probe.drafted()
