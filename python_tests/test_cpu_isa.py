@@ -1,7 +1,10 @@
 """SPECOPS_CPU_ISA: the switch that makes the C++ kernels take a lower instruction set's copy (AVX2 on an
 AVX-512 machine, or the baseline), for benchmarking both x86 paths on one machine (bench/bench_floor.py).
 Each setting runs in a fresh process: the kernels read it once. The copies compute the same products to a few
-ulps (16 rows: every tile shape of both)."""
+ulps (16 rows: every tile shape of both), quantized_linear gives skinny_linear's bits in every copy (its
+buffered path on AVX2 and the baseline, the in-register tiles below 16 rows with AVX-512), and the row
+passes (written in vectors as wide as each copy's registers) give the same verification, attention and
+ensemble results to float32 rounding."""
 
 from __future__ import annotations
 
@@ -19,7 +22,22 @@ g = torch.Generator().manual_seed(0)
 x, w = torch.randn(16, 300, generator=g), torch.randn(70, 300, generator=g)
 out = torch.ops.specops.skinny_linear(x, w, None)
 alone = all(torch.equal(out[i:i + 3], torch.ops.specops.skinny_linear(x[i:i + 3], w, None)) for i in range(14))
-print(json.dumps({"isa": _C.cpu_isa(), "out": out.flatten().tolist(), "alone": alone}))
+q = torch.randint(-127, 128, (70, 300), generator=g, dtype=torch.int8)
+s = torch.rand(70, 1, generator=g) / 64
+qbits = all(torch.equal(torch.ops.specops.quantized_linear(x[:m], q, s, None, None),
+                        torch.ops.specops.skinny_linear(x[:m], q.float() * s, None)) for m in (1, 3, 16))
+logits = torch.randn(3, 5, 1000, generator=g) * 3
+drafts = torch.randint(0, 1000, (3, 4), generator=g)
+probs = torch.softmax(logits[:, :4] + torch.randn(3, 4, 1000, generator=g) * 0.6, -1)
+accepted, tokens = specops.ops.chain_verify(logits, drafts, probs, seed=7)
+qkv = [torch.randn(1, 2, n, 64, generator=g) for n in (5, 40, 40)]
+chain = torch.tensor([[[(2 << i) - 1] for i in range(5)]], dtype=torch.int32)  # node i sees nodes 0..i
+attention = specops.ops.tree_attention(*qkv, chain, softcap=30.0)
+members = list(torch.randn(3, 2, 1000, generator=g))
+ensemble = specops.ops.ensemble_logits(members, torch.tensor([0.5, 0.3, 0.2]))
+print(json.dumps({"isa": _C.cpu_isa(), "out": out.flatten().tolist(), "alone": alone, "qbits": qbits,
+                  "verified": [accepted.tolist(), tokens.tolist()], "attention": attention.flatten().tolist(),
+                  "ensemble": ensemble.flatten().tolist()}))
 """
 
 
@@ -45,6 +63,11 @@ def test_the_switch_caps_the_instruction_set_and_keeps_the_results():
         assert found[value]["out"] == pytest.approx(found[None]["out"], rel=1e-5, abs=1e-4)
     # Within a copy a row's bits do not depend on how many rows came with it (3 rows: other tile shapes).
     assert all(found[value]["alone"] for value in found), {value: found[value]["alone"] for value in found}
+    assert all(found[value]["qbits"] for value in found), {value: found[value]["qbits"] for value in found}
+    for value in ("avx2", "base"):
+        assert found[value]["verified"] == found[None]["verified"]
+        for key in ("attention", "ensemble"):
+            assert found[value][key] == pytest.approx(found[None][key], rel=1e-5, abs=1e-5), key
 
 
 def test_a_bad_value_is_refused_at_import():

@@ -385,11 +385,12 @@ def test_cpp_gives_skinny_linear_bits(fmt, group, dyadic):
     q * s + m may be one fused multiply-add (the compiler contracts it where the instruction set has FMA),
     one rounding where torch's float32 (q * s) + m takes two, so arbitrary scales and minimums can differ
     by a float32 rounding of the weight (within the tolerance of section 2)."""
-    k = 64 if fmt == "int4" or group else 50
-    for m in (1, 3, 4, 9):
-        x, weight, scales, mins, b = random_case(fmt, m, 37, k, group, seed=m, dyadic=dyadic)
-        want = specops.ops.skinny_linear(x, float32_weight(weight, scales, mins), b)
-        assert torch.equal(specops.ops.quantized_linear(x, weight, scales, mins, b), want), m
+    # K % 16 of 2 and of 12 (a long scalar tail: with 2 only, a tail summed differently went unseen).
+    for k in ((64,) if fmt == "int4" or group else (50, 60)):
+        for m in (1, 3, 4, 9, 16):
+            x, weight, scales, mins, b = random_case(fmt, m, 37, k, group, seed=m, dyadic=dyadic)
+            want = specops.ops.skinny_linear(x, float32_weight(weight, scales, mins), b)
+            assert torch.equal(specops.ops.quantized_linear(x, weight, scales, mins, b), want), (k, m)
 
 
 # ---- 4. the tolerance rejects plausible bugs ----

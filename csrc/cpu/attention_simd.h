@@ -29,22 +29,22 @@ SPECOPS_INLINE F soft_cap(F x, float cap) {
 float prepare_row(float* s, int64_t n, float scale, float cap, const float* bias, int64_t hidden) {
   hidden = hidden < n ? hidden : n;
   for (int64_t k = 0; k < hidden; ++k) s[k] = -kInf;
-  const f32x16 neg_inf = f32x16{} - kInf;
-  f32x16 mx = neg_inf;
-  i32x16 nan = i32x16{};
+  const fvec neg_inf = fvec{} - kInf;
+  fvec mx = neg_inf;
+  ivec nan = ivec{};
   int64_t j = hidden;
-  for (; j + kLanes <= n; j += kLanes) {
-    const f32x16 raw = load16(s + j) * scale;
-    f32x16 v = raw;
+  for (; j + kRowLanes <= n; j += kRowLanes) {
+    const fvec raw = loadv(s + j) * scale;
+    fvec v = raw;
     if (cap > 0.0f) v = raw != raw ? raw : soft_cap(raw, cap);
-    if (bias != nullptr) v = load16(bias + j) == 0.0f ? v : neg_inf;
-    store16(s + j, v);
+    if (bias != nullptr) v = loadv(bias + j) == 0.0f ? v : neg_inf;
+    storev(s + j, v);
     nan |= v != v;
     mx = v > mx ? v : mx;
   }
   float m = -kInf;
   bool any_nan = false;
-  for (int l = 0; l < kLanes; ++l) {
+  for (int l = 0; l < kRowLanes; ++l) {
     m = mx[l] > m ? mx[l] : m;
     any_nan = any_nan || nan[l] != 0;
   }
@@ -62,11 +62,11 @@ float prepare_row(float* s, int64_t n, float scale, float cap, const float* bias
 
 // s = exp(s - m) in place (0 where s is -inf); returns the sum. m must be finite.
 float exp_row(float* s, int64_t n, float m) {
-  f32x16 total = f32x16{};
+  fvec total = fvec{};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const f32x16 e = exp_nonpositive(load16(s + j) - m);
-    store16(s + j, e);
+  for (; j + kRowLanes <= n; j += kRowLanes) {
+    const fvec e = exp_nonpositive(loadv(s + j) - m);
+    storev(s + j, e);
     total += e;
   }
   float sum = static_cast<float>(lane_total(total));
@@ -80,7 +80,7 @@ float exp_row(float* s, int64_t n, float m) {
 // acc[0, n) *= factor.
 void scale_row(float* acc, int64_t n, float factor) {
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) store16(acc + j, load16(acc + j) * factor);
+  for (; j + kRowLanes <= n; j += kRowLanes) storev(acc + j, loadv(acc + j) * factor);
   for (; j < n; ++j) acc[j] *= factor;
 }
 
@@ -88,12 +88,13 @@ void scale_row(float* acc, int64_t n, float factor) {
 // v + j * v_stride): out [dim] = softmax_j(q . key_j * scale + bias[j]) value_j, bias[j] 0 or -inf
 // (nullptr: every slot seen). scores: `slots` floats of scratch. A row that sees no slot gives zeros; one
 // whose seen scores hold a NaN or +inf gives NaN.
-// Sixteen keys at a time, their dot products summed by the lane tree; then the row passes above, and
-// the values accumulated slot by slot. For the few query rows of a decoding step, where a library
+// Sixteen keys at a time, their dot products summed by the lane tree (with AVX-512; a key at a time in row
+// vectors otherwise); then the row passes above, and the values accumulated slot by slot. For the few query rows of a decoding step, where a library
 // attention's setup costs more than the arithmetic (SmolLM2's 9 heads over 150 slots: SDPA about 30 us,
 // this about 25 on one thread).
 void attend_row(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t slots,
                 int64_t dim, float scale, const float* bias, float* scores, float* out) {
+#ifdef SPECOPS_ISA_AVX512
   const int64_t full = dim / kLanes * kLanes;
   for (int64_t j0 = 0; j0 < slots; j0 += kLanes) {
     const int64_t count = slots - j0 < kLanes ? slots - j0 : kLanes;
@@ -119,6 +120,20 @@ void attend_row(const float* q, const float* k, int64_t k_stride, const float* v
       scores[j0 + l] = s;
     }
   }
+#else
+  // Without 64-byte registers the sixteen 16-lane accumulators went through the stack: here each key's dot
+  // product runs in one row vector, its lanes then summed in order.
+  const int64_t full = dim / kRowLanes * kRowLanes;
+  for (int64_t j = 0; j < slots; ++j) {
+    const float* kj = k + j * k_stride;
+    fvec acc = {};
+    for (int64_t c = 0; c < full; c += kRowLanes) acc += loadv(q + c) * loadv(kj + c);
+    float s = 0.0f;
+    for (int l = 0; l < kRowLanes; ++l) s += acc[l];
+    for (int64_t d = full; d < dim; ++d) s += q[d] * kj[d];
+    scores[j] = s;
+  }
+#endif
   const float m = prepare_row(scores, slots, scale, 0.0f, bias, 0);
   // A NaN or +inf score among the seen slots leaves no softmax: the row is NaN, never plausible numbers.
   const float fill = m < kInf ? 0.0f : std::numeric_limits<float>::quiet_NaN();
@@ -132,7 +147,7 @@ void attend_row(const float* q, const float* k, int64_t k_stride, const float* v
     const float p = scores[j];
     const float* vj = v + j * v_stride;
     int64_t d = 0;
-    for (; d < full; d += kLanes) store16(out + d, load16(out + d) + p * load16(vj + d));
+    for (; d + kRowLanes <= dim; d += kRowLanes) storev(out + d, loadv(out + d) + p * loadv(vj + d));
     for (; d < dim; ++d) out[d] += p * vj[d];
   }
   scale_row(out, dim, 1.0f / sum);

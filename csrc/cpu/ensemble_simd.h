@@ -1,7 +1,7 @@
 // SIMD combine passes of ensemble_logits: one vocabulary chunk of one row, every member read once.
 // Compiled once per instruction set through per_isa.h, inside the namespace SPECOPS_ISA names, after
-// row_simd.h (sampling.h) has put the 16-lane vector basics of simd_math.h into that namespace. No
-// include guard.
+// row_simd.h (sampling.h) has put the vector basics of simd_math.h into that namespace (the passes use
+// its row vectors, as wide as the copy's registers). No include guard.
 
 namespace specops {
 namespace {
@@ -42,6 +42,9 @@ SPECOPS_INLINE F log_at_least_one_t(F s) {
 
 SPECOPS_INLINE float log_at_least_one(float s) { return log_at_least_one_t<float, int32_t>(s); }
 SPECOPS_INLINE f32x16 log_at_least_one(f32x16 s) { return log_at_least_one_t<f32x16, i32x16>(s); }
+#ifndef SPECOPS_ISA_AVX512  // otherwise fvec is f32x16
+SPECOPS_INLINE fvec log_at_least_one(fvec s) { return log_at_least_one_t<fvec, ivec>(s); }
+#endif
 
 // Weighted: out[x] = log sum_i exp((l_i[x] - max_i) + c_i), c_i = log w_i - log z_i (member i's log-softmax
 // plus its log-weight; the maximum comes off first, so a row far from zero keeps full precision), as
@@ -50,18 +53,18 @@ template <typename Load>
 SPECOPS_INLINE void weighted_impl(const Load& load, int64_t members, const float* top, const float* add, int64_t n,
                                   float* out) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    f32x16 best = f32x16{} - kInf;
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    fvec best = fvec{} - kInf;
     for (int64_t m = 0; m < members; ++m) {
-      const f32x16 a = (load16(load(m) + i) - top[m]) + add[m];
+      const fvec a = (loadv(load(m) + i) - top[m]) + add[m];
       best = a > best ? a : best;
     }
-    const i32x16 some = best > -kInf;
-    const f32x16 safe = some ? best : f32x16{};
-    f32x16 sum = {};
-    for (int64_t m = 0; m < members; ++m) sum += exp_nonpositive(((load16(load(m) + i) - top[m]) + add[m]) - safe);
-    const f32x16 v = safe + log_at_least_one(some ? sum : f32x16{} + 1.0f);
-    store16(out + i, some ? v : f32x16{} - kInf);
+    const ivec some = best > -kInf;
+    const fvec safe = some ? best : fvec{};
+    fvec sum = {};
+    for (int64_t m = 0; m < members; ++m) sum += exp_nonpositive(((loadv(load(m) + i) - top[m]) + add[m]) - safe);
+    const fvec v = safe + log_at_least_one(some ? sum : fvec{} + 1.0f);
+    storev(out + i, some ? v : fvec{} - kInf);
   }
   for (; i < n; ++i) {
     float best = -kInf;
@@ -80,14 +83,14 @@ SPECOPS_INLINE void weighted_impl(const Load& load, int64_t members, const float
 SPECOPS_INLINE void weighted_pair(const float* x0, const float* x1, const float* top, const float* add, int64_t n,
                                   float* out) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const f32x16 a = (load16(x0 + i) - top[0]) + add[0];
-    const f32x16 b = (load16(x1 + i) - top[1]) + add[1];
-    const f32x16 hi = a > b ? a : b, lo = a > b ? b : a;
-    const i32x16 some = hi > -kInf;
-    const f32x16 gap = some ? lo - hi : f32x16{} - kInf;  // <= 0; -inf where lo is -inf
-    const f32x16 v = hi + log_at_least_one(1.0f + exp_nonpositive(gap));
-    store16(out + i, some ? v : f32x16{} - kInf);
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    const fvec a = (loadv(x0 + i) - top[0]) + add[0];
+    const fvec b = (loadv(x1 + i) - top[1]) + add[1];
+    const fvec hi = a > b ? a : b, lo = a > b ? b : a;
+    const ivec some = hi > -kInf;
+    const fvec gap = some ? lo - hi : fvec{} - kInf;  // <= 0; -inf where lo is -inf
+    const fvec v = hi + log_at_least_one(1.0f + exp_nonpositive(gap));
+    storev(out + i, some ? v : fvec{} - kInf);
   }
   for (; i < n; ++i) {
     const float a = (x0[i] - top[0]) + add[0], b = (x1[i] - top[1]) + add[1];
@@ -110,16 +113,16 @@ void weighted(const float* const* member, int64_t members, const float* top, con
 int64_t contrastive(const float* e, const float* a, float max_e, float max_a, float mu, float log_alpha, int64_t n,
                     float* out) {
   int64_t finite = 0;
-  i32x16 kept = {};
+  ivec kept = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const f32x16 de = load16(e + i) - max_e;
-    const f32x16 da = load16(a + i) - max_a;
-    const i32x16 keep = (de >= log_alpha) & (de > -kInf) & (da > -kInf);
-    store16(out + i, keep ? de - mu * da : f32x16{} - kInf);
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    const fvec de = loadv(e + i) - max_e;
+    const fvec da = loadv(a + i) - max_a;
+    const ivec keep = (de >= log_alpha) & (de > -kInf) & (da > -kInf);
+    storev(out + i, keep ? de - mu * da : fvec{} - kInf);
     kept -= keep;  // keep is -1 where true
   }
-  for (int l = 0; l < kLanes; ++l) finite += kept[l];
+  for (int l = 0; l < kRowLanes; ++l) finite += kept[l];
   for (; i < n; ++i) {
     const float de = e[i] - max_e, da = a[i] - max_a;
     const bool keep = de >= log_alpha && de > -kInf && da > -kInf;

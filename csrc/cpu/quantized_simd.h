@@ -1,15 +1,15 @@
 // The register tiles of quantized_linear (csrc/cpu/quantized_linear.cpp): skinny_linear's tiles with the
 // weight de-quantized to float32 in registers as it streams in (bfloat16, int8 with per-group scales,
-// int4 with per-group scales and minimums), the activations staying float32. Compiled once per
-// instruction set through per_isa.h, with SPECOPS_ISA naming the namespace. No include guard; internal
-// linkage.
+// int4 with per-group scales and minimums), the activations staying float32; or, for many input rows and
+// without 64-byte registers, de-quantized once per panel into a buffer that skinny_linear's own panel
+// reads. Compiled once per instruction set through per_isa.h, with SPECOPS_ISA naming the namespace. No
+// include guard; internal linkage.
+
+#include "skinny_simd.h"  // skinny_linear's panel (and, inside this copy's namespace, simd_math.h, lane_tree.h)
 
 namespace specops {
 namespace {
 namespace SPECOPS_ISA {
-
-#include "simd_math.h"
-#include "lane_tree.h"
 
 // 16 bytes or 16 halves widened to 32-bit lanes (sign-extended for int8_t, zero-extended otherwise). One
 // widening load per vector with AVX-512 and two with AVX2; GCC 12 splits __builtin_convertvector between
@@ -69,6 +69,10 @@ struct Bf16Weights {
   SPECOPS_INLINE float scalar(int64_t row, int64_t k) const {
     return std::bit_cast<float>(static_cast<uint32_t>(*at(row, k)) << 16);
   }
+  SPECOPS_INLINE void fill(int64_t row, int64_t k, int64_t end, Group, float* out) const {
+    const uint16_t* v = at(row, 0);
+    for (int64_t t = k; t < end; ++t) out[t] = std::bit_cast<float>(static_cast<uint32_t>(v[t]) << 16);
+  }
 };
 
 struct Int8Weights {
@@ -87,6 +91,10 @@ struct Int8Weights {
   }
   SPECOPS_INLINE float scalar(int64_t row, int64_t k) const {
     return static_cast<float>(*at(row, k)) * q.scales[row * q.groups + k / q.group_size];
+  }
+  SPECOPS_INLINE void fill(int64_t row, int64_t k, int64_t end, Group p, float* out) const {
+    const int8_t* v = at(row, 0);
+    for (int64_t t = k; t < end; ++t) out[t] = static_cast<float>(v[t]) * p.scale;
   }
 };
 
@@ -122,29 +130,35 @@ struct Int4Weights {
 #endif
   }
   SPECOPS_INLINE float scalar(int64_t, int64_t) const { return 0.0f; }  // never called: K % 32 == 0
+  SPECOPS_INLINE void fill(int64_t row, int64_t k, int64_t end, Group p, float* out) const {
+    for (; k < end; k += 32) {
+      const uint8_t* v = at(row, k);
+      for (int j = 0; j < 16; ++j) {
+        out[k + j] = static_cast<float>(v[j] & 15) * p.scale + p.min;
+        out[k + 16 + j] = static_cast<float>(v[j] >> 4) * p.scale + p.min;
+      }
+    }
+  }
 };
 
-constexpr int64_t kPanelRows = 16;  // input rows from which a panel is de-quantized once into a buffer
-
-// A panel of 16 weight rows already de-quantized into a float32 buffer (row a at buf + a * k_dim): for
-// many input rows (a prefill), where de-quantizing in registers per 4 input rows made the tiles half
-// conversion work. The buffer holds exactly the values the format's `load` gives, so the tiles sum the
-// same products in the same order: the bits do not depend on which path computed a row.
-struct PanelWeights {
-  static constexpr int kVectors = 1;
-  static constexpr int64_t kPrefetchEvery = 16;
-  const QuantArgs& q;
-  const float* buf;
-  int64_t row0;
-  struct Group {};
-  SPECOPS_INLINE Group group(int64_t, int64_t) const { return {}; }
-  SPECOPS_INLINE const float* at(int64_t row, int64_t k) const { return buf + (row - row0) * q.k_dim + k; }
-  SPECOPS_INLINE void load(int64_t row, int64_t k, Group, f32x16* out) const { out[0] = load16(at(row, k)); }
-  SPECOPS_INLINE float scalar(int64_t row, int64_t k) const { return *at(row, k); }
-};
+// Input rows from which a full panel is de-quantized once into a float32 buffer and handed to
+// skinny_linear's panel: 16 with AVX-512 (a prefill, where de-quantizing in registers per 4 input rows made
+// the tiles half conversion work), and 1 otherwise: a 16-lane vector is two ymm registers with AVX2 (four
+// xmm in the baseline), and GCC kept the in-register tiles' vectors on the stack (int8, Gemma-3-270M's head,
+// 2 threads, AMD EPYC with SPECOPS_CPU_ISA=avx2: 4 rows 86 ms, against 9 with AVX-512). The buffer holds
+// exactly the values the format's `load` gives and skinny_linear's tiles sum the same products in the same
+// lane order: the bits do not depend on which path computed a row.
+#ifdef SPECOPS_ISA_AVX512
+constexpr int64_t kBufferedRows = 16;
+#else
+constexpr int64_t kBufferedRows = 1;
+#endif
 
 // Weight rows row0 .. row0 + 15 of format W into buf [16, k_dim] as float32, the next panel (`ahead`)
-// prefetched alongside.
+// prefetched alongside. With AVX-512 through the format's `load` (16 weights a register); otherwise through
+// its `fill`, a plain loop over a group that GCC vectorizes in 8-lane registers (the 16-lane `load` went
+// through the stack there: int4 at 2 cycles a weight). Both give the same values: one conversion and one
+// multiply (int4: a multiply-add, fused where `load`'s is) per weight.
 template <class W>
 void dequantize_panel(const W& w, int64_t row0, int64_t ahead, float* buf) {
   const int64_t k_dim = w.q.k_dim;
@@ -155,12 +169,20 @@ void dequantize_panel(const W& w, int64_t row0, int64_t ahead, float* buf) {
     for (int64_t g = 0; g < w.q.groups; ++g) {
       const typename W::Group p = w.group(row0 + a, g);
       const int64_t end = std::min(full, (g + 1) * w.q.group_size);
+#ifdef SPECOPS_ISA_AVX512
       for (; k < end; k += kLanes * W::kVectors) {
         f32x16 wv[W::kVectors];
         w.load(row0 + a, k, p, wv);
         for (int v = 0; v < W::kVectors; ++v) store16(row + k + v * kLanes, wv[v]);
         if (ahead >= 0 && k % W::kPrefetchEvery == 0) __builtin_prefetch(w.at(ahead + a, k), 0, 1);
       }
+#else
+      if (ahead >= 0) {
+        for (int64_t t = k; t < end; t += W::kPrefetchEvery) __builtin_prefetch(w.at(ahead + a, t), 0, 1);
+      }
+      w.fill(row0 + a, k, end, p, row);
+      k = std::max(k, end);
+#endif
     }
     for (; k < k_dim; ++k) row[k] = w.scalar(row0 + a, k);
   }
@@ -203,27 +225,26 @@ SPECOPS_INLINE void tile(const float* x, const W& w, int64_t row0, int64_t ahead
   for (int b = 0; b < RB; ++b) {
     for (int a = 0; a < JB; ++a) {
       float s = sums[b * JB + a];
-      for (int64_t t = k; t < k_dim; ++t) s += w.scalar(row0 + a, t) * x[b * k_dim + t];
+      for (int64_t t = k; t < k_dim; ++t) s = __builtin_fmaf(w.scalar(row0 + a, t), x[b * k_dim + t], s);
       out[b * ldo + a] = s;
     }
   }
 }
 
 // Weight rows row0 .. row0 + rows - 1 (rows <= 16) against all m input rows x: out[r * ldo + j]. A full
-// panel of 16 goes four input rows at a time (4 x 4 tiles), the last 1-3 in tiles as wide as 16
-// accumulators allow; fewer than 16 weight rows (the last panel) go one at a time.
+// panel of 16 goes through the buffer from kBufferedRows input rows on, and otherwise four input rows at a
+// time (4 x 4 tiles), the last 1-3 in tiles as wide as 16 accumulators allow; fewer than 16 weight rows
+// (the last panel) go one at a time.
 template <class W>
 void rows_of(const float* x, int64_t m, const W& w, int64_t row0, int64_t rows, int64_t ahead, float* out,
              int64_t ldo) {
   const int64_t k_dim = w.q.k_dim;
-  if constexpr (!std::is_same_v<W, PanelWeights>) {
-    if (rows == 16 && m >= kPanelRows) {  // de-quantize once, then float32 tiles from the buffer
-      thread_local std::vector<float> panel;
-      if (static_cast<int64_t>(panel.size()) < 16 * k_dim) panel.resize(static_cast<size_t>(16 * k_dim));
-      dequantize_panel(w, row0, ahead, panel.data());
-      rows_of(x, m, PanelWeights{w.q, panel.data(), row0}, row0, rows, -1, out, ldo);
-      return;
-    }
+  if (rows == 16 && m >= kBufferedRows) {  // de-quantize once, then skinny_linear's panel on the buffer
+    thread_local std::vector<float> panel_buf;
+    if (static_cast<int64_t>(panel_buf.size()) < 16 * k_dim) panel_buf.resize(static_cast<size_t>(16 * k_dim));
+    dequantize_panel(w, row0, ahead, panel_buf.data());
+    panel(x, m, k_dim, panel_buf.data(), nullptr, out, ldo);
+    return;
   }
   if (rows < 16) {
     for (int64_t j = 0; j < rows; ++j) {

@@ -10,16 +10,16 @@ namespace SPECOPS_ISA {
 
 #include "simd_math.h"
 
-// ---- vectorized row passes ----
+// ---- vectorized row passes (fvec: as wide as the copy's registers, simd_math.h) ----
 
 // Maximum of a row, and whether it holds NaN or +inf (-inf is a legitimate "impossible token").
 float scan_row(const float* x, int64_t n, bool* bad) {
   // NaN or +inf is exactly !(v < inf): one ordered compare per vector catches both.
-  f32x16 mx = f32x16{} - kInf;
-  i32x16 ok = i32x16{} - 1;
+  fvec mx = fvec{} - kInf;
+  ivec ok = ivec{} - 1;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const f32x16 v = load16(x + i);
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    const fvec v = loadv(x + i);
     mx = v > mx ? v : mx;
     ok &= v < kInf;
   }
@@ -29,7 +29,7 @@ float scan_row(const float* x, int64_t n, bool* bad) {
     m = x[i] > m ? x[i] : m;
     f |= !(x[i] < kInf);
   }
-  for (int l = 0; l < kLanes; ++l) {
+  for (int l = 0; l < kRowLanes; ++l) {
     m = mx[l] > m ? mx[l] : m;
     f |= ok[l] == 0;
   }
@@ -40,10 +40,10 @@ float scan_row(const float* x, int64_t n, bool* bad) {
 // First index of `value` in x (present by construction).
 int64_t find_first(const float* x, int64_t n, float value) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const i32x16 eq = load16(x + i) == value;
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    const ivec eq = loadv(x + i) == value;
     bool any = false;
-    for (int l = 0; l < kLanes; ++l) any |= eq[l] != 0;
+    for (int l = 0; l < kRowLanes; ++l) any |= eq[l] != 0;
     if (any) break;
   }
   for (; i < n; ++i)
@@ -52,16 +52,17 @@ int64_t find_first(const float* x, int64_t n, float value) {
 }
 
 // A probability row's sum in float64 (float lanes flushed every 256 values, so its error is about
-// 16 float32 roundings of the row's mass, ~1e-6), and whether the row holds NaN, inf or negative entries.
+// 256 / kRowLanes float32 roundings of the row's mass, ~1e-6), and whether the row holds NaN, inf or
+// negative entries.
 double scan_probs(const float* q, int64_t n, bool* bad) {
   constexpr int64_t kBlock = 256;
-  i32x16 ok = i32x16{} - 1;
+  ivec ok = ivec{} - 1;
   double total = 0.0;
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    f32x16 acc = {};
-    for (int64_t k = i; k < i + kBlock; k += kLanes) {
-      const f32x16 v = load16(q + k);
+    fvec acc = {};
+    for (int64_t k = i; k < i + kBlock; k += kRowLanes) {
+      const fvec v = loadv(q + k);
       ok &= (v >= 0.0f) & (v < kInf);
       acc += v;
     }
@@ -72,7 +73,7 @@ double scan_probs(const float* q, int64_t n, bool* bad) {
     f |= !(q[i] >= 0.0f && q[i] < kInf);
     total += q[i];
   }
-  for (int l = 0; l < kLanes; ++l) f |= ok[l] == 0;
+  for (int l = 0; l < kRowLanes; ++l) f |= ok[l] == 0;
   *bad = f;
   return total;
 }
@@ -91,8 +92,8 @@ double sum_exp_impl(const float* logit, int64_t n, float t, float m, float thr) 
   double total = 0.0;
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    f32x16 acc = {};
-    for (int64_t k = i; k < i + kBlock; k += kLanes) acc += kept_weight<kDivide>(load16(logit + k), t, m, thr);
+    fvec acc = {};
+    for (int64_t k = i; k < i + kBlock; k += kRowLanes) acc += kept_weight<kDivide>(loadv(logit + k), t, m, thr);
     total += lane_total(acc);
   }
   for (; i < n; ++i) total += kept_weight<kDivide>(logit[i], t, m, thr);
@@ -107,13 +108,13 @@ double sum_exp(const float* logit, int64_t n, float t, float m, float thr) {
 template <bool kDivide>
 double fill_weights_impl(const float* logit, const float* q, int64_t n, float t, float m, float inv_z, float thr,
                          float* w) {
-  f32x16 acc = {};
+  fvec acc = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    f32x16 d = kept_weight<kDivide>(load16(logit + i), t, m, thr) * inv_z;
-    if (q != nullptr) d -= load16(q + i);
-    d = d > 0.0f ? d : f32x16{};
-    store16(w + i, d);
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    fvec d = kept_weight<kDivide>(loadv(logit + i), t, m, thr) * inv_z;
+    if (q != nullptr) d -= loadv(q + i);
+    d = d > 0.0f ? d : fvec{};
+    storev(w + i, d);
     acc += d;
   }
   double total = lane_total(acc);
@@ -136,12 +137,12 @@ double fill_weights(const float* logit, const float* q, int64_t n, float t, floa
 // tree_verify's residual update for one chunk: w_i = max(0, r_i * a - q_i * b), written to w; returns
 // their float64 sum.
 double update_residual(const float* r, const float* q, int64_t n, float a, float b, float* w) {
-  f32x16 acc = {};
+  fvec acc = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    f32x16 d = load16(r + i) * a - load16(q + i) * b;
-    d = d > 0.0f ? d : f32x16{};
-    store16(w + i, d);
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    fvec d = loadv(r + i) * a - loadv(q + i) * b;
+    d = d > 0.0f ? d : fvec{};
+    storev(w + i, d);
     acc += d;
   }
   double total = lane_total(acc);

@@ -10,7 +10,9 @@ namespace SPECOPS_ISA {
 #include "lane_tree.h"
 
 // out[b * ldo + a] = dot(x row b, w row a) for a < JB weight rows and b < RB input rows (JB * RB <= 16
-// accumulators). Each dot runs 16 lanes over k, then the lane tree, then the k % 16 tail in order.
+// accumulators). Each dot runs 16 lanes over k, then the lane tree, then the k % 16 tail in order, one
+// explicit fused multiply-add per term (left to the compiler, a term's multiply and add were contracted in
+// one tile and not in another: quantized_linear's tail, vectorized across its accumulators, rounded twice).
 // The same rows of `ahead` (the next panel: the hardware prefetcher ramps up too slowly on streams 2.5 KB
 // long; nullptr: none) are prefetched into L2 at k steps phase, phase + phases, ...: prefetching into L1,
 // or every line in a burst, fills the core's miss queue and stalls the arithmetic behind it.
@@ -71,7 +73,7 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
   for (int b = 0; b < RB; ++b) {
     for (int a = 0; a < JB; ++a) {
       float s = sums[b * JB + a];
-      for (int64_t t = k; t < k_dim; ++t) s += w[a * k_dim + t] * x[b * k_dim + t];
+      for (int64_t t = k; t < k_dim; ++t) s = __builtin_fmaf(w[a * k_dim + t], x[b * k_dim + t], s);
       out[b * ldo + a] = s;
     }
   }
