@@ -5,7 +5,8 @@ of its cost. BLAS GEMMs re-read a weight for few rows (MKL on an Intel Xeon once
 EPYC about once per row), so verifying several tokens cost several times one token's forward, which
 decides whether speculation can pay on a CPU. `specops.ops.skinny_linear` reads each weight once for
 any number of rows up to a few dozen. The path is taken only where a probe reproduces the model's logits
-and, for large models, a timing on the machine itself shows it faster. The model's linear layers are routed
+and, for large models on a CPU without the kernels' x86 SIMD copies, a timing on the machine itself shows
+it faster. The model's linear layers are routed
 while a call runs, and for its own thread only: another thread using the same model meanwhile runs it as
 it is, and the last call to finish puts the layers back.
 """
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
+from specops import _C
 from specops.decoding.held import HeldSwitch
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -27,8 +29,11 @@ __all__ = ["CpuForward"]
 
 _CPU_FORWARD_OK: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
 _SKINNY_ROWS = 32  # beyond this many rows a BLAS GEMM is as fast (Gemma-3-270M's head: 1.15x at 24 rows)
-# Heads of at least this many weights decide by timing: which product is faster depends on the CPU and
-# its BLAS. Smaller models take well under a millisecond either way, and a timing would be noise.
+# Heads of at least this many weights decide by timing where the C++ kernels run their portable copy (no
+# x86 SIMD: an ARM CPU's BLAS may beat it). Their AVX2 and AVX-512 copies read a weight once where BLAS
+# re-reads it per row or few rows, and were faster for 1 and 4 rows on every x86 machine measured (Xeon:
+# 1.0-2x; AMD EPYC: 2-4x), so there the path is taken without the timing, which was a second of a first
+# call (12 forwards). Smaller models take well under a millisecond either way, and a timing would be noise.
 _TIMED_HEAD = 1 << 23
 
 
@@ -133,7 +138,7 @@ class CpuForward:
                     want = model(input_ids=ids, use_cache=False).logits
                     got = CpuForward(model)(3, input_ids=ids, use_cache=False)
                 ok = reproduces(want, got)
-                if ok and float_head and head.weight.numel() >= _TIMED_HEAD:
+                if ok and float_head and head.weight.numel() >= _TIMED_HEAD and _C.cpu_isa() == "base":
                     ok = _faster(model)
         except Exception:  # any model that does not fit the pattern keeps its own forward
             ok = False
