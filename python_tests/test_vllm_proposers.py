@@ -30,8 +30,8 @@ import transformers
 from toy_models import byte_tokenizer, merged_byte_tokenizer, tiny_llama
 
 from specops import ops
-from specops.decoding.cost_model import DraftLength
 from specops.decoding import model_ngrams
+from specops.decoding.cost_model import DraftLength
 from specops.vllm import NgramProposer, SlemProposer
 from specops.vllm import _requests as requests_module
 from specops.vllm._requests import Requests
@@ -49,11 +49,17 @@ class _Loop:
     """vLLM's side, reduced: requests with token lists; each step the running ones sit in shuffled rows of a
     token array, the proposer is called, and each row's drafts are verified greedily against `target`."""
 
-    def __init__(self, target, seed: int = 0, max_reqs: int = 8):
+    def __init__(self, target, seed: int = 0, max_reqs: int = 8, skip_within: int = 0, tensors: bool = False,
+                 skip_steps: frozenset = frozenset()):
         self.target, self.rng = target, random.Random(seed)
         self.max_reqs = max_reqs
         self.running: list[dict] = []
         self.drafted = self.accepted = 0
+        # vLLM runs a step without its proposer when any request is this near max_model_len
+        # (_input_fits_in_drafter); `tensors`: the arrays as CPU tensors (as some vLLM versions pass them).
+        # skip_steps: steps run without the proposer whatever the lengths (that rule, reduced to its effect).
+        self.skip_within, self.tensors, self.skipped = skip_within, tensors, 0
+        self.skip_steps, self.steps = skip_steps, 0
 
     def greedy(self, tokens: list[int]) -> list[int]:
         """The target's greedy token after every prefix of `tokens` (position i: after tokens[:i + 1])."""
@@ -77,7 +83,14 @@ class _Loop:
         for row, request in enumerate(rows):
             array[row, :len(request["tokens"])] = request["tokens"]
         lengths = np.array([len(r["tokens"]) for r in rows] + [0] * (self.max_reqs - len(rows)), dtype=np.int32)
-        drafts = proposer.propose([r["sampled"] for r in rows], lengths, array)
+        self.steps += 1
+        if any(MAX_LEN - len(r["tokens"]) <= self.skip_within for r in rows) or self.steps in self.skip_steps:
+            drafts = [[] for _ in rows]
+            self.skipped += 1
+        elif self.tensors:
+            drafts = proposer.propose([r["sampled"] for r in rows], torch.from_numpy(lengths), torch.from_numpy(array))
+        else:
+            drafts = proposer.propose([r["sampled"] for r in rows], lengths, array)
         assert len(drafts) == len(rows)
         for request, draft in zip(self.running, drafts):
             assert len(request["tokens"]) + len(draft) < MAX_LEN, "drafts past max_model_len"
@@ -119,6 +132,25 @@ def test_requests_followed_across_reorders_joins_and_leaves(monkeypatch):
     assert ids == [0, 2, None] and gone == {1} and seconds is None
 
 
+def test_requests_followed_across_steps_the_proposer_did_not_see(monkeypatch):
+    """vLLM skips the proposer for a whole step when a request nears max_model_len: the rows then hold tokens
+    the tracker never saw. They keep their ids (resumed), a request that left meanwhile is gone, a new one
+    gets a new id, and the step is not timed."""
+    clock = iter(range(100))
+    monkeypatch.setattr(requests_module.time, "perf_counter", lambda: float(next(clock)))
+    tracker = Requests()
+    tokens = np.zeros((3, 16), dtype=np.int32)
+    tokens[0, :3], tokens[1, :4], tokens[2, :2] = [1, 2, 3], [4, 5, 6, 7], [8, 9]
+    assert tracker.step([[3], [7], [9]], np.array([3, 4, 2]), tokens)[0] == [0, 1, 2]
+    # two steps without the proposer: rows 0 and 1 grew by 3 and 4 tokens, request 2 left, a new one joined
+    tokens[0, :6], tokens[1, :8], tokens[2, :3] = [4, 5, 6, 7, 10, 11], [1, 2, 3, 12, 13, 14, 15, 16], [20, 21, 22]
+    ids, gone, seconds = tracker.step([[11], [15, 16], [22]], torch.tensor([6, 8, 3]), torch.from_numpy(tokens))
+    assert ids == [1, 0, 3] and gone == {2} and seconds is None and tracker.resumed == {0, 1}
+    tokens[0, 6], tokens[1, 8] = 30, 31
+    ids, gone, seconds = tracker.step([[30], [31], []], np.array([7, 9, 3]), tokens)  # seen again: exact
+    assert ids == [1, 0, None] and gone == {3} and not tracker.resumed
+
+
 # ---- 2. NgramProposer ----
 
 def test_ngram_drafts_are_the_context_continuation(monkeypatch):
@@ -157,6 +189,31 @@ def test_ngram_in_a_running_batch(monkeypatch, length):
     for request, prompt, n in zip(requests, prompts, [40, 12, 30]):
         assert request["tokens"] == _greedy_alone(target, prompt, n)
     assert loop.drafted > 0 and loop.accepted > 0
+
+
+def test_ngram_beside_a_request_decoding_up_to_max_model_len(monkeypatch):
+    """One request decodes up to max_model_len while others run beside it: vLLM runs the steps near the end
+    without the proposer, then proposes for the others again; the arrays arrive as tensors. The output is the
+    target's greedy decoding and the others are drafted for after the gap."""
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    target = tiny_llama(layers=1, seed=4)
+    proposer = NgramProposer(_config(3))
+    loop = _Loop(target, seed=2, skip_within=8, tensors=True)
+    prompts, lengths = [[5, 6, 7, 5, 6, 7, 5], [9, 8, 9, 8], [30, 31, 30, 31]], [MAX_LEN - 8, 70, 80]
+    requests = [loop.join(prompts[0], lengths[0]), loop.join(prompts[1], lengths[1])]
+    drafted_after_gap = 0
+    for step in range(200):
+        if step == 20:
+            requests.append(loop.join(prompts[2], lengths[2]))
+        if not loop.running:
+            break
+        before, skipped = loop.drafted, loop.skipped
+        loop.step(proposer)
+        if skipped and loop.skipped == skipped:
+            drafted_after_gap += loop.drafted - before
+    for request, prompt, n in zip(requests, prompts, lengths):
+        assert request["tokens"] == _greedy_alone(target, prompt, n)
+    assert loop.skipped > 0 and drafted_after_gap > 0
 
 
 def test_ngram_drafts_stop_before_max_model_len(monkeypatch):
@@ -402,6 +459,32 @@ def test_slem_with_the_target_as_drafter_has_every_draft_accepted(saved, monkeyp
     assert loop.drafted > 20 and loop.accepted == loop.drafted, (loop.accepted, loop.drafted)
     proposer.propose([], np.zeros(0, dtype=np.int32), np.zeros((0, 8), dtype=np.int32))  # the next step
     assert not proposer.order and not proposer.pending  # every request left the drafter's batch
+
+
+def test_slem_resumes_requests_after_steps_without_proposals(saved, monkeypatch):
+    """With the target as drafter every draft is accepted only if the drafter's cache holds each request's
+    exact tokens: so after steps vLLM ran without the proposer (as it does when a request nears
+    max_model_len), every request's cache caught up with what it emitted meanwhile."""
+    folder, target = saved
+    monkeypatch.setenv("SPECOPS_DRAFTER", str(folder))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    proposer = SlemProposer(_config(3, tokenizer=str(folder)))
+    loop = _Loop(target, seed=1, skip_steps=frozenset({3, 4, 8}))
+    prompts, lengths = [[72, 101, 108], [40, 41, 42, 43, 44, 45, 46], [60, 61, 62, 63]], [30, 12, 18]
+    requests = [loop.join(prompts[0], lengths[0]), loop.join(prompts[1], lengths[1])]
+    drafted_after = 0
+    for step in range(80):
+        if step == 2:
+            requests.append(loop.join(prompts[2], lengths[2]))
+        if not loop.running:
+            break
+        before = loop.drafted
+        loop.step(proposer)
+        drafted_after += loop.drafted - before if loop.steps > 4 else 0
+    for request, prompt, n in zip(requests, prompts, lengths):
+        assert request["tokens"] == _greedy_alone(target, prompt, n)
+    assert loop.skipped == 3 and drafted_after > 0
+    assert loop.accepted == loop.drafted, (loop.accepted, loop.drafted)
 
 
 def test_slem_with_another_tokenizer(saved, monkeypatch, tmp_path):

@@ -67,7 +67,7 @@ from specops.decoding.cost_model import StepCost
 from specops.decoding.draft_shape import DraftShape
 from specops.decoding.ngram import DraftTables, match_source
 from specops.memory import NgramMemory, vocabulary_fingerprint
-from specops.vllm._requests import Requests
+from specops.vllm._requests import Requests, as_arrays
 
 __all__ = ["NgramProposer"]
 
@@ -188,6 +188,7 @@ class NgramProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
         """Drafts for every row of vLLM's input batch ([] where none)."""
+        num_tokens_no_spec, token_ids_cpu = as_arrays(num_tokens_no_spec, token_ids_cpu)
         ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         if seconds is not None and self.step_tokens:
             self.costs.observe(self.step_requests, self.step_tokens, seconds)

@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specops.decoding.retokenize import Retokenizer
 from specops.decoding.cost_model import DraftLength
 from specops.decoding.engine import CausalLM, KVState
-from specops.vllm._requests import Requests
+from specops.decoding.retokenize import Retokenizer
+from specops.vllm._requests import Requests, as_arrays
 from specops.vllm.ngram import draft_length_setting, speculative_tokens
 
 __all__ = ["SlemProposer"]
@@ -103,10 +103,16 @@ class SlemProposer:
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
         """Drafts for every row of vLLM's input batch ([] where none)."""
         start = time.perf_counter()
+        num_tokens_no_spec, token_ids_cpu = as_arrays(num_tokens_no_spec, token_ids_cpu)
         ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         self._observe(ids, sampled_token_ids, seconds)
         self._leave(gone | {r for r in self.order if r not in set(ids)})
-        self._realign(ids, sampled_token_ids)
+        # What each request emitted since the last proposal: this step's tokens, or more after steps vLLM ran
+        # without proposing (_requests.py).
+        emitted = [token_ids_cpu[row, int(num_tokens_no_spec[row]) - n:int(num_tokens_no_spec[row])].tolist()
+                   if n > len(sampled_token_ids[row]) else sampled_token_ids[row]
+                   for row, n in enumerate(self.requests.since)]
+        self._realign(ids, emitted)
         self._join(ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.proposed = {}
