@@ -637,3 +637,35 @@ def test_a_vllm_whose_stand_in_is_right_is_left_alone(monkeypatch, layout):
     utils, sampler = _fake_vllm(monkeypatch, right, layout)
     assert _fixes.apply() == []
     assert utils._expand_kernel_impl is right and _launch(sampler) == [0.5, 2.0, 2.0]
+
+
+def _fake_config_module(monkeypatch):
+    """vllm.config.vllm with a VllmConfig whose V2 check refuses custom_class proposers as vLLM's does."""
+    class VllmConfig:
+        def __init__(self, model: str):
+            self.speculative_config = SimpleNamespace(method="custom_class", model=model)
+
+        def _validate_v2_model_runner(self):
+            raise ValueError("Model Runner V2 does not yet support: speculative method 'custom_class'")
+
+    for name in ("vllm", "vllm.config"):
+        monkeypatch.setitem(sys.modules, name, SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.config.vllm", SimpleNamespace(VllmConfig=VllmConfig))
+    return VllmConfig
+
+
+def test_model_runner_v2_with_a_specops_proposer_gets_specops_message(monkeypatch):
+    """VLLM_USE_V2_MODEL_RUNNER=1 with a specops proposer: specops' refusal, which says what to set; another
+    custom_class proposer gets vLLM's own; without the variable nothing is wrapped."""
+    from specops.vllm import _runner
+
+    config = _fake_config_module(monkeypatch)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert not _runner.require_v1()
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert _runner.require_v1() and not _runner.require_v1()  # wrapped once
+    with pytest.raises(ValueError, match=r"specops\.vllm\.NgramProposer is a vLLM custom_class proposer.*"
+                                         r"Unset VLLM_USE_V2_MODEL_RUNNER .* or set it to 0"):
+        config("specops.vllm.NgramProposer")._validate_v2_model_runner()
+    with pytest.raises(ValueError, match="does not yet support: speculative method 'custom_class'"):
+        config("mine.Proposer")._validate_v2_model_runner()

@@ -14,7 +14,8 @@
 3. A real server: vLLM's OpenAI server with NgramProposer (its default, measured draft length), one completion
    through the `openai` client equal to plain vLLM's greedy text, then a clean shutdown.
 4. Bad configuration fails at start-up with a clear message: an unknown drafter (specops' message in the
-   engine's log, before any request), num_speculative_tokens 0 (vLLM's own check).
+   engine's log, before any request), num_speculative_tokens 0 (vLLM's own check), Model Runner V2 forced
+   with VLLM_USE_V2_MODEL_RUNNER=1 (specops' message: it runs no custom_class proposer).
 
 Every engine runs in a process of its own (vllm_runner.py); those of 1 and 2 run together, each worker on a
 core of its own.
@@ -348,3 +349,14 @@ def test_zero_speculative_tokens_fails_at_start_up(tmp_path):
     done, out = run_engine(path, scenarios, tmp_path, {**NGRAM, "num_speculative_tokens": 0}, check=False)
     assert done.returncode != 0 and not out.exists()
     assert "num_speculative_tokens" in done.stdout + done.stderr
+
+
+def test_model_runner_v2_refuses_a_specops_proposer_with_specops_message(tmp_path):
+    """VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2, which runs no custom_class proposer: the plugin's
+    refusal says so and what to set (specops/vllm/_runner.py), before any model is loaded."""
+    path = specops.models.path("gemma-3-270m", progress=False)
+    scenarios = {"never": {"prompts": ["x"], "max_tokens": [4]}}
+    done, out = run_engine(path, scenarios, tmp_path, NGRAM, {"VLLM_USE_V2_MODEL_RUNNER": "1"}, check=False)
+    assert done.returncode != 0 and not out.exists()
+    assert ("specops.vllm.NgramProposer is a vLLM custom_class proposer, and only vLLM's V1 model runner runs "
+            "those") in done.stdout + done.stderr

@@ -24,9 +24,12 @@ __all__ = ["NgramProposer", "SlemProposer", "register"]
 
 
 def register() -> None:
-    """vLLM's general plugin hook: load specops' operators (torch.ops.specops.*) in this process, and repair
-    what `_fixes` knows to be wrong in this vLLM (sampled speculative decoding on CPU)."""
+    """vLLM's general plugin hook: load specops' operators (torch.ops.specops.*) in this process, repair
+    what `_fixes` knows to be wrong in this vLLM (sampled speculative decoding on CPU), and where
+    VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2, refuse a specops proposer with a message that says
+    what to do (`_runner`)."""
     import specops  # noqa: F401  (loads specops._C and registers the Triton kernels)
-    from specops.vllm import _fixes
+    from specops.vllm import _fixes, _runner
 
     _fixes.apply()
+    _runner.require_v1()  # VLLM_USE_V2_MODEL_RUNNER=1 with a specops proposer: specops' own refusal
