@@ -669,3 +669,20 @@ def test_model_runner_v2_with_a_specops_proposer_gets_specops_message(monkeypatc
         config("specops.vllm.NgramProposer")._validate_v2_model_runner()
     with pytest.raises(ValueError, match="does not yet support: speculative method 'custom_class'"):
         config("mine.Proposer")._validate_v2_model_runner()
+
+
+def test_trace_counts_what_a_process_proposer_computed(monkeypatch, tmp_path):
+    """SPECOPS_VLLM_TRACE=DIR: the proposer's calls, rows, drafts and seconds, written at exit (here: by hand)."""
+    import json
+
+    monkeypatch.setenv("SPECOPS_VLLM_TRACE", str(tmp_path))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "4")
+    proposer = NgramProposer(_config(4))
+    tokens = np.zeros((2, 16), dtype=np.int32)
+    tokens[0, :6], tokens[1, :3] = [1, 2, 1, 2, 1, 2], [7, 8, 9]
+    drafts = proposer.propose([[2], [9]], np.array([6, 3]), tokens)
+    drafts += proposer.propose([[], [9]], np.array([6, 3]), tokens)
+    proposer.trace.write()
+    found = json.loads(next(tmp_path.glob("NgramProposer-*.json")).read_text())
+    assert found["calls"] == 2 and found["rows"] == 3 and found["drafts"] == sum(map(len, drafts)) > 0
+    assert found["rank"] is None and found["seconds"] > 0

@@ -60,9 +60,9 @@ def _prompts() -> list[str]:
 
 
 def run_engine(model, scenarios: dict, tmp_path: Path, speculative=None, env=None, max_model_len=1024,
-               kv_bytes=1 << 30, check=True, name="engine"):
+               kv_bytes=1 << 30, check=True, name="engine", tp=1):
     spec = {"model": str(model), "speculative": speculative, "env": env or {}, "scenarios": scenarios,
-            "max_model_len": max_model_len, "kv_bytes": kv_bytes}
+            "max_model_len": max_model_len, "kv_bytes": kv_bytes, "tp": tp}
     spec_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
     done = subprocess.run([sys.executable, str(RUNNER), str(spec_path), str(out_path)], capture_output=True,
@@ -360,3 +360,33 @@ def test_model_runner_v2_refuses_a_specops_proposer_with_specops_message(tmp_pat
     assert done.returncode != 0 and not out.exists()
     assert ("specops.vllm.NgramProposer is a vLLM custom_class proposer, and only vLLM's V1 model runner runs "
             "those") in done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def tp2_runs(tmp_path_factory):
+    """Plain vLLM and both proposers at tensor_parallel_size=2, one core per rank (vLLM's default binding
+    refuses two CPU workers on one NUMA node), each rank's proposer traced (SPECOPS_VLLM_TRACE)."""
+    path = specops.models.path("gemma-3-270m", progress=False)
+    scenarios = {"each": {"prompts": _prompts()[:2], "max_tokens": [20, 20], "each": True}}
+    runs = {}
+    for name, speculative in (("vllm", None), ("ngram", NGRAM), ("slem", SLEM)):
+        folder = tmp_path_factory.mktemp(f"tp2-{name}")
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "SPECOPS_VLLM_TRACE": str(folder / "trace"),
+               "SPECOPS_DRAFT_LENGTH": "4", "SPECOPS_DRAFTER": "smollm2-135m"}
+        out = run_engine(path, scenarios, folder, speculative, env, tp=2)
+        ranks = [json.loads(p.read_text()) for p in (folder / "trace").glob("*.json")]
+        runs[name] = {**out["each"], "ranks": ranks}
+    return runs
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "slem"])
+def test_tensor_parallel_2_keeps_plain_greedy_tokens(tp2_runs, proposer):
+    """At tensor_parallel_size=2 greedy tokens equal plain vLLM's at the same parallelism, drafts were
+    accepted, and every rank built its own proposer and proposed at every step: vLLM takes the drafts of
+    one rank and hands them to both (docs/vllm.md)."""
+    run, plain = tp2_runs[proposer], tp2_runs["vllm"]
+    assert run["tokens"] == plain["tokens"]
+    assert run["drafted"] > 0 and run["accepted"] > 0
+    ranks = run["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1], ranks
+    assert ranks[0]["calls"] == ranks[1]["calls"] > 0 and ranks[0]["rows"] == ranks[1]["rows"], ranks

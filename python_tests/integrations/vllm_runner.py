@@ -21,7 +21,7 @@ def main() -> None:
     # fails when other processes hold some of it.
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=spec.get("max_model_len", 1024),
               seed=0, kv_cache_memory_bytes=spec.get("kv_bytes", 1 << 30), speculative_config=spec.get("speculative"),
-              disable_log_stats=False)
+              disable_log_stats=False, tensor_parallel_size=spec.get("tp", 1))
 
     def counters() -> dict:
         names = {"vllm:spec_decode_num_draft_tokens": "drafted", "vllm:spec_decode_num_accepted_tokens": "accepted"}

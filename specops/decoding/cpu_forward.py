@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specops import _C
+from specops._C import cpu_isa
 from specops.decoding.held import HeldSwitch
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -138,7 +138,7 @@ class CpuForward:
                     want = model(input_ids=ids, use_cache=False).logits
                     got = CpuForward(model)(3, input_ids=ids, use_cache=False)
                 ok = reproduces(want, got)
-                if ok and float_head and head.weight.numel() >= _TIMED_HEAD and _C.cpu_isa() == "base":
+                if ok and float_head and head.weight.numel() >= _TIMED_HEAD and cpu_isa() == "base":
                     ok = _faster(model)
         except Exception:  # any model that does not fit the pattern keeps its own forward
             ok = False

@@ -68,6 +68,7 @@ from specops.decoding.draft_shape import DraftShape
 from specops.decoding.ngram import DraftTables, match_source
 from specops.memory import NgramMemory, vocabulary_fingerprint
 from specops.vllm._requests import Requests, as_arrays
+from specops.vllm._trace import Trace
 
 __all__ = ["NgramProposer"]
 
@@ -136,6 +137,7 @@ class NgramProposer:
 
     def __init__(self, vllm_config):
         self.max_drafts = speculative_tokens(vllm_config, "NgramProposer")
+        self.trace = Trace("NgramProposer")
         self.max_model_len = vllm_config.model_config.max_model_len
         setting = draft_length_setting(self.max_drafts)
         bigram = model_ngrams.folder_bigram(vllm_config.model_config.model, BIGRAM_TOP, tables=tables_setting())
@@ -187,7 +189,12 @@ class NgramProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
-        """Drafts for every row of vLLM's input batch ([] where none)."""
+        """Drafts for every row of vLLM's input batch ([] where none); counted where SPECOPS_VLLM_TRACE asks
+        (_trace.py)."""
+        return self.trace.call(self._propose, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def _propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                 token_ids_cpu: np.ndarray) -> list[list[int]]:
         num_tokens_no_spec, token_ids_cpu = as_arrays(num_tokens_no_spec, token_ids_cpu)
         ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         if seconds is not None and self.step_tokens:

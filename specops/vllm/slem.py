@@ -32,6 +32,7 @@ from specops.decoding.cost_model import DraftLength
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.retokenize import Retokenizer
 from specops.vllm._requests import Requests, as_arrays
+from specops.vllm._trace import Trace
 from specops.vllm.ngram import draft_length_setting, speculative_tokens
 
 __all__ = ["SlemProposer"]
@@ -73,6 +74,7 @@ class SlemProposer:
         from specops import vocab
 
         self.max_drafts = speculative_tokens(vllm_config, "SlemProposer")
+        self.trace = Trace("SlemProposer")
         self.setting = draft_length_setting(self.max_drafts)
         self.max_model_len = vllm_config.model_config.max_model_len
         drafter, drafter_tokenizer = load_drafter(os.environ.get("SPECOPS_DRAFTER"))
@@ -101,7 +103,12 @@ class SlemProposer:
     @torch.inference_mode()
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
-        """Drafts for every row of vLLM's input batch ([] where none)."""
+        """Drafts for every row of vLLM's input batch ([] where none); counted where SPECOPS_VLLM_TRACE asks
+        (_trace.py)."""
+        return self.trace.call(self._propose, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def _propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                 token_ids_cpu: np.ndarray) -> list[list[int]]:
         start = time.perf_counter()
         num_tokens_no_spec, token_ids_cpu = as_arrays(num_tokens_no_spec, token_ids_cpu)
         ids, gone, seconds = self.requests.step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)

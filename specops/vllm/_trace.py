@@ -1,0 +1,47 @@
+"""What a vLLM process's specops proposer computed, for seeing what each rank of a parallel engine does.
+
+With SPECOPS_VLLM_TRACE=DIR, every process that builds a specops proposer writes DIR/<Proposer>-<pid>.json
+when it exits: its rank in vLLM's process group (torch.distributed's, where it is initialized), and the
+proposer calls, the request rows they were given, the draft tokens they returned and the seconds they took.
+Unset (the default), nothing is counted or written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+from pathlib import Path
+
+__all__ = ["Trace"]
+
+
+class Trace:
+    def __init__(self, proposer: str):
+        folder = os.environ.get("SPECOPS_VLLM_TRACE")
+        self.path = Path(folder) / f"{proposer}-{os.getpid()}.json" if folder else None
+        self.calls = self.rows = self.drafts = 0
+        self.seconds = 0.0
+        if self.path is not None:
+            atexit.register(self.write)
+
+    def call(self, propose, sampled, *args, **kwargs):
+        """propose(sampled, *args, **kwargs), counted."""
+        if self.path is None:
+            return propose(sampled, *args, **kwargs)
+        start = time.perf_counter()
+        drafts = propose(sampled, *args, **kwargs)
+        self.calls += 1
+        self.rows += sum(1 for tokens in sampled if tokens)
+        self.drafts += sum(len(d) for d in drafts)
+        self.seconds += time.perf_counter() - start
+        return drafts
+
+    def write(self) -> None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"pid": os.getpid(), "rank": rank, "calls": self.calls, "rows": self.rows,
+                                         "drafts": self.drafts, "seconds": self.seconds}))
