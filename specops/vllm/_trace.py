@@ -3,6 +3,7 @@
 With SPECOPS_VLLM_TRACE=DIR, every process that builds a specops proposer writes DIR/<Proposer>-<pid>.json
 when it exits: its rank in vLLM's process group (torch.distributed's, where it is initialized), and the
 proposer calls, the request rows they were given, the draft tokens they returned and the seconds they took.
+The rank is read while the proposer runs: vLLM destroys its process group before the process exits.
 Unset (the default), nothing is counted or written.
 """
 
@@ -23,6 +24,7 @@ class Trace:
         self.path = Path(folder) / f"{proposer}-{os.getpid()}.json" if folder else None
         self.calls = self.rows = self.drafts = 0
         self.seconds = 0.0
+        self.rank: int | None = None
         if self.path is not None:
             atexit.register(self.write)
 
@@ -30,6 +32,8 @@ class Trace:
         """propose(sampled, *args, **kwargs), counted."""
         if self.path is None:
             return propose(sampled, *args, **kwargs)
+        if self.rank is None:
+            self.rank = _rank()
         start = time.perf_counter()
         drafts = propose(sampled, *args, **kwargs)
         self.calls += 1
@@ -39,9 +43,21 @@ class Trace:
         return drafts
 
     def write(self) -> None:
-        import torch.distributed as dist
-
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"pid": os.getpid(), "rank": rank, "calls": self.calls, "rows": self.rows,
-                                         "drafts": self.drafts, "seconds": self.seconds}))
+        self.path.write_text(json.dumps({"pid": os.getpid(), "rank": self.rank, "calls": self.calls,
+                                         "rows": self.rows, "drafts": self.drafts, "seconds": self.seconds}))
+
+
+def _rank() -> int | None:
+    """This process's rank in torch.distributed's default group (else vLLM's tensor-parallel rank), None where
+    there is none."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # no vLLM, or its groups are not set up in this process
+        return None
