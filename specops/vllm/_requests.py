@@ -65,7 +65,7 @@ class Requests:
             else:
                 unmatched.append(row)
         self.resumed = set()
-        remembered = sorted({key[0] for key, left in self._after.items() if left}, reverse=True)
+        remembered = sorted({key[0] for key, left in self._after.items() if left}, reverse=True) if unmatched else []
         for row in unmatched:
             before = int(lengths[row]) - len(sampled[row])
             for length in remembered:  # steps skipped since the last call: a shorter prefix, the longest first
