@@ -10,7 +10,7 @@ state depends on the tokens alone), so they may swap keys harmlessly.
 vLLM skips the proposer for a whole step when any request of the batch is near `max_model_len`
 (`_input_fits_in_drafter` in vLLM's model runner): at the next call a row then holds tokens the last call never
 saw. A row that matches no key exactly is matched by the longest shorter prefix a key was taken of; such a
-request is `resumed`, and `since` says per row how many tokens it gained since the tracker last saw it, so a
+request is `resumed`, and `emitted` holds per row every token it gained since the tracker last saw it, so a
 proposer that follows requests token by token (a drafter's cache) reads all of them.
 """
 
@@ -41,7 +41,7 @@ class Requests:
         self._next = 0
         self.last: list[int | None] = []  # request id per row at the last step (None: not decoding)
         self.resumed: set[int] = set()  # ids matched across steps this tracker did not see (module docstring)
-        self.since: list[int] = []  # per row, the tokens it gained since the tracker last saw it (0: new)
+        self.emitted: list[list[int]] = []  # per row, the tokens it gained since the tracker last saw it ([]: new)
         self._started: float | None = None  # when the last step's proposal began
 
     def step(self, sampled: list[list[int]], lengths, tokens) -> tuple[list[int | None], set[int], float | None]:
@@ -52,7 +52,7 @@ class Requests:
         now = time.perf_counter()
         lengths, tokens = as_arrays(lengths, tokens)
         ids: list[int | None] = [None] * len(sampled)
-        since = [0] * len(sampled)
+        emitted: list[list[int]] = [[] for _ in sampled]
         after: dict[tuple[int, int], list[int]] = {}
         unmatched = []
         for row, new in enumerate(sampled):
@@ -61,7 +61,7 @@ class Requests:
             candidates = self._after.get(_key(tokens, row, int(lengths[row]) - len(new)))
             if candidates:
                 ids[row] = candidates.pop()
-                since[row] = len(new)
+                emitted[row] = list(new)
             else:
                 unmatched.append(row)
         self.resumed = set()
@@ -73,7 +73,7 @@ class Requests:
                 if candidates:
                     ids[row] = candidates.pop()
                     self.resumed.add(ids[row])
-                    since[row] = int(lengths[row]) - length
+                    emitted[row] = tokens[row, length:int(lengths[row])].tolist()
                     break
             if ids[row] is None:
                 ids[row], self._next = self._next, self._next + 1
@@ -86,5 +86,5 @@ class Requests:
         if (self._started is not None and current == previous and None not in ids and len(current) == len(ids)
                 and not self.resumed):
             seconds = now - self._started
-        self._after, self.last, self._started, self.since = after, ids, now, since
+        self._after, self.last, self._started, self.emitted = after, ids, now, emitted
         return ids, previous - current, seconds

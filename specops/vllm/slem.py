@@ -116,10 +116,7 @@ class SlemProposer:
         self._leave(gone | {r for r in self.order if r not in set(ids)})
         # What each request emitted since the last proposal: this step's tokens, or more after steps vLLM ran
         # without proposing (_requests.py).
-        emitted = [token_ids_cpu[row, int(num_tokens_no_spec[row]) - n:int(num_tokens_no_spec[row])].tolist()
-                   if n > len(sampled_token_ids[row]) else sampled_token_ids[row]
-                   for row, n in enumerate(self.requests.since)]
-        self._realign(ids, emitted)
+        self._realign(ids, self.requests.emitted)
         self._join(ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.proposed = {}
@@ -169,11 +166,12 @@ class SlemProposer:
             for table in (self.history, self.pending, self.drafted, self.proposed):
                 table.pop(r, None)
 
-    def _realign(self, ids, sampled) -> None:
-        """Each running request's drafter keeps the drafts the target emitted and queues the rest."""
+    def _realign(self, ids, rows_emitted) -> None:
+        """Each running request's drafter keeps the drafts the target emitted (`rows_emitted`: per row, the
+        tokens since the last proposal) and queues the rest."""
         if not self.order:
             return
-        emitted = {r: sampled[row] for row, r in enumerate(ids) if r is not None}
+        emitted = {r: rows_emitted[row] for row, r in enumerate(ids) if r is not None}
         keep = []
         for r in self.order:
             tokens = emitted[r]
