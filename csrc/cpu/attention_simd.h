@@ -89,9 +89,9 @@ void scale_row(float* acc, int64_t n, float factor) {
 // (nullptr: every slot seen). scores: `slots` floats of scratch. A row that sees no slot gives zeros; one
 // whose seen scores hold a NaN or +inf gives NaN.
 // Sixteen keys at a time, their dot products summed by the lane tree (with AVX-512; a key at a time in row
-// vectors otherwise); then the row passes above, and the values accumulated slot by slot. For the few query rows of a decoding step, where a library
-// attention's setup costs more than the arithmetic (SmolLM2's 9 heads over 150 slots: SDPA about 30 us,
-// this about 25 on one thread).
+// vectors otherwise); then the row passes above, and the values accumulated slot by slot. For the few
+// query rows of a decoding step, where a library attention's setup costs more than the arithmetic
+// (SmolLM2's 9 heads over 150 slots: SDPA about 30 us, this about 25 on one thread).
 void attend_row(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t slots,
                 int64_t dim, float scale, const float* bias, float* scores, float* out) {
 #ifdef SPECOPS_ISA_AVX512

@@ -23,7 +23,7 @@ SPECOPS_INLINE void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v));
 // ---- row vectors: as wide as the copy's registers ----
 // A 16-lane vector is one register only with AVX-512. With AVX2 (two ymm) and SSE (four xmm), GCC 12 lowers
 // the comparisons and selects of a vector wider than the registers lane by lane, through the stack: the AVX2
-// copy of every row pass ran scalar, and chain_verify took 12-14x the AVX-512 copy's time on one machine
+// copy of every row pass ran scalar, and chain_verify took 7-14x the AVX-512 copy's time on one machine
 // (bench/bench_chain_verify.py with SPECOPS_CPU_ISA=avx2). The row passes (row_simd.h, attention_simd.h,
 // ensemble_simd.h) use fvec / ivec of kRowLanes lanes instead; with AVX-512 they are f32x16 / i32x16, so
 // that copy computes what it did. The tiles keep 16 lanes: their bits are defined by 16 lanes and a
