@@ -94,9 +94,14 @@ TORCH_LIBRARY(specops, m) {
   // and down projections as (weight, scales, mins, bias), float32 or quantized_linear's formats; a slot
   // without a weight is fused into the one before. keys / values: each layer's cache [B, Hkv, past + n, D],
   // its last n slots room that the op fills with the new rows' keys and values. Returns the hidden rows.
+  // Gemma-3 and Qwen3: qk_norms (per layer a q and a k norm over each head), 4 norms per layer (the
+  // attention's and the MLP's outputs normed too), norm_offset (1: norms scale by 1 + w), activation
+  // "gelu_tanh", and local_layers reading local_cos, local_sin and local_mask (sliding windows).
   m.def(
       "llama_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor? attn_mask, Tensor[] norms, Tensor?[] linears, "
-      "Tensor(a!)[] keys, Tensor(b!)[] values, int heads, int kv_heads, float eps, float scale) -> Tensor");
+      "Tensor(a!)[] keys, Tensor(b!)[] values, int heads, int kv_heads, float eps, float scale, "
+      "Tensor[]? qk_norms=None, float norm_offset=0., str activation=\"silu\", int[] local_layers=[], "
+      "Tensor? local_cos=None, Tensor? local_sin=None, Tensor? local_mask=None) -> Tensor");
   m.set_python_module("specops.ops.attention");
   // Attention of draft-tree nodes over a KV-cached prefix and the tree: node i sees the valid prefix
   // slots and the nodes set in its row of the bit-packed ancestor mask. window 0 and softcap 0 are off.

@@ -1,11 +1,14 @@
 """Tests of the Llama-family CPU forward path (specops/decoding/llama_forward.py); tiny random models only.
 
 1. Which models take it: Llama (dense and grouped-query), Qwen2 without a window (q/k/v biases), Mistral
-   without a window, in float32 and after `specops.quantize` (int8, int4, bf16); refused with a reason:
-   windows, q/k norms (Qwen3), Gemma's layers, other families (Granite, Phi-3, GPT-2).
+   without a window, Qwen3 (q/k norms), Gemma-3 (sliding-window and global layers, a window of 6 slots that
+   the test's rows outgrow, with and without a final soft-cap, and with global layers only), in float32 and
+   after `specops.quantize` (int8, int4, bf16), Qwen2 with sliding-window layers; refused with a reason:
+   Mistral's window (no layer types),
+   Gemma-2 (attention soft-cap), other families (Granite, Phi-3, GPT-2).
 2. Its logits equal the model's own on a ragged batch of three rows over several chain steps of 1 to 5
-   tokens with the cache it fills, and the model's own forward can go on from that cache (the two paths
-   share it).
+   tokens with the cache it fills (20 slots: past Gemma-3's window), and the model's own forward can go on
+   from that cache (the two paths share it).
 3. The probe can fail: a norm that computes something else under Llama's name is caught, and the path is
    refused.
 4. Fused products: q|k|v and gate|up of a quantized layer packed into one weight give the modules' outputs.
@@ -42,9 +45,27 @@ def _mistral_full(seed: int = 0):
     return arch_zoo._build(transformers.MistralForCausalLM, config, seed)
 
 
-TAKEN = {"llama": arch_zoo.llama, "llama_gqa": arch_zoo.llama_gqa, "qwen2": _qwen2, "mistral": _mistral_full}
-REFUSED = {"mistral_window": arch_zoo.mistral, "qwen2_sliding": arch_zoo.qwen2_sliding, "qwen3": arch_zoo.qwen3,
-           "gemma3": arch_zoo.gemma3, "granite": arch_zoo.granite, "phi3": arch_zoo.phi3, "gpt2": arch_zoo.gpt2}
+def _gemma3_softcap(seed: int = 0):
+    """Gemma-3 with a final logit soft-cap (the config allows one; the released models set none)."""
+    model = arch_zoo.gemma3(seed=seed)
+    model.config.final_logit_softcapping = 3.0
+    return model
+
+
+def _gemma3_global(seed: int = 0):
+    """Gemma-3 with full-attention layers only: one rotary table, no window."""
+    model = arch_zoo.gemma3(seed=seed)
+    model.config.layer_types = ["full_attention"] * len(model.model.layers)
+    for layer in model.model.layers:
+        layer.self_attn.sliding_window, layer.self_attn.is_sliding = None, False
+    return model
+
+
+TAKEN = {"llama": arch_zoo.llama, "llama_gqa": arch_zoo.llama_gqa, "qwen2": _qwen2, "mistral": _mistral_full,
+         "qwen3": arch_zoo.qwen3, "gemma3": arch_zoo.gemma3, "gemma3_softcap": _gemma3_softcap,
+         "gemma3_global": _gemma3_global, "qwen2_sliding": arch_zoo.qwen2_sliding}
+REFUSED = {"mistral_window": arch_zoo.mistral, "gemma2": arch_zoo.gemma2,
+           "granite": arch_zoo.granite, "phi3": arch_zoo.phi3, "gpt2": arch_zoo.gpt2}
 
 
 def _path(model):
@@ -206,9 +227,9 @@ def _tokenizer():
     return byte_tokenizer()
 
 
-@pytest.mark.parametrize("method", ["ar", "sd"])
-def test_greedy_decoding_equals_generate(method):
-    target = arch_zoo.llama_gqa(seed=1)
+@pytest.mark.parametrize("method,family", [("ar", "llama"), ("sd", "llama"), ("ar", "gemma3"), ("sd", "gemma3")])
+def test_greedy_decoding_equals_generate(method, family):
+    target = arch_zoo.llama_gqa(seed=1) if family == "llama" else arch_zoo.gemma3(seed=1)
     drafter = specops.quantize(arch_zoo.llama(seed=2, layers=2), "int8")
     tok = _tokenizer()
     prompts = ["def fib(n):", "hello", "a longer prompt than the others"]

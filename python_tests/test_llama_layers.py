@@ -6,6 +6,9 @@
    written into the caches' room (views of larger buffers included), the cache's own slots untouched.
 2. The comparison can fail: one changed weight, or the rotary sine with the other sign, is caught.
 3. Bad arguments get clear Python errors, never a crash; the fake agrees with the kernel (opcheck).
+4. The Gemma-3 / Qwen3 options (q and k norms, four norms a layer, 1 + w norms, GELU-tanh, sliding-window
+   layers with their own rotary tables and mask) equal the reference, each of them changes the result
+   (so a kernel that ignored one would fail), and their bad values get clear errors.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ def test_bad_arguments_raise_clear_errors():
 
     cases = [
         (dict(linears=linears[:-1]), ValueError, "28 L linears"),
-        (dict(norms=norms[:-1]), ValueError, "2 L norms"),
+        (dict(norms=norms[:-1]), ValueError, "2 L or 4 L norms"),
         (dict(hidden=hidden[:-1]), ValueError, "hidden must be"),
         (dict(hidden=hidden.double()), TypeError, "float32"),
         (dict(sin=sin[:, :2]), ValueError, "cos and sin"),
@@ -201,3 +204,115 @@ def test_a_row_that_sees_no_slot_attends_to_nothing():
     mask[1, 0, 2, -1] = True  # seeing itself again changes that row
     (other, _, _), _ = _both((hidden, cos, sin, mask, keys, values), norms, linears, 4, 2)
     assert not _close(other[5], x[5]) and torch.equal(other[:5], x[:5])
+
+
+# ---- the Gemma-3 / Qwen3 options ----
+
+def _gemma_options(batch: int, n: int, past: int, masked: bool, seed: int = 5, *, qk: bool = True,
+                   sandwich: bool = True) -> tuple[dict, list]:
+    """The options of a Gemma-3-like stack: q and k norms, four norms a layer (returned as the norms list),
+    offset 1, GELU-tanh, layers 0 and 2 local with their own rotary tables and a window mask."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = [torch.randn(D_MODEL, generator=gen) * 0.3 for _ in range((4 if sandwich else 2) * LAYERS)]
+    angle = (torch.rand(batch, n, HEAD_DIM // 2, generator=gen) * 3).repeat(1, 1, 2)
+    window = torch.ones(batch, 1, n, past + n, dtype=torch.bool)
+    window[..., :max(past - 2, 0)] = False  # the slots before the window
+    window[..., past:] = torch.ones(n, n, dtype=torch.bool).tril()
+    if masked:
+        window &= torch.rand(batch, 1, n, past + n, generator=gen) > 0.2
+        window[..., past:] |= torch.eye(n, dtype=torch.bool)
+    options = dict(qk_norms=[torch.randn(HEAD_DIM, generator=gen) * 0.3 for _ in range(2 * LAYERS)] if qk else None,
+                   norm_offset=1.0, activation="gelu_tanh", local_layers=[0, 2], local_cos=angle.cos(),
+                   local_sin=angle.sin(), local_mask=window)
+    return options, norms
+
+
+def _both_with(args, norms, linears, options, heads=4, kv_heads=2):
+    hidden, cos, sin, mask, keys, values = args
+    results = []
+    for fn in (ops.llama_layers, reference.llama_layers):
+        k, v = [_copy(t) for t in keys], [_copy(t) for t in values]
+        with torch.inference_mode():
+            x = fn(hidden, cos, sin, mask, norms, linears, k, v, heads, kv_heads, 1e-6, HEAD_DIM ** -0.5, **options)
+        results.append((x, k, v))
+    return results
+
+
+@pytest.mark.parametrize("fmt", ["float32", "int8"])
+@pytest.mark.parametrize("batch,n,past,masked", [(1, 1, 7, False), (2, 3, 5, True), (3, 4, 0, True)])
+@pytest.mark.parametrize("variant", ["gemma3", "qwen3"])
+def test_gemma_and_qwen3_options_equal_the_reference(fmt, batch, n, past, masked, variant):
+    _, linears = _layers(fmt, 4, 2, bias=False)
+    args = _inputs(batch, n, past, 2, masked)
+    options, norms = _gemma_options(batch, n, past, masked)
+    if variant == "qwen3":  # q and k norms on Llama's layer: two norms a layer, w itself, SiLU, no local layers
+        norms = norms[:2 * LAYERS]
+        options = dict(qk_norms=options["qk_norms"])
+    (x, keys, values), (want, want_keys, want_values) = _both_with(args, norms, linears, options)
+    assert x.isfinite().all() and _close(x, want)
+    for layer in range(LAYERS):
+        assert _close(keys[layer], want_keys[layer]) and _close(values[layer], want_values[layer])
+
+
+def test_each_gemma_option_changes_the_result():
+    """Dropping or changing any one option moves the output: the kernel cannot ignore one and pass."""
+    _, linears = _layers("float32", 4, 2, bias=False)
+    args = _inputs(2, 3, 5, 2, masked=True)
+    options, norms = _gemma_options(2, 3, 5, True)
+    (x, _, _), (want, _, _) = _both_with(args, norms, linears, options)
+    assert _close(x, want)
+    variants = [
+        dict(options, qk_norms=None),
+        dict(options, norm_offset=0.0),
+        dict(options, activation="silu"),
+        dict(options, local_layers=[0]),
+        dict(options, local_mask=None),
+        dict(options, local_sin=-options["local_sin"]),
+    ]
+    for changed in variants:
+        (other, _, _), (other_want, _, _) = _both_with(args, norms, linears, changed)
+        assert _close(other, other_want) and not _close(other, want)
+    (other, _, _), _ = _both_with(args, norms[:2 * LAYERS] * 2, linears, options)  # the post-norms differ
+    assert not _close(other, want)
+
+
+def test_gemma_options_bad_values_raise_clear_errors():
+    norms, linears = _layers("int8", 4, 2, bias=False)
+    hidden, cos, sin, mask, keys, values = _inputs(2, 3, 5, 2, masked=True)
+    options, norms4 = _gemma_options(2, 3, 5, True)
+    good = dict(hidden=hidden, cos=cos, sin=sin, attn_mask=mask, norms=norms4, linears=linears, keys=keys,
+                values=values, heads=4, kv_heads=2, eps=1e-6, scale=0.25, **options)
+
+    cases = [
+        (dict(qk_norms=options["qk_norms"][:-1]), "qk_norms must be None or 2 L"),
+        (dict(qk_norms=[w[:-1] for w in options["qk_norms"]]), r"q and k norm weights must be float32 \[D\]"),
+        (dict(activation="gelu"), "activation must be 'silu' or 'gelu_tanh'"),
+        (dict(local_layers=[3]), r"a layer index in \[0, 3\)"),
+        (dict(local_cos=None), "local_layers needs local_cos"),
+        (dict(local_sin=options["local_sin"][:, :2]), "local_layers needs local_sin"),
+        (dict(local_mask=options["local_mask"][..., 1:]), "local_mask must be bool"),
+        (dict(norm_offset=float("nan")), "norm_offset must be a finite number"),
+        (dict(norms=norms4[:-1]), "2 L or 4 L norms"),
+    ]
+    for change, words in cases:
+        with pytest.raises(ValueError, match=words), torch.inference_mode():
+            ops.llama_layers(**{**good, **change})
+    # The kernel's own checks, without the wrapper's.
+    direct = [hidden, cos, sin, mask, norms4, linears, keys, values, 4, 2, 1e-6, 0.25]
+    for extra, words in [((options["qk_norms"][:-1],), "qk_norms must be empty or 2 L"),
+                         ((None, 1.0, "relu"), "activation must be"),
+                         ((None, 1.0, "silu", [7], options["local_cos"], options["local_sin"]), "not a layer index"),
+                         ((None, 1.0, "silu", [0], None, options["local_sin"]), "needs local_cos and local_sin"),
+                         ((None, 1.0, "silu", [0], options["local_cos"], options["local_sin"],
+                           options["local_mask"][..., 1:]), "local_mask must be bool")]:
+        with pytest.raises((RuntimeError, ValueError), match=words), torch.inference_mode():
+            torch.ops.specops.llama_layers(*direct, *extra)
+
+
+def test_opcheck_gemma_options():
+    _, linears = _layers("float32", 4, 2, bias=False)
+    hidden, cos, sin, mask, keys, values = _inputs(2, 3, 5, 2, masked=True)
+    options, norms = _gemma_options(2, 3, 5, True)
+    torch.library.opcheck(torch.ops.specops.llama_layers.default,
+                          (hidden, cos, sin, mask, norms, linears, keys, values, 4, 2, 1e-6, 0.25),
+                          {k: v for k, v in options.items()})

@@ -1011,35 +1011,49 @@ LLAMA_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # llama_layers' linear
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
                  norms: list[torch.Tensor], linears: list[torch.Tensor | None], keys: list[torch.Tensor],
                  values: list[torch.Tensor], heads: int, kv_heads: int, eps: float,
-                 scale: float) -> torch.Tensor:
-    """The decoder layers of a Llama-family model over the B * n new rows of a decoding forward.
+                 scale: float, qk_norms: list[torch.Tensor] | None = None, norm_offset: float = 0.0,
+                 activation: str = "silu", local_layers: list[int] = (), local_cos: torch.Tensor | None = None,
+                 local_sin: torch.Tensor | None = None, local_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The decoder layers of a Llama-family model over the B * n new rows of a decoding forward, and the
+    same layers with Gemma-3's and Qwen3's extras.
 
-    Layer l: h = norm(x, norms[2l]); q | k | v = h @ W^T for its q, k and v projections; q and k get
-    rotary embedding x * cos + rotate_half(x) * sin (rotate_half(x) = [-x[D/2:], x[:D/2]]); k and v are
-    written into the last n slots of the layer's keys and values; x += attention(q, keys, values) @ W_o^T,
-    grouped-query (query head i reads key/value head i // (heads / kv_heads)), scores q.k * scale, masked
-    where attn_mask is False (a row that sees no slot attends to nothing: zeros; a hidden slot never enters
-    a row, whatever it holds, and a NaN in what a row sees makes it NaN, as in `tree_attention`);
-    h = norm(x, norms[2l + 1]); x += (silu(h @ W_gate^T) * (h @ W_up^T)) @ W_down^T. norm(x, w) =
-    x / sqrt(mean(x^2) + eps) * w.
+    Layer l (2 norms per layer, Llama's): h = norm(x, norms[2l]); q | k | v = h @ W^T for its q, k and v
+    projections; with qk_norms, each head of q is normed by qk_norms[2l] and each head of k by
+    qk_norms[2l + 1] (over its D features); q and k get rotary embedding x * cos + rotate_half(x) * sin
+    (rotate_half(x) = [-x[D/2:], x[:D/2]]); k and v are written into the last n slots of the layer's keys and
+    values; x += attention(q, keys, values) @ W_o^T, grouped-query (query head i reads key/value head
+    i // (heads / kv_heads)), scores q.k * scale, masked where attn_mask is False (a row that sees no slot
+    attends to nothing: zeros; a hidden slot never enters a row, whatever it holds, and a NaN in what a row
+    sees makes it NaN, as in `tree_attention`); h = norm(x, norms[2l + 1]); x += (act(h @ W_gate^T) *
+    (h @ W_up^T)) @ W_down^T, act silu or, with activation "gelu_tanh", gelu with the tanh approximation.
+    norm(x, w) = x / sqrt(mean(x^2) + eps) * (w + norm_offset) (Gemma's norms: offset 1).
+
+    With 4 norms per layer (Gemma-3's) they are the input, post-attention, pre-MLP and post-MLP norms: the
+    attention's output is normed by norms[4l + 1] before it is added, the MLP's input is norm(x, norms[4l + 2])
+    and its output is normed by norms[4l + 3] before it is added.
+
+    A layer listed in local_layers (Gemma-3's sliding-window layers) reads local_cos, local_sin and
+    local_mask (None: every slot seen) in place of cos, sin and attn_mask.
 
     linears holds per layer LLAMA_SLOTS' (weight, scales, mins, bias), 28 entries: a float32 weight with no
     scales or mins is a float layer, any other a quantized_linear weight (`dequantize`). A slot without a
     weight is fused into the slot before: that slot's weight gives both layers' outputs, concatenated
     (q | k | v in the q slot, gate | up in the gate slot).
 
-    Shapes: hidden [B * n, d] float32 (row b * n + t: request b's t-th new token); cos, sin [B, n, D];
-    attn_mask [B, 1, n, past + n] bool or None (every slot seen); norms 2 L tensors [d]; keys, values L
-    float32 tensors [B, kv_heads, past + n, D]: the first past slots the cache, the last n room for the new
-    rows, written in place (rounded to float32). Returns x [B * n, d] float32. Computed in float64."""
+    Shapes: hidden [B * n, d] float32 (row b * n + t: request b's t-th new token); cos, sin, local_cos,
+    local_sin [B, n, D]; attn_mask, local_mask [B, 1, n, past + n] bool or None (every slot seen); norms 2 L
+    or 4 L tensors [d]; qk_norms None or 2 L tensors [D]; keys, values L float32 tensors
+    [B, kv_heads, past + n, D]: the first past slots the cache, the last n room for the new rows, written in
+    place (rounded to float32). Returns x [B * n, d] float32. Computed in float64."""
     batch, n, dim = cos.shape
     half = dim // 2
     x = hidden.double()
-    c, s = cos.double()[:, :, None], sin.double()[:, :, None]
     group = heads // kv_heads
+    per_layer = len(norms) // len(keys)
+    local = set(local_layers)
 
     def norm(t, w):
-        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * (w.double() + norm_offset)
 
     def product(layer, first, count, t):
         outs = []
@@ -1052,26 +1066,37 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
             outs.append(skinny_linear(t, full, bias))
         return torch.cat(outs, dim=1)
 
-    def rope(t):  # [B, n, H, D]
+    def rope(t, c, s):  # [B, n, H, D]
         return t * c + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * s
+
+    def act(t):
+        return torch.nn.functional.gelu(t, approximate="tanh") if activation == "gelu_tanh" else \
+            torch.nn.functional.silu(t)
 
     past = keys[0].shape[2] - n
     for layer in range(len(keys)):
-        qkv = product(layer, 0, 3, norm(x, norms[2 * layer]))
-        q = rope(qkv[:, :heads * dim].reshape(batch, n, heads, dim)).transpose(1, 2)
-        k = rope(qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(batch, n, kv_heads, dim)).transpose(1, 2)
+        w = norms[per_layer * layer:per_layer * (layer + 1)]
+        c, s, mask = (local_cos, local_sin, local_mask) if layer in local else (cos, sin, attn_mask)
+        c, s = c.double()[:, :, None], s.double()[:, :, None]
+        qkv = product(layer, 0, 3, norm(x, w[0]))
+        q = qkv[:, :heads * dim].reshape(batch, n, heads, dim)
+        k = qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(batch, n, kv_heads, dim)
+        if qk_norms:
+            q, k = norm(q, qk_norms[2 * layer]), norm(k, qk_norms[2 * layer + 1])
+        q, k = rope(q, c, s).transpose(1, 2), rope(k, c, s).transpose(1, 2)
         v = qkv[:, (heads + kv_heads) * dim:].reshape(batch, n, kv_heads, dim).transpose(1, 2)
         all_k = torch.cat([keys[layer][:, :, :past].double(), k], dim=2)
         all_v = torch.cat([values[layer][:, :, :past].double(), v], dim=2)
         scores = q @ all_k.repeat_interleave(group, dim=1).transpose(-1, -2) * scale
-        allowed = attn_mask if attn_mask is not None else torch.ones(1, 1, 1, past + n, dtype=torch.bool,
-                                                                     device=x.device)
+        allowed = mask if mask is not None else torch.ones(1, 1, 1, past + n, dtype=torch.bool, device=x.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
         attn = _masked_softmax_values(scores, allowed, all_v.repeat_interleave(group, dim=1))
-        x = x + product(layer, 3, 1, attn.transpose(1, 2).reshape(batch * n, heads * dim))
-        gu = product(layer, 4, 2, norm(x, norms[2 * layer + 1]))
+        out = product(layer, 3, 1, attn.transpose(1, 2).reshape(batch * n, heads * dim))
+        x = x + (norm(out, w[1]) if per_layer == 4 else out)
+        gu = product(layer, 4, 2, norm(x, w[2] if per_layer == 4 else w[1]))
         inter = gu.shape[1] // 2
-        x = x + product(layer, 6, 1, torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        out = product(layer, 6, 1, act(gu[:, :inter]) * gu[:, inter:])
+        x = x + (norm(out, w[3]) if per_layer == 4 else out)
         keys[layer][:, :, past:] = k.float()
         values[layer][:, :, past:] = v.float()
     return x.float()

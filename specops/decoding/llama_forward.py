@@ -1,5 +1,5 @@
-"""Decoding forwards of Llama-family models (Llama, Mistral without a sliding window, Qwen2) on the CPU, every
-decoder layer in one call of the `llama_layers` op.
+"""Decoding forwards of Llama-family models (Llama, Mistral without a sliding window, Qwen2, Qwen3) and of
+Gemma-3 on the CPU, every decoder layer in one call of the `llama_layers` op.
 
 A small model's decoding forward on a CPU is as much the framework's work as the arithmetic: SmolLM2-135M
 runs about 35 ATen calls per layer through transformers' modules (norms as five ops, rotary embedding as
@@ -13,10 +13,18 @@ Products go through `quantized_linear` for a model `specops.quantize` made low-p
 gate|up fused into one weight each, packed once per model) and through skinny_linear for float32 layers
 (kept separate: a fused copy would double a float model's memory).
 
+Gemma-3 (the embedded target) and Qwen3 take the op's options: q and k norms per head, Gemma-3's four norms
+a layer that scale by 1 + w, its GELU-tanh MLP, and its sliding-window layers, which read their own rotary
+tables and a mask that hides the slots at least `sliding_window` before the query's slot (transformers'
+window, which counts slots: the engine's cache keeps every slot). Gemma-3's scaled embedding is its
+embedding module's own, and a final logit soft-cap, where the config sets one, is applied as the model does.
+
 The path takes chain forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a
 chain); prefills and draft trees go through `CpuForward`. The cache is the transformers cache the model's
 own forward fills (post-rotary keys, [B, Hkv, L, D]), so both paths share it. Used only where a probe
-shows this path reproduces the model's logits, a ragged batch with a cache included.
+shows this path reproduces the model's logits, a ragged batch with a cache included (its 8 tokens are
+inside any window; the window's mask is checked against the model's own forward on small windows by
+python_tests/test_llama_forward.py).
 """
 
 from __future__ import annotations
@@ -32,7 +40,11 @@ from specops.quantization import QuantizedLinear
 
 __all__ = ["LlamaForward"]
 
-_FAMILIES = ("llama", "mistral", "qwen2")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+_QK_NORMED = ("qwen3", "gemma3_text")  # families whose attention norms each q and k head
+_GEMMA = "gemma3_text"  # four norms a layer scaling by 1 + w, GELU-tanh, sliding-window and global layers
+_GELU_TANH = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation")  # transformers' tanh-approximated GELUs
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 # Cache layers whose update only appends (the engine's CompactingLayer may first apply a pending move:
 # `settle`): the op appends to their keys and values itself.
 _LAYERS = ("DynamicLayer", "CompactingLayer")
@@ -108,22 +120,43 @@ class _Product:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
+def _norms(layer) -> list:
+    """A decoder layer's hidden-size norms in the op's order: input and post-attention, then Gemma-3's
+    pre- and post-MLP norms where it has them."""
+    names = ["input_layernorm", "post_attention_layernorm"]
+    if hasattr(layer, "pre_feedforward_layernorm"):
+        names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    return [getattr(layer, name) for name in names]
+
+
+def _qk_norms(layer) -> list:
+    attn = layer.self_attn
+    return [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
+
+
+def _eps(norm) -> float | None:
+    """An RMSNorm's epsilon (Llama's and Qwen's call it variance_epsilon, Gemma's eps)."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return eps if isinstance(eps, float) else None
+
+
 def _layer_modules(layer) -> tuple:
     """The modules of a decoder layer this path computes from."""
     attn, mlp = layer.self_attn, layer.mlp
     return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
-            layer.input_layernorm, layer.post_attention_layernorm)
+            *_norms(layer), *_qk_norms(layer))
 
 
 class _Layer:
-    """A decoder layer as `specops.ops.llama_layers` takes it: its two norm weights and 28 linear entries
-    (q, k, v, o, gate, up, down as weight, scales, mins, bias; q|k|v and gate|up fused in the first slot
-    for quantized layers, the other slots empty)."""
+    """A decoder layer as `specops.ops.llama_layers` takes it: its norm weights (2, or Gemma-3's 4), its q and
+    k norm weights (Qwen3, Gemma-3) and 28 linear entries (q, k, v, o, gate, up, down as weight, scales, mins,
+    bias; q|k|v and gate|up fused in the first slot for quantized layers, the other slots empty)."""
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-        self.eps = {layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon}
+        self.norms = [norm.weight for norm in _norms(layer)]
+        self.qk_norms = [norm.weight for norm in _qk_norms(layer)]
+        self.eps = {_eps(norm) for norm in _norms(layer) + _qk_norms(layer)}
         self.linears = []
         for modules in ([attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj],
                         [mlp.down_proj]):
@@ -138,31 +171,64 @@ class _Layer:
         self.scaling = float(attn.scaling)
 
 
+def _config(model):
+    return getattr(model.config, "get_text_config", lambda: model.config)()
+
+
 def _structure(model) -> str | None:
     """None if `model` has the layers this path computes, else why not."""
-    config = getattr(model.config, "get_text_config", lambda: model.config)()
-    if getattr(config, "model_type", None) not in _FAMILIES:
-        return f"model type {getattr(config, 'model_type', None)!r} is not one of {_FAMILIES}"
-    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-        return "layers other than full attention"
+    config = _config(model)
+    family = getattr(config, "model_type", None)
+    if family not in _FAMILIES:
+        return f"model type {family!r} is not one of {_FAMILIES}"
+    types = list(getattr(config, "layer_types", None) or [])
+    if any(t not in _LAYER_TYPES for t in types):
+        return "layers other than full and sliding-window attention"
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in types:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            return "sliding-window layers without a window size"
+    elif not types and window is not None and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention without layer types"
+    if getattr(config, "attn_logit_softcapping", None) is not None or \
+            getattr(config, "use_bidirectional_attention", False):
+        return "attention logit soft-capping or bidirectional attention"
     base = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(base, "layers", None)
     if base is None or not layers or not hasattr(base, "rotary_emb") or not hasattr(base, "embed_tokens"):
         return "no decoder with layers, rotary embedding and token embedding"
-    if len(layers) != getattr(config, "num_hidden_layers", len(layers)):
+    if len(layers) != getattr(config, "num_hidden_layers", len(layers)) or (types and len(types) != len(layers)):
         return "a decoder whose layer count is not the config's"
     for layer in layers:
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or mlp is None or any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
-            return "a layer other than Llama's attention and gated MLP"
-        act = getattr(mlp, "act_fn", None)
-        if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
-            return "an MLP activation other than SiLU"
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm, base.norm):
-            if not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon"):
-                return "a norm other than Llama's RMSNorm"
+        why = _layer_structure(layer, family)
+        if why is not None:
+            return why
+    if _eps(base.norm) is None or not type(base.norm).__name__.endswith("RMSNorm"):
+        return "a final norm other than an RMSNorm"
+    return None
+
+
+def _layer_structure(layer, family: str) -> str | None:
+    """None if a decoder layer is the family's (attention with q and k norms for Qwen3 and Gemma-3 only,
+    the gated MLP with SiLU, or GELU-tanh for Gemma-3, RMSNorms: four for Gemma-3), else why not."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "a layer other than Llama's attention and gated MLP"
+    if (family in _QK_NORMED) != (hasattr(attn, "q_norm") and hasattr(attn, "k_norm")) or \
+            (family not in _QK_NORMED and any(hasattr(attn, n) for n in ("q_norm", "k_norm"))):
+        return "q and k norms other than the family's"
+    act = getattr(mlp, "act_fn", None)
+    if family == _GEMMA:
+        if type(act).__name__ not in _GELU_TANH:
+            return "an MLP activation other than GELU-tanh"
+    elif not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
+        return "an MLP activation other than SiLU"
+    norms = _norms(layer)
+    if (family == _GEMMA) != (len(norms) == 4):
+        return "norms other than the family's"
+    for norm in norms + _qk_norms(layer):
+        if not type(norm).__name__.endswith("RMSNorm") or _eps(norm) is None:
+            return "a norm other than an RMSNorm"
     return None
 
 
@@ -175,15 +241,27 @@ class LlamaForward:
         self.fallback = fallback
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()
+        config = _config(model)
         layers = [_Layer(layer) for layer in self.base.layers]
         shapes = {(layer.heads, layer.kv_heads, layer.head_dim, layer.scaling, *layer.eps) for layer in layers}
         if len(shapes) != 1 or len(layers[0].eps) != 1:
             raise ValueError("layers of different head counts, scaling or norm epsilon")
         self.heads, self.kv_heads, _, self.scaling, self.eps = shapes.pop()
         self.norms = [w for layer in layers for w in layer.norms]
+        self.qk_norms = [w for layer in layers for w in layer.qk_norms] or None
         self.linears = [t for layer in layers for t in layer.linears]
         self.head_product = _Product([self.head])
-        self.final_norm, self.final_eps = self.base.norm.weight, self.base.norm.variance_epsilon
+        self.final_eps = _eps(self.base.norm)
+        gemma = config.model_type == _GEMMA
+        self.norm_offset = 1.0 if gemma else 0.0  # Gemma's norms scale by 1 + w
+        self.activation = "gelu_tanh" if gemma else "silu"
+        self.softcap = getattr(config, "final_logit_softcapping", None) if gemma else None
+        types = list(getattr(config, "layer_types", None) or ["full_attention"] * len(layers))
+        self.local_layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
+        self.window = config.sliding_window if self.local_layers else None
+        # Per-type rotary tables where the rotary embedding takes a layer type (Gemma-3's), else one table.
+        self.typed_rotary = isinstance(getattr(self.base.rotary_emb, "rope_type", None), dict)
+        self.global_type = "full_attention" if "full_attention" in types else types[0]
         self.signature = self._signature()
 
     def _signature(self) -> tuple:
@@ -210,16 +288,8 @@ class LlamaForward:
         batch, n = input_ids.shape
         past = attention_mask.shape[1] - n
         x = self.base.embed_tokens(input_ids).reshape(batch * n, -1).float()
-        cos, sin = self.base.rotary_emb(x, position_ids)  # [B, n, D]
-        valid = attention_mask.bool()
-        if n == 1 and bool(valid.all()):
-            mask = None
-        else:  # a slot is seen if it holds a token and is not after the query; a query always sees itself
-            slots = torch.arange(past + n, device=valid.device)
-            query = past + torch.arange(n, device=valid.device)
-            mask = (valid[:, None, :] & (slots[None, None, :] <= query[None, :, None])) | \
-                (slots[None, None, :] == query[None, :, None])
-            mask = mask[:, None]
+        cos, sin = self._rotary(x, position_ids, self.global_type)  # [B, n, D]
+        mask, local = self._masks(attention_mask.bool(), past, n)
         ready = [i < len(layers) and layers[i].is_initialized for i in range(len(self.base.layers))]
         if any(ready) != all(ready) or any(ok and layers[i].keys.shape[2] != past for i, ok in enumerate(ready)) or \
                 (not ready[0] and past):
@@ -233,16 +303,53 @@ class LlamaForward:
             room = [(x.new_empty(batch, self.kv_heads, n, dim), x.new_empty(batch, self.kv_heads, n, dim))
                     for _ in self.base.layers]
         keys, values = [k for k, _ in room], [v for _, v in room]
+        options = {}
+        if self.qk_norms is not None or self.local_layers or self.norm_offset or self.activation != "silu":
+            local_cos, local_sin = self._rotary(x, position_ids, "sliding_attention") if self.local_layers else \
+                (None, None)
+            options = dict(qk_norms=self.qk_norms, norm_offset=self.norm_offset, activation=self.activation,
+                           local_layers=self.local_layers, local_cos=local_cos, local_sin=local_sin, local_mask=local)
         x = torch.ops.specops.llama_layers(x, cos.float(), sin.float(), mask, self.norms, self.linears, keys, values,
-                                           self.heads, self.kv_heads, self.eps, self.scaling)
+                                           self.heads, self.kv_heads, self.eps, self.scaling, **options)
         for i, (k, v) in enumerate(room):
             if ready[i]:
                 layers[i].keys, layers[i].values = k, v
             else:
                 cache.update(k, v, i)
         x = x.view(batch, n, -1)[:, -keep:].reshape(batch * keep, -1)
-        h = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.final_eps)
-        return self.head_product(h).view(batch, keep, -1).float()
+        if self.norm_offset:
+            h = self.base.norm(x)  # Gemma's norm, 1 + w, as the model computes it
+        else:
+            h = F.rms_norm(x, (x.shape[-1],), self.base.norm.weight, self.final_eps)
+        logits = self.head_product(h).view(batch, keep, -1).float()
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
+        """cos, sin [B, n, D] float32 of the rotary embedding for layers of `layer_type`."""
+        if self.typed_rotary:
+            cos, sin = self.base.rotary_emb(x, position_ids, layer_type)
+        else:
+            cos, sin = self.base.rotary_emb(x, position_ids)
+        return cos.float(), sin.float()
+
+    def _masks(self, valid: torch.Tensor, past: int, n: int) -> tuple:
+        """The masks [B, 1, n, past + n] of the full-attention and the sliding-window layers (None: every slot
+        seen) for n new rows after `past` slots, `valid` [B, past + n] the slots that hold a token. A slot is
+        seen if it holds a token and is not after the query; a query always sees itself; a sliding layer
+        also hides the slots at least `window` before the query's slot."""
+        slots = torch.arange(past + n, device=valid.device)
+        query = past + torch.arange(n, device=valid.device)
+        mask = None
+        if n > 1 or not bool(valid.all()):
+            mask = (valid[:, None, :] & (slots[None, None, :] <= query[None, :, None])) | \
+                (slots[None, None, :] == query[None, :, None])
+            mask = mask[:, None]
+        if self.window is None or past + n - 1 < self.window:  # the window hides nothing yet
+            return mask, mask
+        inside = (slots[None, :] > query[:, None] - self.window)[None, None]  # [1, 1, n, past + n]
+        return mask, inside.expand(valid.shape[0], 1, n, past + n) if mask is None else mask & inside
 
     @staticmethod
     def of(model, fallback: CpuForward | None) -> LlamaForward | None:

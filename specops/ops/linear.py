@@ -307,9 +307,13 @@ def _check_llama_weight(op: str, linears: list, index: int, layer: int, names: l
 
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
                  norms: list[torch.Tensor], linears: list[torch.Tensor | None], keys: list[torch.Tensor],
-                 values: list[torch.Tensor], heads: int, kv_heads: int, eps: float, scale: float) -> torch.Tensor:
+                 values: list[torch.Tensor], heads: int, kv_heads: int, eps: float, scale: float,
+                 qk_norms: list[torch.Tensor] | None = None, norm_offset: float = 0.0, activation: str = "silu",
+                 local_layers: list[int] = (), local_cos: torch.Tensor | None = None,
+                 local_sin: torch.Tensor | None = None, local_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The decoder layers of a Llama-family model (RMSNorm pre-norm, rotary attention over a KV cache,
-    SiLU-gated MLP) over the few new rows of a CPU decoding forward, in one call: what a Python loop over
+    SiLU-gated MLP), or of Gemma-3 and Qwen3 (the options below), over the few new rows of a CPU decoding
+    forward, in one call: what a Python loop over
     the layers spends in framework calls (about a third of SmolLM2-135M's int8 forward) becomes plain
     loops. Semantics and argument layout: `specops.reference.llama_layers`. Products go through
     skinny_linear (float32 weights) or quantized_linear (its formats); attention is a loop over the
@@ -326,7 +330,9 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
             slot attends to nothing (zeros). A slot a row does not see never enters it, whatever it holds
             (an unwritten cache slot is ordinary input); a NaN in what it sees makes it NaN, as in
             `tree_attention`.
-        norms: 2 L weights [d] (each layer's input and post-attention norm).
+        norms: 2 L weights [d] (each layer's input and post-attention norm), or 4 L (Gemma-3's input,
+            post-attention, pre-MLP and post-MLP norms: the attention's and the MLP's outputs are normed
+            before they are added).
         linears: 28 L entries, per layer (weight, scales, mins, bias) for q, k, v, o, gate, up, down:
             a float32 weight (no scales or mins) or a `quantized_linear` one, each [N, K] (int4: [N, K / 2])
             with q [heads * D, d], k and v [kv_heads * D, d], o [d, heads * D], gate and up [inter, d],
@@ -336,6 +342,14 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
         heads, kv_heads: ints >= 1, heads a multiple of kv_heads. eps, scale: finite numbers.
         keys, values: L float32 tensors [B, kv_heads, past + n, D], contiguous along D (other strides
             free: views of a larger buffer): slots past .. past + n - 1 are written.
+
+        qk_norms: None, or 2 L weights [D]: each layer's q and k norm, over each head before the rotary
+            embedding (Gemma-3, Qwen3).
+        norm_offset: a finite number added to every norm weight (Gemma's norms scale by 1 + w: 1).
+        activation: "silu" or "gelu_tanh" (GELU with the tanh approximation, Gemma's).
+        local_layers: indices of the layers (Gemma-3's sliding-window ones) that read local_cos, local_sin
+            ([B, n, D] float32, required then) and local_mask (like attn_mask) in place of cos, sin and
+            attn_mask.
 
     Returns hidden [B * n, d].
     """
@@ -353,8 +367,9 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
     if heads % kv_heads:
         raise ValueError(f"{op}: heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})")
     layers = len(keys)
-    if layers < 1 or len(values) != layers or len(norms) != 2 * layers or len(linears) != 28 * layers:
-        raise ValueError(f"{op}: for L >= 1 layers give L keys, L values, 2 L norms and 28 L linears; got "
+    if layers < 1 or len(values) != layers or len(norms) not in (2 * layers, 4 * layers) or \
+            len(linears) != 28 * layers:
+        raise ValueError(f"{op}: for L >= 1 layers give L keys, L values, 2 L or 4 L norms and 28 L linears; got "
                          f"{layers}, {len(values)}, {len(norms)} and {len(linears)}")
     tensors = [("hidden", hidden), ("cos", cos), ("sin", sin)] + [("a norm", w) for w in norms]
     slots = keys[0].shape[2] if isinstance(keys[0], torch.Tensor) and keys[0].dim() == 4 else -1
@@ -375,9 +390,12 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
             raise TypeError(f"{op}: {name} must be float32, got {t.dtype}")
     if any(w.shape != (hidden.shape[1],) for w in norms):
         raise ValueError(f"{op}: norm weights must be [d] = [{hidden.shape[1]}]")
-    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.shape != (batch, 1, n, slots)):
-        raise ValueError(f"{op}: attn_mask must be bool [B, 1, n, past + n] = [{batch}, 1, {n}, {slots}] or None")
-    for name, number in (("eps", eps), ("scale", scale)):
+    for name, mask in (("attn_mask", attn_mask), ("local_mask", local_mask)):
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or
+                                 mask.shape != (batch, 1, n, slots)):
+            raise ValueError(f"{op}: {name} must be bool [B, 1, n, past + n] = [{batch}, 1, {n}, {slots}] or None")
+    _check_gemma_options(op, layers, dim, qk_norms, activation, local_layers, local_cos, local_sin, cos)
+    for name, number in (("eps", eps), ("scale", scale), ("norm_offset", norm_offset)):
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
             raise ValueError(f"{op}: {name} must be a finite number, got {number!r}")
     for layer in range(layers):
@@ -386,9 +404,35 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
             raise ValueError(f"{op}: layer {layer} needs q, o, gate and down weights")
         _check_llama_layer(op, linears, layer, hidden.shape[1], heads, kv_heads, dim)
     return torch.ops.specops.llama_layers(hidden, cos, sin, attn_mask, list(norms), list(linears), list(keys),
-                                          list(values), heads, kv_heads, float(eps), float(scale))
+                                          list(values), heads, kv_heads, float(eps), float(scale),
+                                          None if qk_norms is None else list(qk_norms), float(norm_offset),
+                                          activation, list(local_layers), local_cos, local_sin, local_mask)
+
+
+def _check_gemma_options(op: str, layers: int, dim: int, qk_norms, activation, local_layers, local_cos, local_sin,
+                         cos: torch.Tensor) -> None:
+    """The Gemma-3 / Qwen3 options of llama_layers: qk_norms None or 2 L float32 [D] CPU weights; activation
+    one of the two; local_layers layer indices, with local_cos and local_sin shaped like cos."""
+    if qk_norms is not None:
+        if len(qk_norms) != 2 * layers:
+            raise ValueError(f"{op}: qk_norms must be None or 2 L = {2 * layers} weights [D], got {len(qk_norms)}")
+        for w in qk_norms:
+            if not isinstance(w, torch.Tensor) or w.shape != (dim,) or w.dtype != torch.float32 or \
+                    w.device.type != "cpu":
+                raise ValueError(f"{op}: q and k norm weights must be float32 [D] = [{dim}] on the CPU")
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"{op}: activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+    for index in local_layers:
+        _check_int(op, "a local_layers entry", index, 0, layers - 1, f"a layer index in [0, {layers})")
+    if len(local_layers):
+        for name, t in (("local_cos", local_cos), ("local_sin", local_sin)):
+            if not isinstance(t, torch.Tensor) or t.shape != cos.shape or t.dtype != torch.float32 or \
+                    t.device.type != "cpu":
+                raise ValueError(f"{op}: local_layers needs {name} float32 [B, n, D] = {list(cos.shape)} on the CPU")
 
 
 @torch.library.register_fake("specops::llama_layers")
-def _llama_layers_fake(hidden, cos, sin, attn_mask, norms, linears, keys, values, heads, kv_heads, eps, scale):
+def _llama_layers_fake(hidden, cos, sin, attn_mask, norms, linears, keys, values, heads, kv_heads, eps, scale,
+                       qk_norms=None, norm_offset=0.0, activation="silu", local_layers=(), local_cos=None,
+                       local_sin=None, local_mask=None):
     return hidden.new_empty(hidden.shape)
