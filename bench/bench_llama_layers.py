@@ -1,11 +1,12 @@
-"""Benchmark of `specops.ops.llama_layers` (a Llama-family model's decoder layers in one CPU call) against
-the same model's forward through transformers' modules, interleaved in one run.
+"""Benchmark of `specops.ops.llama_layers` (a model's decoder layers in one CPU call) against the same
+model's forward through transformers' modules, interleaved in one run.
 
     python bench/bench_llama_layers.py [--quick] [--csv PATH] [--threads N] [--weights float32,int8,int4]
-        [--tokens 1,4] [--context 100] [--rounds 15]
+        [--tokens 1,4] [--context 100] [--rounds 15] [--models smollm2-135m,gemma-3-270m]
 
-Model: the embedded SmolLM2-135M (`specops.models.load`, 30 layers, 9 heads over 3 key/value heads),
-float32 or `specops.quantize`d. Case: a decoding forward of --tokens new tokens after --context cached
+Models: the embedded drafter SmolLM2-135M (`specops.models.load`, 30 Llama layers, 9 heads over 3
+key/value heads) and target Gemma-3-270M (18 layers: q/k norms, four norms a layer, GELU-tanh, sliding-
+window and global layers; 4 heads over 1), float32 or `specops.quantize`d. Case: a decoding forward of --tokens new tokens after --context cached
 ones, batch 1, logits of every new token. Providers:
 - `op`: the engine's Llama-family path (`LlamaForward`): embedding and rotary tables in Python, every
   layer in one `llama_layers` call, the head through skinny_linear / quantized_linear.
@@ -49,7 +50,7 @@ def run_case(model, weights: str, n: int, context: int, rounds: int) -> dict:
     general = CpuForward(model)
     lean = LlamaForward.of(model, general)
     if lean is None:
-        raise SystemExit(f"the Llama-family path refused SmolLM2-135M ({weights})")
+        raise SystemExit(f"the llama_layers path refused the model ({weights})")
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(n)
     prompt = torch.randint(0, vocab, (1, context), generator=gen)
@@ -69,7 +70,8 @@ def run_case(model, weights: str, n: int, context: int, rounds: int) -> dict:
                 forward(providers[name], caches[name], tokens, context)
                 times[name].append((time.perf_counter() - start) * 1e3)
     rel = float((outs["op"] - outs["modules"]).abs().max() / outs["modules"].abs().max())
-    row = {"weights": weights, "tokens": n, "context": context}
+    row = {"model": model.config.get_text_config().model_type, "weights": weights, "tokens": n,
+           "context": context}
     for name, t in times.items():
         row[f"{name}_min_ms"] = f"{min(t):.2f}"
         row[f"{name}_median_ms"] = f"{statistics.median(t):.2f}"
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,4")
     parser.add_argument("--context", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--models", default="smollm2-135m,gemma-3-270m")
     args, csv_path = parse_bench_args(parser, "llama_layers")
     if args.device != "cpu":  # gpu_suite.sh runs every bench with --device cuda: a skip, not a failure
         print("llama_layers runs on the CPU only (on a GPU, CUDA graphs remove the framework time it saves): "
@@ -93,13 +96,14 @@ def main() -> None:
     counts = [1] if args.quick else [int(t) for t in args.tokens.split(",")]
     rounds = 5 if args.quick else args.rounds
     rows = []
-    for w in weights:
-        model, _ = models.load("smollm2-135m", weights=w)
-        for n in counts:
-            rows.append(run_case(model, w, n, args.context, rounds))
-            print(f"  {w}, {n} token(s) done", file=sys.stderr, flush=True)
+    for name in ["smollm2-135m"] if args.quick else args.models.split(","):
+        for w in weights:
+            model, _ = models.load(name, weights=w)
+            for n in counts:
+                rows.append(run_case(model, w, n, args.context, rounds))
+                print(f"  {name}, {w}, {n} token(s) done", file=sys.stderr, flush=True)
     columns = list(rows[0])
-    print(f"llama_layers: SmolLM2-135M, batch 1, {args.context} cached tokens, {torch.get_num_threads()} threads, "
+    print(f"llama_layers: batch 1, {args.context} cached tokens, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}")
     print("| " + " | ".join(columns) + " |")
     print("| " + " | ".join("---" for _ in columns) + " |")

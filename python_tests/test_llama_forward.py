@@ -13,7 +13,8 @@
    refused.
 4. Fused products: q|k|v and gate|up of a quantized layer packed into one weight give the modules' outputs.
 5. Re-quantizing a model after its probe gives a new path (the module signature changed); rows beyond
-   `fits` and draft trees go the general way.
+   `fits` (prefills) go the general way; draft trees take the path, and a tree over a ragged batch whose
+   prefixes outgrow the window gives the general tree path's logits and cache.
 6. A compaction the engine left pending in its cache layers is applied before the path appends.
 7. Decoding: greedy `ar`, and `sd` with a quantized Llama drafter, equal `generate()` on a ragged batch.
 """
@@ -160,7 +161,7 @@ def test_requantizing_gives_a_new_path_and_big_forwards_go_the_general_way():
     assert second.fits(32) and not second.fits(33)
 
 
-def test_trees_and_prefills_do_not_take_it(monkeypatch):
+def test_prefills_do_not_take_it_and_trees_do(monkeypatch):
     from specops.decoding.attention import TreeMask
 
     model = arch_zoo.llama()
@@ -186,7 +187,50 @@ def test_trees_and_prefills_do_not_take_it(monkeypatch):
         tree = TreeMask(valid=torch.ones(1, 44, dtype=torch.bool), depth=torch.tensor([[0, 1, 1]]), visible=visible)
         logits = lm.forward(torch.tensor([[8, 9, 10]]), tree.valid, torch.tensor([[41, 42, 42]]), cache, keep=3,
                             tree=tree)
-    assert calls == [(1, 1)] and logits.shape[:2] == (1, 3)
+    assert calls == [(1, 1), (1, 3)] and logits.shape[:2] == (1, 3)
+
+
+@pytest.mark.parametrize("arch", ["llama_gqa", "qwen3", "gemma3", "qwen2_sliding"])
+def test_a_tree_forward_equals_the_general_tree_path(arch):
+    """A draft tree over a ragged batch whose prefixes outgrow the window of 6 slots (a node's window counts
+    tokens along its own path): logits and the cache's new keys and values equal the general path's
+    (transformers' layers under specops' tree attention)."""
+    from specops.decoding.attention import TreeMask
+
+    model = TAKEN[arch]()
+    fused, general = CausalLM(model), CausalLM(model)
+    general._llama_forward = None
+    assert fused.llama_forward is not None
+    rows = [[5, 9, 14, 3, 8, 2, 7, 30, 31], [11, 4, 6, 12, 13]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    valid = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.bool)
+    # node 0 continues the row; 1 and 2 hang from it, 3 from 1, 4 from 3 (depth 3), 5 from 2
+    parent = [-1, 0, 0, 1, 3, 2]
+    depth = torch.tensor([[0, 1, 1, 2, 3, 2]] * 2)
+    visible = torch.zeros(2, 6, 6, dtype=torch.bool)
+    for node in range(6):
+        ancestor = node
+        while ancestor >= 0:
+            visible[:, node, ancestor] = True
+            ancestor = parent[ancestor]
+    nodes_valid = torch.tensor([[1] * 6, [1, 1, 1, 1, 1, 0]], dtype=torch.bool)  # row 1's last node: padding
+    tokens = torch.tensor([[40, 41, 42, 43, 44, 45], [50, 51, 52, 53, 54, 0]])
+    results = []
+    with torch.inference_mode():
+        for lm in (fused, general):
+            cache = lm.new_cache()
+            lm.forward(ids, valid, (valid.long().cumsum(1) - 1).clamp(min=0), cache, keep=1)
+            mask = torch.cat([valid, nodes_valid], dim=1)
+            tree = TreeMask(mask, depth, visible)
+            positions = valid.sum(1, keepdim=True) + depth
+            logits = lm.forward(tokens, mask, positions, cache, keep=6, tree=tree)
+            results.append((logits, [(layer.keys[:, :, width:], layer.values[:, :, width:]) for layer in cache.layers]))
+    (got, got_kv), (want, want_kv) = results
+    scale = want.abs().max()
+    assert (got - want)[nodes_valid].abs().max() <= 1e-4 * scale
+    for (k, v), (wk, wv) in zip(got_kv, want_kv):
+        assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
 
 
 def test_a_pending_compaction_is_applied_before_the_append():

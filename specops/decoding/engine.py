@@ -136,8 +136,8 @@ class CausalLM:
 
     @property
     def llama_forward(self) -> LlamaForward | None:
-        """The few-call Llama-family CPU path (llama_forward.py) for chain forwards, if it reproduces this
-        model's logits."""
+        """The few-call CPU path (llama_forward.py) for forwards of few rows, if it reproduces this model's
+        logits."""
         if self._llama_forward is False:
             self._llama_forward = LlamaForward.of(self.model, self.cpu_forward)
         return self._llama_forward
@@ -188,9 +188,9 @@ class CausalLM:
             kwargs["cache_position"] = torch.arange(past, past + n, device=tokens.device)
         with tree_forward(self.model, tree) if tree is not None else nullcontext():
             if self.cpu_forward is not None and self.cpu_forward.usable(self.model):
-                llama = self.llama_forward if tree is None else None  # the few-call path, chains only
+                llama = self.llama_forward  # the few-call path, for chains and trees of few rows
                 if llama is not None and llama.fits(tokens.numel()) and "position_ids" in kwargs:
-                    logits = llama(keep, cache, **kwargs)
+                    logits = llama(keep, cache, tree=tree, **kwargs)
                 else:
                     logits = self.cpu_forward(keep, cache, **kwargs)
             else:

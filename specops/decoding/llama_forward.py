@@ -19,8 +19,8 @@ tables and a mask that hides the slots at least `sliding_window` before the quer
 window, which counts slots: the engine's cache keeps every slot). Gemma-3's scaled embedding is its
 embedding module's own, and a final logit soft-cap, where the config sets one, is applied as the model does.
 
-The path takes chain forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a
-chain); prefills and draft trees go through `CpuForward`. The cache is the transformers cache the model's
+The path takes forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a chain or
+of a draft tree, whose mask the op takes as it takes a chain's); prefills go through `CpuForward`. The cache is the transformers cache the model's
 own forward fills (post-rotary keys, [B, Hkv, L, D]), so both paths share it. Used only where a probe
 shows this path reproduces the model's logits, a ragged batch with a cache included (its 8 tokens are
 inside any window; the window's mask is checked against the model's own forward on small windows by
@@ -34,6 +34,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from specops.decoding.attention import TreeMask, _chain_index
 from specops.decoding.cpu_forward import _SKINNY_ROWS, CpuForward, _product, remember, reproduces
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -274,14 +275,16 @@ class LlamaForward:
 
     @torch.inference_mode()
     def __call__(self, keep: int, cache, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 position_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+                 position_ids: torch.Tensor, tree: TreeMask | None = None, **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to `cache` (a
-        transformers cache); attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n]."""
+        transformers cache); attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n];
+        tree: the n inputs are a draft tree (attention.py's layout), whose nodes see their ancestors only and
+        whose windows count tokens along each node's own path."""
         layers = getattr(cache, "layers", None)
         if layers is None or getattr(cache, "offloading", False) or len(layers) > len(self.base.layers) or \
                 any(type(layer).__name__ not in _LAYERS for layer in layers):
             return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, **kwargs)
+                                 position_ids=position_ids, **kwargs)  # a tree: inside the caller's tree_forward
         for layer in layers:
             if getattr(layer, "pending", None) is not None:
                 layer.settle()
@@ -289,13 +292,13 @@ class LlamaForward:
         past = attention_mask.shape[1] - n
         x = self.base.embed_tokens(input_ids).reshape(batch * n, -1).float()
         cos, sin = self._rotary(x, position_ids, self.global_type)  # [B, n, D]
-        mask, local = self._masks(attention_mask.bool(), past, n)
+        mask, local = self._masks(attention_mask.bool(), past, n) if tree is None else self._tree_masks(tree, past, n)
         ready = [i < len(layers) and layers[i].is_initialized for i in range(len(self.base.layers))]
         if any(ready) != all(ready) or any(ok and layers[i].keys.shape[2] != past for i, ok in enumerate(ready)) or \
                 (not ready[0] and past):
             # not a state decoding creates (layers of other lengths than the mask's): the general path
             return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, **kwargs)
+                                 position_ids=position_ids, **kwargs)  # a tree: inside the caller's tree_forward
         dim = cos.shape[-1]
         if ready[0]:
             room = [_room(layers[i], past + n) for i in range(len(layers))]
@@ -350,6 +353,18 @@ class LlamaForward:
             return mask, mask
         inside = (slots[None, :] > query[:, None] - self.window)[None, None]  # [1, 1, n, past + n]
         return mask, inside.expand(valid.shape[0], 1, n, past + n) if mask is None else mask & inside
+
+    def _tree_masks(self, tree: TreeMask, past: int, n: int) -> tuple:
+        """The masks [B, 1, n, past + n] of a tree forward: each node sees the valid prefix slots, its
+        ancestors and itself; a sliding layer also hides the keys whose chain index (a prefix slot's own,
+        a node's past + its depth: where it would sit in its own root-to-node chain) is at least `window`
+        before the query's."""
+        mask = tree.dense()
+        if self.window is None or past + n - 1 < self.window:  # no chain index reaches the window
+            return mask, mask
+        keys = _chain_index(tree, past, torch.arange(past + n, device=mask.device)[None])  # [B, past + n]
+        query = past + tree.depth  # [B, n]
+        return mask, mask & (keys[:, None, :] > query[:, :, None] - self.window)[:, None]
 
     @staticmethod
     def of(model, fallback: CpuForward | None) -> LlamaForward | None:
