@@ -117,8 +117,8 @@ def worker(name: str, sizes: list[int], repeats: int, context: int) -> list[dict
                     times.append(time.perf_counter() - start)
                 rows.append({"model": name, "isa": _C.cpu_isa(), "kind": kind, "tokens": n,
                              "ms": 1e3 * statistics.median(times), "bytes": weight_bytes(model),
-                             "path": "cpu_forward" if lm.cpu_forward is not None else
-                             "llama_layers" if lm.llama_forward is not None else "transformers"})
+                             "path": "llama_layers" if lm.llama_forward is not None and lm.llama_forward.fits(n + 1)
+                             else "cpu_forward" if lm.cpu_forward is not None else "transformers"})
     return rows
 
 
