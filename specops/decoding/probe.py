@@ -137,8 +137,13 @@ def tree_support(lm, tokens: list[int]) -> str | None:
 
 
 def _tree_probe(model_lm, pool: list[int], kernel: bool) -> str | None:
+    """The tree probe through the general path (transformers' layers under the tree attention of
+    attention.py: every layer must reach it), then, where the model has the few-call path that takes trees
+    of few rows (llama_forward.py), the same tree through that path too; both against the chains."""
     lm = CausalLM(model_lm.model, model_lm.name)  # its own call counters
     lm.tree_kernel = kernel
+    fused = CausalLM(model_lm.model, model_lm.name) if lm.llama_forward is not None else None
+    lm._llama_forward = None  # the general path, which trees beyond the few-call path's rows take
     token = lambda i: pool[(7 * i) % len(pool)]
     prompts = [[token(i) for i in range(5)], [token(i + 11) for i in range(3)]]
     # Per row: root, two children of the root, a grandchild under the first child; row 1 has no
@@ -184,6 +189,13 @@ def _tree_probe(model_lm, pool: list[int], kernel: bool) -> str | None:
             if not all(close_logits(want[n], tree[b, i], tolerance) for n, (b, i) in enumerate(cases)):
                 return ("its logits for a draft tree differ from the same paths decoded as chains (its attention "
                         "or positions do not follow the mask and position ids specops passes)")
+            if fused is not None:
+                state = KVState(fused, 2)
+                state.prefill(prompts)
+                tree = state.append_tree(torch.tensor(nodes, device=device), valid.to(device), depth.to(device),
+                                         visible.to(device))
+                if not all(close_logits(want[n], tree[b, i], tolerance) for n, (b, i) in enumerate(cases)):
+                    return "its logits for a draft tree through specops' few-call CPU path differ from the chains'"
     except Exception as error:  # a model that cannot take the tree at all
         return f"a tree forward fails ({type(error).__name__}: {error})"
     return None
