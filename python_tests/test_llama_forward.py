@@ -27,7 +27,7 @@ import torch
 import transformers
 
 import specops
-from specops.decoding.cpu_forward import CpuForward
+from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward
 from specops.decoding.engine import CausalLM
 from specops.decoding.llama_forward import LlamaForward, _Product, _structure
 
@@ -158,7 +158,7 @@ def test_requantizing_gives_a_new_path_and_big_forwards_go_the_general_way():
     for layer in range(len(model.model.layers)):  # q|k|v and gate|up fused: the k, v and up slots empty
         slots = second.linears[28 * layer:28 * (layer + 1):4]
         assert slots[0].dtype == torch.int8 and slots[1] is None and slots[2] is None and slots[5] is None
-    assert second.fits(32) and not second.fits(33)
+    assert second.fits(_FEW_ROWS) and not second.fits(_FEW_ROWS + 1) and _FEW_ROWS >= 32
 
 
 def test_prefills_do_not_take_it_and_trees_do(monkeypatch):
@@ -177,15 +177,15 @@ def test_prefills_do_not_take_it_and_trees_do(monkeypatch):
     monkeypatch.setattr(LlamaForward, "__call__", counting)
     with torch.inference_mode():
         cache = lm.new_cache()
-        prompt = torch.arange(3, 43).unsqueeze(0)  # 40 rows: a prefill, beyond `fits`
-        lm.forward(prompt, torch.ones(1, 40, dtype=torch.bool), torch.arange(40).unsqueeze(0), cache, keep=1)
+        prompt = torch.arange(3, 73).unsqueeze(0)  # 70 rows: a prefill, beyond `fits`
+        lm.forward(prompt, torch.ones(1, 70, dtype=torch.bool), torch.arange(70).unsqueeze(0), cache, keep=1)
         assert calls == []
-        lm.forward(torch.tensor([[7]]), torch.ones(1, 41, dtype=torch.bool), torch.tensor([[40]]), cache, keep=1)
+        lm.forward(torch.tensor([[7]]), torch.ones(1, 71, dtype=torch.bool), torch.tensor([[70]]), cache, keep=1)
         assert calls == [(1, 1)]
         # a tree of three nodes: the root's two children see the root and themselves
         visible = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
-        tree = TreeMask(valid=torch.ones(1, 44, dtype=torch.bool), depth=torch.tensor([[0, 1, 1]]), visible=visible)
-        logits = lm.forward(torch.tensor([[8, 9, 10]]), tree.valid, torch.tensor([[41, 42, 42]]), cache, keep=3,
+        tree = TreeMask(valid=torch.ones(1, 74, dtype=torch.bool), depth=torch.tensor([[0, 1, 1]]), visible=visible)
+        logits = lm.forward(torch.tensor([[8, 9, 10]]), tree.valid, torch.tensor([[71, 72, 72]]), cache, keep=3,
                             tree=tree)
     assert calls == [(1, 1), (1, 3)] and logits.shape[:2] == (1, 3)
 
@@ -335,3 +335,21 @@ def test_dropping_trailing_slots_keeps_the_room():
     moved = _moved(t, [0, -1], 7)
     assert moved.data_ptr() != t.data_ptr() and torch.equal(moved[1, :, 1:], t[1, :, :6])
     assert torch.equal(moved[1, :, 0], torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("vendor,mkl,slow", [("AuthenticAMD", True, True), ("GenuineIntel", True, False),
+                                             ("AuthenticAMD", False, False), (None, True, False)])
+def test_blas_is_slow_only_for_mkl_on_another_vendors_cpu(monkeypatch, tmp_path, vendor, mkl, slow):
+    """Products of more than 32 rows leave skinny_linear for torch's BLAS only where it is fast: not MKL on
+    a CPU that is not Intel's (measured: 1.4-4x slower than skinny_linear at 16-512 rows on an AMD EPYC)."""
+    import builtins
+
+    from specops.decoding import cpu_forward
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\n" + (f"vendor_id\t: {vendor}\n" if vendor else "") + "flags\t: avx2\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path,
+                                                                          *a, **k))
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    assert cpu_forward._blas_is_slow_here() is slow

@@ -28,7 +28,28 @@ __all__ = ["CpuForward"]
 
 
 _CPU_FORWARD_OK: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
-_SKINNY_ROWS = 32  # beyond this many rows a BLAS GEMM is as fast (Gemma-3-270M's head: 1.15x at 24 rows)
+
+
+def _blas_is_slow_here() -> bool:
+    """Whether torch's BLAS is MKL on a CPU that is not Intel's. MKL takes a generic path there: on a 2-vCPU
+    AMD EPYC (Zen 5) F.linear reached 41-114 GFLOP/s where skinny_linear reached 150-250, at every row count
+    from 16 to 512 (Gemma-3-270M's output head: 77 against 26 ms at 16 rows... 1,504 against 900 ms at 512;
+    python bench/bench_skinny_linear.py). On an Intel Xeon MKL's GEMM is as fast from about 24 rows on."""
+    if not torch.backends.mkl.is_available():
+        return False
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+    except OSError:
+        return False
+    return vendor not in ("", "GenuineIntel")
+
+
+# Up to how many rows a product goes through skinny_linear rather than torch's BLAS: 32 where the BLAS is fast
+# from about that many rows on (Gemma-3-270M's head on a Xeon: MKL 1.15x faster at 24 rows), every row count
+# where it is not.
+_SKINNY_ROWS = 1 << 30 if _blas_is_slow_here() else 32
+_FEW_ROWS = min(64, _SKINNY_ROWS)  # the few-call path's forwards (llama_forward.py): decoding steps, not prefills
 # Heads of at least this many weights decide by timing where the C++ kernels run their portable copy (no
 # x86 SIMD: an ARM CPU's BLAS may beat it). Their AVX2 and AVX-512 copies read a weight once where BLAS
 # re-reads it per row or few rows, and were faster for 1 and 4 rows on every x86 machine measured (Xeon:

@@ -19,8 +19,9 @@ tables and a mask that hides the slots at least `sliding_window` before the quer
 window, which counts slots: the engine's cache keeps every slot). Gemma-3's scaled embedding is its
 embedding module's own, and a final logit soft-cap, where the config sets one, is applied as the model does.
 
-The path takes forwards of at most `_SKINNY_ROWS` rows (decoding steps, drafts, verification of a chain or
-of a draft tree, whose mask the op takes as it takes a chain's); prefills go through `CpuForward`. The cache is the transformers cache the model's
+The path takes forwards of at most `_FEW_ROWS` rows (64, or 32 where torch's BLAS is fast from 32 rows on:
+decoding steps, drafts, verification of a chain or of a draft tree, whose mask the op takes as it takes a
+chain's); prefills go through `CpuForward`. The cache is the transformers cache the model's
 own forward fills (post-rotary keys, [B, Hkv, L, D]), so both paths share it. Used only where a probe
 shows this path reproduces the model's logits, a ragged batch with a cache included (its 8 tokens are
 inside any window; the window's mask is checked against the model's own forward on small windows by
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from specops.decoding.attention import TreeMask, _chain_index
-from specops.decoding.cpu_forward import _SKINNY_ROWS, CpuForward, _product, remember, reproduces
+from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward, _product, remember, reproduces
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
 
@@ -270,8 +271,8 @@ class LlamaForward:
         return tuple(id(m) for m in mods) + tuple(id(getattr(m, "weight", None)) for m in mods)
 
     def fits(self, rows: int) -> bool:
-        """Whether a chain forward of `rows` = B * n rows goes this way (products for few rows only)."""
-        return rows <= _SKINNY_ROWS
+        """Whether a forward of `rows` = B * n rows goes this way (decoding steps; not prefills)."""
+        return rows <= _FEW_ROWS
 
     @torch.inference_mode()
     def __call__(self, keep: int, cache, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
