@@ -99,8 +99,8 @@ def _generate_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                              "vocabulary, greedy or sampling, one target or several); "
                              + "; ".join(f"{m.name}: {m.summary}" for m in registry.METHODS.values()))
     parser.add_argument("--target", default="gemma-3-270m",
-                        help=f"target model, an embedded name ({_MODELS}); several, comma-separated, decode from "
-                             "their ensemble (--ensemble)")
+                        help=f"target model, an embedded name ({_MODELS}; NAME:int8 is the fast CPU path, a quantized "
+                             "model decoded exactly); several, comma-separated, decode from their ensemble (--ensemble)")
     parser.add_argument("--ensemble", type=_ensemble_rule, default=None, metavar="{weighted:W1,W2,...,contrastive:MU[,ALPHA]}",
                         help="with several targets: the weighted mixture of their probabilities (default: equal "
                              "weights), or contrastive decoding (expert first) with mu and the plausibility alpha")
