@@ -4,7 +4,8 @@ llama.cpp on the same model, in one run.
     python bench/bench_memory.py [--rounds 2] [--configs ar,ngram,ngram-memory,hf-lookup,vllm,vllm-ngram,
                                   vllm-suffix,vllm-specops,llama,llama-ngram-simple,llama-ngram-mod,
                                   llama-ngram-cache]
-                                 [--workloads unrelated,refine,again,passk] [--vllm-python PATH]
+                                 [--workloads unrelated,refine,again,passk] [--modes alone,together8,"one call"]
+                                 [--vllm-python PATH]
                                  [--gguf PATH] [--csv PATH] [--plot docs/memory_cpu.png]
 
 Target Gemma-3-270M, float32 everywhere (`specops models path gemma-3-270m`; llama.cpp reads the same weights
@@ -177,6 +178,10 @@ class Llama:
         self.server.start()
         self.slots = slots
 
+    def prepare(self, requests: int) -> None:
+        """A server with slots for `requests` at once, started before the timed calls."""
+        self._ensure(requests)
+
     def run(self, prompts: list[str], *, samples: int | None = None, sampled: bool = False, seed: int = 0):
         requests = [p for p in prompts for _ in range(samples or 1)]
         self._ensure(len(requests))
@@ -214,6 +219,8 @@ def _timed(fn):
 def cell(runner, workload: str, mode: str) -> dict:
     """One workload in one mode: the timed part's new tokens and seconds, and its greedy tokens."""
     prompts = load_prompts(PROMPTS[workload, mode], 8)
+    if hasattr(runner, "prepare"):  # outside the timing: llama-server restarts with more slots
+        runner.prepare({"alone": 1, "together8": 8}.get(mode, 8 * SAMPLES))
     if workload == "passk":
         if mode == "alone":
             parts = [_timed(lambda p=p, i=i, j=j: runner.run([p], sampled=True, seed=1000 * i + j))
@@ -237,23 +244,25 @@ def cell(runner, workload: str, mode: str) -> dict:
     return {"tokens": sum(map(len, tokens)), "seconds": sum(p[2] for p in parts), "greedy": tokens}
 
 
-def cells(workloads: list[str], config: str) -> list[tuple[str, str]]:
+def cells(workloads: list[str], config: str, only: list[str] | None = None) -> list[tuple[str, str]]:
     out = []
     for workload in workloads:
         modes = ["alone", "together8"] + (["one call"] if workload == "passk" else [])
         for mode in modes:
+            if only and mode not in only:
+                continue
             if config == "hf-lookup" and mode != "alone":
                 continue  # transformers' assisted generation takes one request at a time
             out.append((workload, mode))
     return out
 
 
-def worker(config: str, workloads: list[str], gguf: str, path: str) -> None:
+def worker(config: str, workloads: list[str], gguf: str, path: str, modes: list[str] | None = None) -> None:
     results = []
     try:
         runner = engine(config, gguf)
         runner.run([WARM_UP])
-        for workload, mode in cells(workloads, config):
+        for workload, mode in cells(workloads, config, modes):
             try:
                 results.append({"workload": workload, "mode": mode, **cell(runner, workload, mode)})
             except Exception as error:  # noqa: BLE001 - reported in the results
@@ -273,6 +282,7 @@ def run_config(config: str, workloads: list[str], args, out: Path) -> list[dict]
     path = out / f"{config}.json"
     path.unlink(missing_ok=True)
     command = [python, str(Path(__file__).resolve()), "--worker", config, "--workloads", ",".join(workloads),
+               "--modes", args.modes,
                "--gguf", args.gguf, "--out", str(path)]
     log = out / f"{config}.log"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -346,6 +356,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--modes", default="alone,together8,one call",
+                        help="the modes to run, of alone, together8 and one call (passk only)")
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", sys.executable),
                         help="the Python of vLLM's environment, with specops installed")
     parser.add_argument("--vllm-cache", default=os.environ.get("VLLM_SPECOPS_CACHE", ""),
@@ -363,7 +375,7 @@ def main() -> None:
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     if args.worker:
-        worker(args.worker, workloads, args.gguf, args.out)
+        worker(args.worker, workloads, args.gguf, args.out, args.modes.split(","))
         return
     configs = args.configs.split(",")
     out = Path(args.csv).with_suffix("")
