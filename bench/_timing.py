@@ -13,6 +13,7 @@ import csv
 import datetime
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -86,6 +87,17 @@ def csv_path(args: argparse.Namespace) -> Path:
     device = getattr(args, "device", None)
     name = f"{args.bench_name}_{device}" if device else args.bench_name
     return Path(__file__).parent / "results" / f"{name}.csv"
+
+
+def shuffled_rounds(configs: Sequence[str], rounds: int, seed: int = 0) -> Iterable[tuple[int, str]]:
+    """(round, configuration) for every round, the configurations in a new random order each round (the
+    same orders for the same seed), so that a drift of the host's speed falls on all of them alike."""
+    rng = random.Random(seed)
+    for round_ in range(rounds):
+        order = list(configs)
+        rng.shuffle(order)
+        for config in order:
+            yield round_, config
 
 
 def load_prompts(first: int, count: int) -> list[str]:

@@ -50,14 +50,13 @@ import argparse
 import csv
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _timing import bandwidth_gbs, load_prompts, machine_info, markdown_table
+from _timing import bandwidth_gbs, load_prompts, machine_info, markdown_table, shuffled_rounds
 
 BENCH = Path(__file__).resolve().parent
 CONFIGS = ["ar", "ngram", "ngram-memory", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix", "vllm-specops", "llama",
@@ -387,23 +386,20 @@ def main() -> None:
         return
     before = bandwidth_gbs()
     print(f"streaming bandwidth at the start: {before:.1f} GB/s", file=sys.stderr, flush=True)
-    rows, rng = [], random.Random(0)
-    for round_ in range(args.rounds):
-        order = configs[:]
-        rng.shuffle(order)
-        for config in order:
-            start = time.perf_counter()
-            results = run_config(config, workloads, args, out)
-            for r in results:
-                row = {"round": round_, "config": config, "workload": r.get("workload", ""), "mode": r.get("mode", ""),
-                       "tokens": r.get("tokens"), "seconds": r.get("seconds"), "error": r.get("error", "")}
-                row["tok_s"] = r["tokens"] / r["seconds"] if r.get("seconds") else None
-                row["greedy"] = r.get("greedy")
-                rows.append(row)
-            saved.write_text(json.dumps({"rows": rows, "before": before, "after": None}))
-            print(f"round {round_} {config}: {time.perf_counter() - start:.0f} s "
-                  f"{[(r.get('workload'), r.get('mode'), round(r['tokens'] / r['seconds'], 1)) if r.get('seconds') else r.get('error') for r in results]}",
-                  file=sys.stderr, flush=True)
+    rows = []
+    for round_, config in shuffled_rounds(configs, args.rounds):
+        start = time.perf_counter()
+        results = run_config(config, workloads, args, out)
+        for r in results:
+            row = {"round": round_, "config": config, "workload": r.get("workload", ""), "mode": r.get("mode", ""),
+                   "tokens": r.get("tokens"), "seconds": r.get("seconds"), "error": r.get("error", "")}
+            row["tok_s"] = r["tokens"] / r["seconds"] if r.get("seconds") else None
+            row["greedy"] = r.get("greedy")
+            rows.append(row)
+        saved.write_text(json.dumps({"rows": rows, "before": before, "after": None}))
+        print(f"round {round_} {config}: {time.perf_counter() - start:.0f} s "
+              f"{[(r.get('workload'), r.get('mode'), round(r['tokens'] / r['seconds'], 1)) if r.get('seconds') else r.get('error') for r in results]}",
+              file=sys.stderr, flush=True)
     after = bandwidth_gbs()
     print(f"streaming bandwidth at the end: {after:.1f} GB/s", file=sys.stderr, flush=True)
     saved.write_text(json.dumps({"rows": rows, "before": before, "after": after}))

@@ -49,14 +49,20 @@ import csv
 import importlib.metadata
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _timing import bandwidth_gbs, load_prompts, machine_info, markdown_table, read_bandwidth_gbs
+from _timing import (
+    bandwidth_gbs,
+    load_prompts,
+    machine_info,
+    markdown_table,
+    read_bandwidth_gbs,
+    shuffled_rounds,
+)
 from bench_memory import Llama as _ServerEngine  # its _LLAMA_SPECS: the llama.cpp settings
 
 BENCH = Path(__file__).resolve().parent
@@ -262,22 +268,19 @@ def bandwidth() -> dict[str, float]:
 
 def run_rounds(args, configs: list[str], out: Path) -> list[dict]:
     """Every round's rows: one per configuration and mode (or one per configuration that failed)."""
-    rows, rng = [], random.Random(0)
-    for round_ in range(args.rounds):
-        order = configs[:]
-        rng.shuffle(order)
-        for config in order:
-            start = time.perf_counter()
-            results = run_config(config, args, out)
-            for r in results:
-                tok_s = r["tokens"] / r["seconds"] if r.get("seconds") else None
-                rows.append({"round": round_, "config": config, "mode": r.get("mode", ""),
-                             "tokens": r.get("tokens"), "seconds": r.get("seconds"), "tok_s": tok_s,
-                             "greedy": r.get("greedy"), "error": r.get("error", "")})
-            done = [f"{r['mode']} {r['tokens'] / r['seconds']:.1f} tok/s" if r.get("seconds")
-                    else r.get("error") for r in results]
-            print(f"round {round_} {config}: {time.perf_counter() - start:.0f} s {done}", file=sys.stderr,
-                  flush=True)
+    rows = []
+    for round_, config in shuffled_rounds(configs, args.rounds):
+        start = time.perf_counter()
+        results = run_config(config, args, out)
+        for r in results:
+            tok_s = r["tokens"] / r["seconds"] if r.get("seconds") else None
+            rows.append({"round": round_, "config": config, "mode": r.get("mode", ""),
+                         "tokens": r.get("tokens"), "seconds": r.get("seconds"), "tok_s": tok_s,
+                         "greedy": r.get("greedy"), "error": r.get("error", "")})
+        done = [f"{r['mode']} {r['tokens'] / r['seconds']:.1f} tok/s" if r.get("seconds")
+                else r.get("error") for r in results]
+        print(f"round {round_} {config}: {time.perf_counter() - start:.0f} s {done}", file=sys.stderr,
+              flush=True)
     return rows
 
 
