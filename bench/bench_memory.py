@@ -167,6 +167,7 @@ class Llama:
 
         self.module, self.gguf, self.spec = _llama_server, gguf, _LLAMA_SPECS[config]
         self.server, self.slots = None, 0
+        self.new_tokens = NEW_TOKENS
 
     def _ensure(self, slots: int) -> None:
         if self.server is not None and self.slots >= slots:
@@ -186,10 +187,10 @@ class Llama:
         self._ensure(len(requests))
         kwargs = dict(temperature=TEMPERATURE, top_p=TOP_P) if sampled else dict(temperature=0.0)
         if len(requests) == 1:
-            outs = [self.module.complete(self.server, requests[0], n_predict=NEW_TOKENS, seed=seed, **kwargs)]
+            outs = [self.module.complete(self.server, requests[0], n_predict=self.new_tokens, seed=seed, **kwargs)]
         else:
             seeds = [seed + i for i in range(len(requests))]  # the samples of one prompt differ
-            outs = self.module.complete_many(self.server, requests, n_predict=NEW_TOKENS, seed=seeds, **kwargs)
+            outs = self.module.complete_many(self.server, requests, n_predict=self.new_tokens, seed=seeds, **kwargs)
         return [o["tokens"] for o in outs], [o["text"] for o in outs]
 
     def close(self) -> None:

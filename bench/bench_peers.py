@@ -156,12 +156,7 @@ class Llama(_ServerEngine):
         self.new_tokens = new_tokens
 
     def run(self, prompts: list[str]) -> list[list[int]]:
-        self._ensure(len(prompts))
-        if len(prompts) == 1:
-            outs = [self.module.complete(self.server, prompts[0], n_predict=self.new_tokens)]
-        else:
-            outs = self.module.complete_many(self.server, prompts, n_predict=self.new_tokens)
-        return [o["tokens"] for o in outs]
+        return super().run(prompts)[0]  # greedy: temperature 0
 
     def fresh(self) -> None:
         """A new server for the next mode: one keeps what it saw (its prompt cache, the ngram-mod pool)."""
