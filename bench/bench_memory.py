@@ -4,8 +4,8 @@ llama.cpp on the same model, in one run.
     python bench/bench_memory.py [--rounds 2] [--configs ar,ngram,ngram-memory,hf-lookup,vllm,vllm-ngram,
                                   vllm-suffix,vllm-specops,llama,llama-ngram-simple,llama-ngram-mod,
                                   llama-ngram-cache]
-                                 [--workloads unrelated,refine,again,passk] [--modes alone,together8,"one call"]
-                                 [--vllm-python PATH]
+                                 [--workloads unrelated,refine,again,passk]
+                                 [--modes alone,together8,"one call"] [--vllm-python PATH]
                                  [--gguf PATH] [--csv PATH] [--plot docs/memory_cpu.png]
 
 Target Gemma-3-270M, float32 everywhere (`specops models path gemma-3-270m`; llama.cpp reads the same weights

@@ -33,8 +33,9 @@ _CPU_FORWARD_OK: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictio
 def _blas_is_slow_here() -> bool:
     """Whether torch's BLAS is MKL on a CPU that is not Intel's. MKL takes a generic path there: on a 2-vCPU
     AMD EPYC (Zen 5) F.linear reached 41-114 GFLOP/s where skinny_linear reached 150-250, at every row count
-    from 16 to 512 (Gemma-3-270M's output head: 130 against 26 ms at 16 rows, 305 against 85 at 64, 1,504
-    against 900 at 512; 2026-12-03, docs/benchmarks.md). On an Intel Xeon MKL is as fast from about 24 rows."""
+    from 16 to 512 (Gemma-3-270M's output head: 98.9 against 26.6 ms at 16 rows and 265 against 102 at 64 in
+    docs/benchmarks.md's run of 2026-12-03; 1,504 against 900 at 512 in an earlier one). On an Intel Xeon MKL
+    is as fast from about 24 rows."""
     if not torch.backends.mkl.is_available():
         return False
     try:
