@@ -13,7 +13,7 @@ import torch
 
 import specops
 from specops.decoding.rsd import _path
-from specops.decoding.cost_model import CostPlane, DraftLength, StepCost, TreeShape, nodes
+from specops.decoding.cost_model import CatchUp, CostPlane, DraftLength, StepCost, TreeShape, nodes
 from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
 from stats_helpers import SD_TARGET_TABLE as TARGET_TABLE
 from toy_models import TableLM, letter_tokenizer
@@ -215,6 +215,42 @@ def test_cost_plane_reads_near_batch_sizes():
 
 
 # ---- the choosers ----
+
+def test_catching_up_pays_only_within_the_tokens_left():
+    """CatchUp.pays: drafting that saves s seconds a token on n requests with L tokens left each repays a read
+    of t backlog tokens at r seconds a token iff n L s > t r; a probe is priced at its best case; nothing
+    measured yet says yes (the first read measures it)."""
+    chooser = DraftLength("auto", max_drafts=4)
+    for _ in range(40):  # a step: 0.1 s + 0.01 s a draft token; half the drafts accepted
+        chooser.observe(2, 0.12, 0.005, 0.0, [1], [2])
+        chooser.observe(0, 0.10, None, 0.0, [], [])
+    catch_up = CatchUp()
+    assert catch_up.pays(chooser, 1, (1, 1), 10_000, 1.0)  # never measured
+    catch_up.observe(7, 0.05)  # too short a read to price tokens by
+    assert catch_up.per_token is None
+    catch_up.observe(100, 0.1)  # a millisecond a token
+    assert catch_up.per_token == pytest.approx(1e-3)
+    rates = chooser.rates(1)  # tokens per second
+    saved = 1 / float(rates[0]) - 1 / float(rates[2])  # seconds drafting 2 saves per token
+    assert saved > 0.005
+    even = 50 * saved / 1e-3  # the backlog that 50 tokens left just repay
+    assert catch_up.pays(chooser, 1, (1, 1), int(even * 0.9), 50.0)
+    assert not catch_up.pays(chooser, 1, (1, 1), int(even * 1.1), 50.0)
+    assert not catch_up.pays(chooser, 1, (1, 1), 10_000, 1.0) and catch_up.pays(chooser, 1, (1, 1), 0, 1.0)
+    assert catch_up.pays(chooser, 1, (), 10_000, 1.0)  # no drafting, nothing to repay
+    # Where no draft was ever accepted, a probe (which plain decoding beats as measured) may catch up for an
+    # eighth of the plain steps before it came due, whatever the tokens left.
+    rejecting = DraftLength("auto", max_drafts=4)
+    for _ in range(40):
+        rejecting.observe(1, 0.11, 0.005, 0.0, [0], [1])
+        rejecting.observe(0, 0.10, None, 0.0, [], [])
+    rates = rejecting.rates(1)
+    assert float(rates[1]) < float(rates[0])
+    rejecting.probe.gap = 16
+    even = 16 / 8 * (1 / float(rates[0])) / 1e-3
+    assert catch_up.pays(rejecting, 1, (1,), int(even * 0.9), 50.0)
+    assert not catch_up.pays(rejecting, 1, (1,), int(even * 1.1), 50.0)
+
 
 def test_chains_explore_by_doubling():
     """A flat cost and a drafter whose drafts are always accepted: the chain grows, but a step never carries

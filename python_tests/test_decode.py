@@ -24,7 +24,7 @@ import pytest
 
 import specops
 from specops._machine_load import auto_threads, decoding_threads
-from specops.decoding.cost_model import DraftLength
+from specops.decoding.cost_model import CatchUp, DraftLength
 from stats_helpers import (ALPHA, N_SEQUENCES, PROMPTS, STEP_COST, _fit, _simulate, _true_rate,
                            assert_follows_target, check_stats, cpu_like)
 from stats_helpers import SD_DRAFTER_TABLE as DRAFTER_TABLE
@@ -118,15 +118,36 @@ def test_greedy_batched_equals_alone(models, tok, ar_reference):
 
 def test_greedy_sd_with_plain_steps_equals_ar(models, tok, ar_reference, monkeypatch):
     """Draft lengths 0 (a plain decoding step, the drafter falls behind and catches up later), 1, 3
-    and 6, in a fixed order, so the K = 0 path runs deterministically."""
+    and 6, in a fixed order, so the K = 0 path runs deterministically (the script alone decides: the
+    catch-up's pricing is told every read pays)."""
     script = [0, 3, 0, 0, 1, 6, 0, 2]
     calls = iter(range(10_000))
     monkeypatch.setattr(DraftLength, "choose", lambda self, requests=1: script[next(calls) % len(script)])
+    monkeypatch.setattr(CatchUp, "pays", lambda self, *args: True)
     result = specops.decode(PROMPTS, target=models["llama"], tokenizer=tok, drafter="self:3",
                             max_new_tokens=MAX_NEW, num_draft_tokens="auto")
     assert result.tokens == ar_reference["llama"]
     assert 0 in result.stats.draft_lengths and 6 in result.stats.draft_lengths
     check_stats(result, "sd")
+
+
+def test_a_drafter_whose_reading_cannot_pay_falls_back_to_plain_steps(tok, monkeypatch):
+    """num_draft_tokens="auto" prices the drafter's reading of what it has not read (cost_model.CatchUp): with
+    every read measured at a second a token, the first drafting step reads the prompts (nothing was measured
+    yet) and every later step is plain, probes included (a probe may catch up for an eighth of the plain steps
+    since the last one, a few milliseconds here); the tokens are ar's."""
+    target, drafter = tiny_llama(layers=2, seed=11), tiny_llama(layers=1, seed=12)
+    expected = specops.decode(PROMPTS, target=target, tokenizer=tok, method="ar", max_new_tokens=40).tokens
+    monkeypatch.setattr(CatchUp, "observe", lambda self, tokens, seconds: setattr(self, "per_token", 1.0))
+    result = specops.decode(PROMPTS, target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok,
+                            max_new_tokens=40, num_draft_tokens="auto")
+    assert result.tokens == expected
+    lengths = result.stats.draft_lengths
+    assert lengths[0] > 0 and not any(lengths[1:]), lengths
+    monkeypatch.undo()
+    free = specops.decode(PROMPTS, target=target, tokenizer=tok, drafter=drafter, drafter_tokenizer=tok,
+                          max_new_tokens=40, num_draft_tokens=3)  # a fixed length drafts every step whatever a read costs
+    assert free.tokens == expected and all(n == 3 for n in free.stats.draft_lengths[:5])
 
 
 def test_greedy_sd_equals_ar_sliding_window(tok):

@@ -32,7 +32,7 @@ from toy_models import byte_tokenizer, merged_byte_tokenizer, tiny_llama
 
 from specops import ops
 from specops.decoding import model_ngrams
-from specops.decoding.cost_model import DraftLength
+from specops.decoding.cost_model import CatchUp, DraftLength
 from specops.vllm import NgramProposer, SlemProposer
 from specops.vllm import _requests as requests_module
 from specops.vllm._requests import Requests
@@ -460,6 +460,52 @@ def test_slem_with_the_target_as_drafter_has_every_draft_accepted(saved, monkeyp
     assert loop.drafted > 20 and loop.accepted == loop.drafted, (loop.accepted, loop.drafted)
     proposer.propose([], np.zeros(0, dtype=np.int32), np.zeros((0, 8), dtype=np.int32))  # the next step
     assert not proposer.order and not proposer.pending  # every request left the drafter's batch
+
+
+@pytest.mark.parametrize("per_token, joins", [(1.0, False), (0.0, True)])
+def test_slem_reads_a_prompt_only_where_drafting_repays_it(saved, monkeypatch, per_token, joins):
+    """Requests join the drafter only at a step that drafts, and a step drafts only if the drafter's reading
+    of what it has not read yet pays for itself (cost_model.CatchUp). The chooser sees a flat cost (50 ms a
+    step, 1 ms a drafter forward) and every read is priced at `per_token` seconds a token: at a second a
+    token the two requests arriving later are never read (nor is anything drafted once they wait), at no
+    cost they join; the tokens are the target's own either way."""
+    folder, target = saved
+    monkeypatch.setenv("SPECOPS_DRAFTER", str(folder))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "auto")
+    observe = DraftLength.observe
+    monkeypatch.setattr(DraftLength, "observe", lambda self, drafts, target, drafter, outside, accepted, offered:
+                        observe(self, drafts, 0.05, None if drafter is None else 0.001, 0.0, accepted, offered))
+    monkeypatch.setattr(CatchUp, "observe", lambda self, tokens, seconds: setattr(self, "per_token", per_token))
+    proposer = SlemProposer(_config(4, tokenizer=str(folder)))
+    loop = _Loop(target, seed=3)
+    prompts = [[72, 101, 108], [40, 41, 42], [60, 61, 62, 63, 64, 65], [90, 91, 92, 93, 94]]
+    lengths = [24, 24, 20, 20]
+    requests = [loop.join(prompts[0], lengths[0]), loop.join(prompts[1], lengths[1])]
+    early: set = set()
+    late: set = set()
+    read: set = set()  # requests the drafter has read
+    for step in range(60):
+        if step == 4:
+            early = set(proposer.born)
+            requests += [loop.join(prompts[2], lengths[2]), loop.join(prompts[3], lengths[3])]
+        if step == 5:
+            late = set(proposer.born) - early
+        if not loop.running:
+            break
+        loop.step(proposer)
+        read |= set(proposer.order)
+        if step >= 4 and not joins:
+            assert proposer.k == 0
+    assert len(early) == len(late) == 2 and not loop.running
+    assert early <= read and (late <= read) == joins
+    for request, prompt, n in zip(requests, prompts, lengths):
+        assert request["tokens"] == _greedy_alone(target, prompt, n)
+    assert loop.drafted > 0 and loop.accepted == loop.drafted
+    proposer.propose([], np.zeros(0, dtype=np.int32), np.zeros((0, 8), dtype=np.int32))  # the next step
+    # per request, the tokens between the first step it saw and the last (which drafts of up to 4 end)
+    assert len(proposer.outputs) == 4 and all(14 <= n <= 22 for n in proposer.outputs), proposer.outputs
+    if joins:
+        assert loop.drafted > 30
 
 
 def test_slem_resumes_requests_after_steps_without_proposals(saved, monkeypatch):

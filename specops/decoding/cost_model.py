@@ -34,6 +34,15 @@ rsd-c, rsd-s, specinfer), and n-gram drafting (draft_shape.py), which scores its
 tokens, counterfactually, and asks the same `StepCost`. What a decode call learned starts the next call
 with the same target, drafter and method in the process (costs as measured; acceptance worth at most
 _MEMORY_WEIGHT observations), so a serving process does not explore again for every request.
+
+Catching up (`CatchUp`). A drafter that has not read a request's tokens (a request it never drafted for, or
+plain steps since it last did) must read them before it drafts again: r * t seconds for t tokens at r seconds
+a token, measured from the reads themselves. Drafting k a step pays for that only if the seconds it saves on
+the tokens the requests have left exceed it: n requests with L tokens left each save
+n L (1 / rate(plain) - 1 / rate(k)), rates in tokens per second from the chooser. A probe (drafting that
+plain decoding is predicted to beat) may catch up for at most _PROBE_SHARE of the plain steps since the last
+probe, so probing costs a bounded share wherever it happens. specops.vllm's drafter proposer met this at 8
+requests together: reading their prompts cost its drafter 1.4-2.8 s of a 5 s run.
 """
 
 from __future__ import annotations
@@ -45,12 +54,14 @@ import weakref
 
 import torch
 
-__all__ = ["Acceptance", "CostPlane", "DraftLength", "Probe", "ShapeChooser", "StepCost", "TreeShape"]
+__all__ = ["Acceptance", "CatchUp", "CostPlane", "DraftLength", "Probe", "ShapeChooser", "StepCost", "TreeShape"]
 
 _EMA = 0.3  # weight of a new measurement
 _EXPLORE = 2  # a step is priced at most at this many times the most tokens in flight measured
 _PROBE_EVERY = 8  # plain steps before the first probe of drafting
 _PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
+_LONG_READ = 32  # tokens a drafter's read must have for CatchUp to price reads by it
+_PROBE_SHARE = 1 / 8  # of the plain steps since the last probe, what a probe's catching up may cost
 _MEMORY_WEIGHT = 16.0  # one-child observations' worth of acceptance carried into the next decode call
 
 # Tree candidates: rsd-c / specinfer branchings and rsd-s beams.
@@ -224,13 +235,14 @@ class Probe:
     def __init__(self):
         self.plain_steps = 0  # plain steps since drafting was last chosen or probed
         self.interval = _PROBE_EVERY
+        self.gap = 0  # plain steps before the last probe that came due
 
     def due(self) -> bool:
         """Count one more plain step; True when a probe is due (the interval then doubles)."""
         self.plain_steps += 1
         if self.plain_steps < self.interval:
             return False
-        self.plain_steps = 0
+        self.gap, self.plain_steps = self.plain_steps, 0
         self.interval = min(2 * self.interval, _PROBE_MAX)
         return True
 
@@ -307,6 +319,7 @@ class ShapeChooser:
         self.cost = StepCost()
         self.acceptance = Acceptance(widest)
         self.probe = Probe()
+        self.catch_up = CatchUp()
         self._sizes = torch.tensor([self.nodes(s) for s in candidates], dtype=torch.long)
         self._forwards = torch.tensor([self.forwards(s) for s in candidates], dtype=torch.long)
 
@@ -333,7 +346,10 @@ class ShapeChooser:
             return None
         self.cost = old.cost.copy()
         self.acceptance = old.acceptance.carried(_MEMORY_WEIGHT)
-        self.probe.interval, self.current = old.probe.interval, old.current
+        # plain steps count on across calls: one call's steps alone may never reach the interval
+        self.probe.interval, self.probe.plain_steps = old.probe.interval, old.probe.plain_steps
+        self.current = old.current
+        self.catch_up.per_token = old.catch_up.per_token
         return old
 
     def rates(self, requests: int) -> torch.Tensor | None:
@@ -417,6 +433,35 @@ class DraftLength(ShapeChooser):
         paths = [[(1, 1)] * n + ([(1, 0)] if n < k else []) for n, k in zip(accepted, num_draft)]
         super().observe((1,) * drafts, max(len(accepted), 1), target_seconds, drafter_seconds, outside_seconds,
                         paths)
+
+
+class CatchUp:
+    """What reading a drafter's backlog costs, and whether drafting repays it (module docstring)."""
+
+    def __init__(self):
+        self.per_token: float | None = None  # seconds a drafter takes to read one token of a backlog
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A read of `tokens` backlog tokens that took `seconds`. Reads shorter than _LONG_READ tokens are not
+        counted: their time is mostly a forward's fixed cost (a warm-up prompt of 7 tokens priced a read at
+        3-4 times its per-token cost, and kept a drafter from ever reading a real prompt)."""
+        if tokens >= _LONG_READ:
+            self.per_token = ema(self.per_token, seconds / tokens)
+
+    def pays(self, chooser: ShapeChooser, requests: int, shape: tuple, backlog: int, tokens_left: float) -> bool:
+        """Whether drafting `shape` (one of the chooser's candidates) a step for `requests` requests with
+        `tokens_left` tokens left each repays reading `backlog` tokens first. Yes where nothing says otherwise
+        yet (the first read measures it)."""
+        if not shape or backlog <= 0 or self.per_token is None:
+            return True
+        rates = chooser.rates(requests)
+        if rates is None:
+            return True
+        plain, drafting = float(rates[0]), float(rates[chooser.candidates.index(shape)])
+        if not drafting > plain:  # a probe: a share of the plain steps since the last one
+            return backlog * self.per_token <= _PROBE_SHARE * chooser.probe.gap * requests / plain
+        saved = requests * tokens_left * (1 / plain - 1 / drafting)
+        return saved > backlog * self.per_token
 
 
 @functools.cache

@@ -7,6 +7,8 @@ after a step it keeps the drafts the target accepted and reads what the target e
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specops.decoding.cost_model import DraftLength
@@ -52,6 +54,7 @@ class DrafterProposer(Proposer):
         self.params, self.seeds = setup.params, setup.seeds
         self.draft_length = DraftLength.remembered(setup.num_draft_tokens, setup.target.model, setup.drafter_key,
                                                    setup.method)
+        self.sizer = self.draft_length  # the chooser that prices the drafter's catching up (trees: theirs)
         self.k = 0
         # A prompt, then the token the prompt's logits gave (the last emitted token, read with the drafts).
         self.position = torch.tensor([len(r) + 1 for r in setup.batch.prompt_rows], dtype=torch.long,
@@ -70,10 +73,32 @@ class DrafterProposer(Proposer):
                                                      device=self.position.device)
 
     def read(self) -> torch.Tensor:
-        """The drafter reads its pending tokens; its logits [B, V_d] after them."""
+        """The drafter reads its pending tokens; its logits [B, V_d] after them. The read is timed for
+        `repays`."""
+        began, tokens = time.perf_counter(), sum(len(p) for p in self.pending)
         logits = self.state.extend(self.pending)
+        if self.sizer is not None:
+            self.sizer.catch_up.observe(tokens, time.perf_counter() - began)
         self.pending = [[] for _ in self.pending]
         return logits
+
+    def repays(self, shape: tuple, budget: torch.Tensor) -> bool:
+        """Whether drafting `shape` this step repays the drafter's reading what it has not read yet: the
+        prompts at the first drafting step, what plain steps emitted since (cost_model.CatchUp; budget [B]:
+        the drafts each request may still use). Always with a fixed num_draft_tokens."""
+        if self.sizer is None or getattr(self.sizer, "fixed", None) is not None:
+            return True
+        backlog = sum(len(p) for p in self.pending)
+        left = float(budget.double().mean()) + 1 if budget.numel() else 0.0
+        return self.sizer.catch_up.pays(self.sizer, budget.shape[0], shape, backlog, left)
+
+    def chain_length(self, budget: torch.Tensor) -> int:
+        """This step's drafts per request of a chain: the chooser's, or none where that would not repay the
+        drafter's catching up (`repays`)."""
+        if not bool(budget.any()):
+            return 0
+        k = self.draft_length.choose(budget.shape[0])
+        return k if k and self.repays((1,) * k, budget) else 0
 
     def run(self, k: int, draw) -> None:
         """Read the pending tokens, then draft k tokens: draw(logits [B, V_d], i) picks draft i and returns
@@ -86,7 +111,7 @@ class DrafterProposer(Proposer):
 
     def choose(self, budget: torch.Tensor) -> tuple[int, torch.Tensor]:
         """This step's draft length and the drafts each request may offer."""
-        num_draft = torch.clamp(budget, max=self.draft_length.choose(budget.shape[0]))
+        num_draft = torch.clamp(budget, max=self.chain_length(budget))
         self.k = int(num_draft.max()) if num_draft.numel() else 0
         return self.k, num_draft
 

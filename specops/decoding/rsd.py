@@ -122,6 +122,7 @@ class TreeDrafter(DrafterProposer):
         self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
                                             setup.method) if auto else None
         self.shape = initial if auto else tuple(setup.num_draft_tokens)
+        self.sizer = self.chooser
         self.tree: tuple[list, list] | None = None  # the last tree's tokens and parents per request (lists)
 
     def start(self, first: list[int]) -> None:
@@ -140,6 +141,8 @@ class TreeDrafter(DrafterProposer):
         batch, device = budget.shape[0], budget.device
         if self.chooser is not None:
             self.shape = self.chooser.choose(batch)
+            if self.shape and not self.repays(self.shape, budget):
+                self.shape = ()
         depth = min(self.depth(), int(budget.min()))  # every request's path fits its budget
         self.k = depth
         if depth == 0:  # plain decoding: the drafter reads nothing now and catches up later

@@ -55,7 +55,7 @@ class StringDrafter(DrafterProposer):
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         rows, device = budget.shape[0], budget.device
-        self.k = k = self.draft_length.choose(rows) if bool(budget.any()) else 0
+        self.k = k = self.chain_length(budget)
         self.drafted = [[] for _ in range(rows)]
         if k:
             columns = []

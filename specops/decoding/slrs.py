@@ -226,7 +226,7 @@ class StringSampler(DrafterProposer):
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
         rows, device = budget.shape[0], budget.device
         limit = budget.tolist()
-        self.k = k = self.draft_length.choose(rows) if any(limit) else 0
+        self.k = k = self.chain_length(budget)
         drafts: list[list[int]] = [[] for _ in range(rows)]
         psis: list[list[torch.Tensor]] = [[] for _ in range(rows)]
         self.walked = [None] * rows

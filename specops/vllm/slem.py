@@ -11,7 +11,17 @@ target emitted and reads the rest of that text in its own tokens (`Retokenizer.r
 follows every request across steps: one batched cache for all running requests, requests joining
 (`KVState.join`) and leaving (`KVState.select`) at any step, identified by their tokens
 (`_requests.Requests`). The number of drafter tokens per step comes from measured costs and acceptance
-(`DraftLength`, kept per batch size): none where drafting cannot pay.
+(one `DraftLength` for every batch size, its step costs read at the batch size they price, as
+`specops.decode` has it): none where drafting cannot pay, with the decoder's probes to come back.
+
+A request joins the drafter only at a step that drafts, and a step drafts only if what drafting saves on the
+tokens the requests have left (the mean output of the requests that finished so far; 64 before any did)
+repays reading what the drafter has not read yet: the prompts of requests it never drafted for, and what
+every request emitted since the drafter last ran (`cost_model.CatchUp`; a probe may catch up for an eighth
+of the plain steps since the last probe; a fixed SPECOPS_DRAFT_LENGTH drafts every step). Joining every
+request as it arrived made the drafter read 8 prompts submitted together before the first draft: 1.4 s on
+two cores of a 5 s run, where vLLM decoded plain at 7.8 tokens a step anyway (0.42x plain vLLM,
+docs/vllm.md).
 
 Settings, from the environment of the vLLM process:
 - SPECOPS_DRAFTER: an embedded model ("smollm2-135m", int8 weights by default; "smollm2-135m:float32" and
@@ -38,6 +48,7 @@ from specops.vllm.ngram import draft_length_setting, speculative_tokens
 __all__ = ["SlemProposer"]
 
 _HISTORY = 16  # target tokens kept per request for the look-behind
+_HORIZON = 64  # target tokens a request is assumed to have left before any request finished
 
 
 def load_drafter(name: str | None):
@@ -90,7 +101,11 @@ class SlemProposer:
         self.pending: dict[int, list[int]] = {}  # request -> drafter ids it has not read
         self.drafted: dict[int, list[int]] = {}  # request -> the drafter's drafts of the last step
         self.proposed: dict[int, int] = {}  # request -> target tokens proposed at the last step
-        self.lengths: dict[int, DraftLength] = {}  # batch size -> its draft length
+        self.length = DraftLength(self.setting, max_drafts=self.max_drafts)
+        self.ratio = 1.0  # drafter tokens per target token, as joins measured it
+        self.born: dict[int, int] = {}  # request -> its length when first seen
+        self.reached: dict[int, int] = {}  # request -> its length at the last step
+        self.outputs: list[int] = []  # target tokens each finished request emitted while proposed for
         self.requests = Requests()
         self.k = 0  # drafter tokens drafted at the last step
         self.propose_seconds = 0.0
@@ -117,12 +132,12 @@ class SlemProposer:
         # What each request emitted since the last proposal: this step's tokens, or more after steps vLLM ran
         # without proposing (_requests.py).
         self._realign(ids, self.requests.emitted)
-        self._join(ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.proposed = {}
         live = [r for r in ids if r is not None]
-        self.k = self._length(len(live)).choose(len(live)) if live else 0
+        self.k = self._choose(ids, num_tokens_no_spec) if live else 0
         if self.k:
+            self._join(ids, num_tokens_no_spec, token_ids_cpu)
             began = time.perf_counter()
             drafted = self._draft(self.k)
             self.draft_seconds = (time.perf_counter() - began) / self.k
@@ -140,10 +155,21 @@ class SlemProposer:
         self.propose_seconds = time.perf_counter() - start
         return drafts
 
-    def _length(self, batch: int) -> DraftLength:
-        if batch not in self.lengths:
-            self.lengths[batch] = DraftLength(self.setting, max_drafts=self.max_drafts)
-        return self.lengths[batch]
+    def _choose(self, ids, lengths) -> int:
+        """This step's drafter tokens per request: the chooser's, if drafting repays the drafter's catching
+        up (module docstring)."""
+        rows = {r: int(lengths[row]) for row, r in enumerate(ids) if r is not None}
+        for r, length in rows.items():
+            self.born.setdefault(r, length)
+            self.reached[r] = length
+        k = self.length.choose(len(rows))
+        if not k or self.length.fixed is not None:
+            return k
+        joined = set(self.order)
+        backlog = sum(len(self.pending[r]) if r in joined else round(rows[r] * self.ratio) for r in rows)
+        expected = sum(self.outputs) / len(self.outputs) if self.outputs else _HORIZON
+        left = sum(max(expected - (rows[r] - self.born[r]), 1.0) for r in rows) / len(rows)
+        return k if self.length.catch_up.pays(self.length, len(rows), (1,) * k, backlog, left) else 0
 
     def _observe(self, ids, sampled, seconds) -> None:
         """The step that just ran, if it decoded exactly the requests proposed for: its cost and acceptance."""
@@ -152,11 +178,14 @@ class SlemProposer:
         accepted = [len(sampled[row]) - 1 for row, r in enumerate(ids) if r is not None]
         offered = [self.proposed.get(r, 0) for r in ids if r is not None]
         target = max(seconds - self.propose_seconds, 1e-6)
-        self._length(len(accepted)).observe(self.k, target, self.draft_seconds if self.k else None,
-                                           0.0, accepted, offered)
+        self.length.observe(self.k, target, self.draft_seconds if self.k else None, 0.0, accepted, offered)
 
     def _leave(self, gone: set) -> None:
         """Requests that finished (or were preempted) leave the drafter's batch."""
+        for r in gone:
+            if r in self.born:
+                self.outputs = (self.outputs + [self.reached[r] - self.born.pop(r)])[-_HORIZON:]
+                self.reached.pop(r)
         if not any(r in gone for r in self.order):
             return
         keep = [row for row, r in enumerate(self.order) if r not in gone]
@@ -194,13 +223,16 @@ class SlemProposer:
             target = tokens[row, :int(lengths[row])].tolist()
             self.history[r] = target[-_HISTORY:]
             texts[r] = self.text.to_drafter(self.vmap.target.text_bytes(target)) or [self.text.stand_in]
+            self.ratio = 0.9 * self.ratio + 0.1 * len(texts[r]) / max(len(target), 1)
         read = [r for _, r in new if len(texts[r]) > 1]
         for group in (read, [r for _, r in new if len(texts[r]) == 1]):
             if not group:
                 continue
             joined = KVState(self.lm, len(group))
             if group is read:
+                began = time.perf_counter()
                 joined.prefill([texts[r][:-1] for r in group])
+                self.length.catch_up.observe(sum(len(texts[r]) - 1 for r in group), time.perf_counter() - began)
             self.state.join(joined)
             self.order += group
             for r in group:
