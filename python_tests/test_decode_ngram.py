@@ -28,7 +28,7 @@ import torch
 import specops
 from specops.decoding import model_ngrams
 from specops.decoding.batch import Batch
-from specops.decoding.draft_shape import _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, tree_nodes
+from specops.decoding.draft_shape import _DECAY, _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, distinct_rows, tree_nodes
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
 from specops.decoding.tree import build_tree
@@ -615,6 +615,68 @@ def test_tree_nodes_matches_build_tree():
             for w in range(1, 5):
                 tree = build_tree(torch.tensor([0]), rows[b:b + 1, :k, :w])
                 assert int(nodes[b, k - 1, w - 1]) == tree.nodes - 1, (b, k, w)
+
+
+def test_distinct_rows_hand_made():
+    """Rows that repeat an earlier row in their first w tokens do not count at width w."""
+    rows = torch.tensor([[[5, 6, 7], [5, 6, 8], [5, 9, -1], [5, 6, 7], [-1, -1, -1]]])
+    assert distinct_rows(rows)[0].tolist() == [[1, 1, 1], [1, 1, 2], [1, 2, 3], [1, 2, 3], [1, 2, 3]]
+
+
+def test_draft_shape_values_rows_alike_as_one_row():
+    """Learned: one row never catches the next token, the eighth row always does (8 distinct rows). A step
+    whose 8 rows are one row 8 times is a one-node tree worth what one row is worth (0.03 tokens): plain
+    decoding wins (a draft node costs 5 % of a plain step). Priced by its 8 rows, it would draft (8, 1) at 0.97
+    tokens; where the 8 rows differ, they do draft."""
+    for method in ("choose", "shapes"):
+        shape = DraftShape("auto", _ModelKey(), "cpu")
+        learned = _distinct_rows(1, shape.k_max, shape.w_max)[0]
+        for _ in range(60):
+            shape.score([learned], [1], [learned[7].tolist()])
+        expected = shape.expected_accepted()[1, :, 0]
+        assert float(expected[0]) < 0.1 and float(expected[7]) > 0.9, expected
+        for drafts in (0, 1, 2, 4, 8):
+            for _ in range(3):
+                shape.observe_cost(1, 1 + drafts, 0.1 + 0.005 * drafts)
+        alike = learned[:1].expand(shape.k_max, shape.w_max)[None].clone()
+        chosen = getattr(shape, method)(alike, torch.tensor([1]))
+        assert (chosen == 0).all() if method == "shapes" else chosen == (0, 0), (method, chosen)
+        chosen = getattr(shape, method)(learned[None].clone(), torch.tensor([1]))
+        k = int(chosen[0, 0]) if method == "shapes" else chosen[0]
+        assert k == shape.k_max, (method, chosen)
+
+
+def test_draft_shape_values_a_short_row_at_its_own_width():
+    """Learned: every row is accepted whole, so a shape w tokens wide is worth about w. A request whose row
+    holds 3 tokens is worth 3 at any w >= 3, so it drafts (1, 3), not the widest shape: priced at w, it took
+    (1, 10) and the step carried 10 tokens for every request. The other request's full row goes as far as pays."""
+    shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=16, sources=2)
+    full = torch.arange(1, 17).view(1, 16)
+    for _ in range(60):
+        shape.score([full], [1], [full[0].tolist()])
+    for drafts in (0, 1, 2, 4, 8, 16, 32):
+        for _ in range(3):
+            shape.observe_cost(2, 2 + drafts, 0.1 + 0.001 * drafts)
+    short = full.clone()
+    short[0, 3:] = -1
+    for method in ("choose", "shapes"):
+        alone = getattr(shape, method)(short[None].clone(), torch.tensor([1]))
+        assert (alone.tolist() == [[1, 3]]) if method == "shapes" else alone == (1, 3), (method, alone)
+    both = shape.shapes(torch.stack([short, full]), torch.tensor([1, 1]))
+    assert both[0].tolist() == [1, 3] and both[1].tolist() == [1, 16], both
+
+
+def test_draft_shape_acceptance_fades_per_step_not_per_request():
+    """Eight requests' draft lists scored at each of 10 steps: the past fades by _DECAY a step, so the
+    estimate holds 8 (1 - _DECAY^10) / (1 - _DECAY) lists' worth, not 1 / (1 - _DECAY) (about 4 steps' worth):
+    a batch's estimate is as steady as one request's over as many steps."""
+    shape = DraftShape("auto", _ModelKey(), "cpu", sources=3)
+    rows = _distinct_rows(1, shape.k_max, shape.w_max)[0]
+    for _ in range(10):
+        shape.score([rows] * 8, [2] * 8, [rows[0].tolist()] * 8)
+    assert shape.weight[2].item() == pytest.approx(8 * (1 - _DECAY ** 10) / (1 - _DECAY))
+    assert shape.weight[:2].tolist() == [0.0, 0.0]  # sources never scored do not fade either
+    assert shape.accepted[2, 0, -1].item() == pytest.approx(shape.w_max * shape.weight[2].item())
 
 
 @pytest.mark.parametrize("setting", [0, -1, 2.5, "x", "", None, True, (0, 2), (2, 0), (2,), (1, 2, 3), [2, 2],

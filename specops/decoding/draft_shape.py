@@ -19,8 +19,14 @@ the target whatever the tree was. The score needs no probing and keeps learning 
 Scores are kept per source of the first row: a context match, or the model bigram (source 0; `sources`
 > 2 would split matches by length, but with 50-100 steps per decode call the finer estimates were too
 noisy to rank shapes: sampled ngram at T = 1 took 0.77 target calls per token with 8 sources against
-0.72 with 2, and greedy decoding gained nothing). What a call learned starts the next call with the
-same model and sampling settings (worth at most _CARRIED steps per source).
+0.72 with 2, and greedy decoding gained nothing). The past fades once per step, however many requests the
+step scored, so a batch's estimates are as steady as one request's over as many steps. What a call learned
+starts the next call with the same model and sampling settings (worth at most _CARRIED lists per source).
+
+A step's shape is valued by what it drafts (`DraftShape._expected`): k rows of which only d differ in their
+first w tokens, the longest holding h < w, are worth a(d, h). The chooser picks the best of many estimates,
+so it is biased toward ones that happen to be high; pricing shapes by rows that add nothing made that worse
+(bench/bench_draft_calibration.py, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -31,9 +37,9 @@ import torch
 
 from specops.decoding.cost_model import Probe, StepCost, swap_learned
 
-__all__ = ["DraftShape"]
+__all__ = ["DraftShape", "distinct_rows", "tree_nodes"]
 
-_DECAY = 0.97  # weight of the past per new observation: acceptance drifts within a text
+_DECAY = 0.97  # weight of the past per step that scores a source: acceptance drifts within a text
 _PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior
 _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying while drafting is cheap
 
@@ -44,7 +50,7 @@ _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying w
 _AHEAD_WORTH = 0.25
 
 _PROBE_GAIN = 1.01  # a probe where drafts were measured must be able to beat plain decoding by this much
-_CARRIED = 16.0  # steps' worth of acceptance per source carried into the next decode call
+_CARRIED = 16.0  # draft lists' worth of acceptance per source carried into the next decode call
 # target model -> {(device and settings, "ngram"): the DraftShape of the last call}
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _COSTS: "weakref.WeakKeyDictionary[object, dict[str, StepCost]]" = weakref.WeakKeyDictionary()
@@ -59,17 +65,27 @@ def _shared_cost(model, device) -> StepCost:
     return per_model.setdefault(str(device), StepCost())
 
 
-def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
-    """nodes[b, k-1, w-1]: draft-tree nodes (root excluded) of the first k rows of rows [B, K, W] cut to
-    w tokens, i.e. the distinct non-empty prefixes of length <= w among them."""
-    batch, k_max, w_max = rows.shape
+def _new_nodes(rows: torch.Tensor) -> torch.Tensor:
+    """new[b, r, j]: row r of rows [B, K, W] (-1 past its end) adds a tree node at depth j, its first j + 1
+    tokens being present and unlike those of every row before it."""
+    k_max = rows.shape[1]
     present = (rows >= 0).long().cumprod(-1).bool()  # a row ends at its first -1
     # same[b, r, s, j]: rows r and s agree on their first j + 1 tokens
     same = (rows[:, :, None, :] == rows[:, None, :, :]).long().cumprod(-1).bool()
     earlier = torch.ones(k_max, k_max, dtype=torch.bool, device=rows.device).tril(-1)  # s < r
-    repeated = (same & earlier[None, :, :, None]).any(2)
-    new = (present & ~repeated).long()  # [B, K, W]: row r adds a node at depth j
-    return new.cumsum(1).cumsum(2)
+    return present & ~(same & earlier[None, :, :, None]).any(2)
+
+
+def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
+    """nodes[b, k-1, w-1]: draft-tree nodes (root excluded) of the first k rows of rows [B, K, W] cut to
+    w tokens, i.e. the distinct non-empty prefixes of length <= w among them."""
+    return _new_nodes(rows).long().cumsum(1).cumsum(2)
+
+
+def distinct_rows(rows: torch.Tensor) -> torch.Tensor:
+    """distinct[b, k-1, w-1]: how many of the first k rows of rows [B, K, W] differ from every row before them
+    in their first w tokens (a row that repeats an earlier one there adds no node and catches nothing more)."""
+    return (_new_nodes(rows).long().cumsum(2) > 0).long().cumsum(1)
 
 
 class DraftShape:
@@ -81,7 +97,7 @@ class DraftShape:
                  memory: str | None = None, cost: StepCost | None = None):
         """memory: what acceptance depends on besides the model (sampling settings, tables); "auto" keeps
         what this call learns under it and starts from what the last such call learned, worth at most
-        _CARRIED steps per source (None: start from the prior). cost: the steps' cost model (None: the one
+        _CARRIED lists per source (None: start from the prior). cost: the steps' cost model (None: the one
         this model on this device shares in the process)."""
         self.fixed = self.check(setting)
         self.k_max, self.w_max = self.fixed or (k_max, w_max)
@@ -117,6 +133,20 @@ class DraftShape:
         weight = self.weight[:, None, None]
         return (self.accepted + _PRIOR_WEIGHT * prior) / (weight + _PRIOR_WEIGHT)
 
+    def _expected(self, rows: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """[B, k_max, w_max] expected accepted tokens of each shape for this step's rows [B, k_max, w_max] (on
+        the CPU) and sources [B]. A shape is worth what the shape it drafts is worth: the first k rows cut to w
+        tokens are as many rows as are distinct among them there (rows that repeat earlier ones add nothing,
+        and draft lists hold such rows often), as wide as the longest of them. Priced at k rows of w tokens, a
+        one-node draft of eight alike rows was worth what eight rows catch, and a row of 3 tokens what a row of
+        10 catches, which padded a step of 62 requests to 10 tokens each."""
+        table = self.expected_accepted()[source.clamp(max=self.sources - 1)]  # [B, k_max, w_max]
+        held = (rows >= 0).long().cumprod(-1).sum(-1).cummax(1).values  # [B, k]: the longest of the first k rows
+        width = torch.minimum(held[:, :, None], torch.arange(1, rows.shape[2] + 1)[None, None, :])
+        distinct = distinct_rows(rows)  # the same at w as at the width the rows hold
+        value = table.flatten(1).gather(1, ((distinct - 1) * rows.shape[2] + width - 1).clamp(min=0).flatten(1))
+        return torch.where(distinct > 0, value.view_as(distinct).double(), 0.0)
+
     def choose(self, rows: torch.Tensor, source: torch.Tensor) -> tuple[int, int]:
         """The shape for this step, given its full draft list rows [B, k_max, w_max] and the source of
         each request's first row [B]."""
@@ -126,9 +156,9 @@ class DraftShape:
         plain = self.cost(batch, batch)
         if plain is None:
             return 0, 0  # measure plain decoding first
-        source = source.cpu().clamp(max=self.sources - 1)
-        tokens = self.expected_accepted()[source].sum(0) + batch  # [k_max, w_max]
-        sizes = batch * (1 + tree_nodes(rows.cpu()).amax(0))  # tokens in flight of each shape
+        rows = rows.cpu()
+        tokens = self._expected(rows, source.cpu()).sum(0) + batch  # [k_max, w_max]
+        sizes = batch * (1 + tree_nodes(rows).amax(0))  # tokens in flight of each shape
         cost = self.cost.at(batch, sizes)  # the fit, past the largest size measured too (flat through one)
         rate = torch.where(sizes <= self.cost.reach(), tokens / cost, float("-inf"))
         best_rate = rate.max()
@@ -159,11 +189,10 @@ class DraftShape:
         if plain is None:
             return none  # measure plain decoding first
         rows = rows.cpu()
-        source = source.cpu().clamp(max=self.sources - 1)
         nodes = tree_nodes(rows)  # [B, k, w]
         held = (rows >= 0).long().cumprod(-1).sum(-1).cummax(1).values  # [B, k]: the longest of the first k rows
         depth = torch.minimum(held[:, :, None], torch.arange(1, w_max + 1)[None, None, :])
-        value = torch.minimum(self.expected_accepted()[source], depth.double())  # [B, k, w]
+        value = torch.minimum(self._expected(rows, source.cpu()), depth.double())  # [B, k, w]
         value = torch.where(nodes > 0, value, 0.0).flatten(1)
         nodes = nodes.flatten(1)
         largest = int(nodes.max())
@@ -304,7 +333,10 @@ class DraftShape:
         best = shared.cummax(1).values  # longest over the first k rows
         width = torch.arange(1, self.w_max + 1)
         accepted = torch.minimum(best[:, :, None], width[None, None, :]).double()  # [E, k_max, w_max]
-        for i, source in enumerate(sources):
-            source = min(source, self.sources - 1)
-            self.accepted[source] = _DECAY * self.accepted[source] + accepted[i]
-            self.weight[source] = _DECAY * self.weight[source] + 1.0
+        # The past of each source fades once per call (a step's lists), however many requests it holds.
+        index = torch.tensor(sources, dtype=torch.long).clamp(max=self.sources - 1)
+        seen = torch.bincount(index, minlength=self.sources)
+        fade = torch.where(seen > 0, _DECAY, 1.0).double()
+        new = torch.zeros_like(self.accepted).index_add_(0, index, accepted)
+        self.accepted = fade[:, None, None] * self.accepted + new
+        self.weight = fade * self.weight + seen.double()

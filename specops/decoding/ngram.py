@@ -230,6 +230,10 @@ class NgramProposer(Proposer):
                   | (torch.arange(w, device=rows.device)[None, None, :] >= shapes[:, None, None, 1])
                   | (torch.arange(w, device=rows.device)[None, None, :] >= budget[:, None, None]))
         rows = rows.masked_fill(beyond, -1)
+        w = int((rows >= 0).long().cumprod(-1).sum(-1).max())  # a step is as wide as its longest draft row
+        if w == 0:
+            return Proposal.empty(batch.rows, rows.device)
+        rows = rows[:, :, :w]
         if k == 1:  # every tree is one row: a chain, which tree_verify and chain_verify accept alike
             drafts = rows[:, 0]
             return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w,
