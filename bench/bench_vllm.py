@@ -2,12 +2,16 @@
 prompts and settings, in one run.
 
     python bench/bench_vllm.py [--prompts 8] [--first 0] [--new-tokens 96] [--rounds 2] [--batches 1,4,8]
+                               [--temperature 0] [--top-p 1]
                                [--configs vllm,vllm-sync,vllm-ngram,vllm-suffix,vllm-draft-tli,specops-ngram,specops-slem,
                                           decode-ar,decode-ngram,decode-slem]
                                [--csv PATH] [--plot docs/vllm_cpu.png]
 
 Run it in an environment with vLLM and specops (README, "Serving with vLLM"). Target: Gemma-3-270M
-(float32), as specops caches it (`specops models path gemma-3-270m`); prompts HumanEval/0.. (code); greedy.
+(float32), as specops caches it (`specops models path gemma-3-270m`); prompts HumanEval/0.. (code); greedy, or
+sampled with --temperature above 0 (and --top-p): vLLM's requests then go unseeded (the engine's seed 0; a seeded
+request whose prefill vLLM splits stops its CPU engine, docs/memory.md), specops.decode's with seed 0, so the
+texts differ between configurations and only the rates compare.
 Each configuration runs in a process of its own (vLLM's engine holds processes and memory), `--rounds`
 times, the order of configurations reversed every other round; after a warm-up prompt, each run decodes
 the prompts in groups of each `--batches` size (1: one request at a time; one `generate` call per group,
@@ -30,7 +34,8 @@ its requests submitted together).
 Reported per configuration and batch size: tokens/s (new tokens over the wall time of the generate calls,
 the median over rounds), tokens per target step (new tokens over the decoding steps of the target: vLLM's
 engine iterations, specops.decode's target forwards, less the prefills and the first token each gives;
-at batch sizes above one a step serves several requests) and how many prompts' greedy tokens equal plain vLLM's.
+at batch sizes above one a step serves several requests) and how many prompts' greedy tokens equal plain vLLM's
+(greedy runs only).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def _per_step(tokens: list[list[int]], steps: int) -> float:
     return (sum(map(len, tokens)) - len(tokens)) / max(steps, 1)
 
 
-def _vllm_run(config: str, prompts: list[str], new_tokens: int, batches: list[int]) -> dict:
+def _vllm_run(config: str, prompts: list[str], new_tokens: int, batches: list[int], sampling: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     from specops import models
@@ -84,7 +89,7 @@ def _vllm_run(config: str, prompts: list[str], new_tokens: int, batches: list[in
     llm = LLM(model=str(models.path("gemma-3-270m")), dtype="float32", enforce_eager=True, max_model_len=2048,
               seed=0, kv_cache_memory_bytes=1 << 30, disable_log_stats=False, speculative_config=spec,
               **({"async_scheduling": False} if config == "vllm-sync" else {}))
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+    params = SamplingParams(max_tokens=new_tokens, **sampling)
 
     def iterations() -> int:
         return next(m.count for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total")
@@ -102,11 +107,11 @@ def _vllm_run(config: str, prompts: list[str], new_tokens: int, batches: list[in
     return out
 
 
-def _decode_run(config: str, prompts: list[str], new_tokens: int, batches: list[int]) -> dict:
+def _decode_run(config: str, prompts: list[str], new_tokens: int, batches: list[int], sampling: dict) -> dict:
     import specops
 
     method = config.removeprefix("decode-")
-    kwargs = {"method": method}
+    kwargs = {"method": method, **sampling, **({"seed": 0} if sampling["temperature"] > 0 else {})}
     if method == "slem":
         kwargs["drafter"] = "smollm2-135m"
     specops.decode([WARM_UP], target="gemma-3-270m", max_new_tokens=new_tokens, **kwargs)
@@ -122,14 +127,15 @@ def _decode_run(config: str, prompts: list[str], new_tokens: int, batches: list[
     return out
 
 
-def _worker(config: str, first: int, count: int, new_tokens: int, batches: list[int], path: str) -> None:
-    prompts = load_prompts(first, count)
+def _worker(config: str, args) -> None:
+    prompts = load_prompts(args.first, args.prompts)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p}
     try:
         run = _decode_run if config.startswith("decode-") else _vllm_run
-        result = {"ok": True, **run(config, prompts, new_tokens, batches)}
+        result = {"ok": True, **run(config, prompts, args.new_tokens, _batches(args.batches), sampling)}
     except Exception as error:  # a configuration this machine cannot run (vLLM's suffix without its package)
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
-    Path(path).write_text(json.dumps(result))
+    Path(args.worker[1]).write_text(json.dumps(result))
 
 
 def main() -> None:
@@ -138,11 +144,15 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,8", help="requests submitted together: one run per size")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--plot", default=None, help="write a PNG of tokens/s per configuration")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "JSON"), help=argparse.SUPPRESS)
     args = parse_e2e_args(parser)
     args.csv = csv_path(args)
+    if not (args.temperature >= 0 and 0 < args.top_p <= 1):
+        parser.error(f"--temperature must be >= 0 and --top-p in (0, 1], got {args.temperature} and {args.top_p}")
     if args.worker:
-        _worker(args.worker[0], args.first, args.prompts, args.new_tokens, _batches(args.batches), args.worker[1])
+        _worker(args.worker[0], args)
         return
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted(set(configs) - set(CONFIGS))
@@ -160,8 +170,9 @@ def main() -> None:
             log = path.with_suffix(".log")
             with open(log, "w") as sink:
                 subprocess.run([sys.executable, __file__, "--first", str(args.first), "--prompts", str(args.prompts),
-                                "--new-tokens", str(args.new_tokens), "--batches", args.batches, "--worker", config,
-                                str(path)],
+                                "--new-tokens", str(args.new_tokens), "--batches", args.batches,
+                                "--temperature", str(args.temperature), "--top-p", str(args.top_p),
+                                "--worker", config, str(path)],
                                check=False, stdout=sink, stderr=subprocess.STDOUT)
             result = json.loads(path.read_text()) if path.exists() else {"ok": False, "error": "no result"}
             if not result["ok"]:  # vLLM's engine logs the root cause; its exception only says start-up failed
@@ -189,11 +200,13 @@ def _report(runs: dict[str, list[dict]], args) -> None:
             mode = str(size)
             tokens = good[0][mode]["tokens"]
             rate = statistics.median(sum(map(len, r[mode]["tokens"])) / r[mode]["seconds"] for r in good)
-            same = sum(a == b for a, b in zip(tokens, plain[mode]["tokens"])) if plain else None
+            greedy = plain is not None and args.temperature == 0
+            same = sum(a == b for a, b in zip(tokens, plain[mode]["tokens"])) if greedy else None
             rows.append({"config": config, "mode": "one at a time" if size == 1 else f"{size} together",
                          "tokens_per_s": round(rate, 1), "tokens_per_step": round(good[0][mode]["tokens_per_step"], 2),
                          "same_as_vllm": f"{same}/{len(tokens)}" if same is not None else "", "error": ""})
     base = {row["mode"]: row["tokens_per_s"] for row in rows if row["config"] == "vllm" and "tokens_per_s" in row}
+    print(f"{'greedy' if args.temperature == 0 else f'sampled, T = {args.temperature}, top-p {args.top_p}'}:")
     print("| configuration | requests | tokens/s | vs vllm | tokens per target step | greedy = vllm |")
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
@@ -209,10 +222,11 @@ def _report(runs: dict[str, list[dict]], args) -> None:
         writer.writeheader()
         writer.writerows(rows)
     if args.plot:
-        _plot([row for row in rows if "tokens_per_s" in row], args.plot)
+        title = "greedy" if args.temperature == 0 else f"T = {args.temperature:g}, top-p {args.top_p:g}"
+        _plot([row for row in rows if "tokens_per_s" in row], args.plot, title)
 
 
-def _plot(rows: list[dict], path: str) -> None:
+def _plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,7 +243,7 @@ def _plot(rows: list[dict], path: str) -> None:
         ax.barh(names[::-1], [values[n] for n in names][::-1], color=colors[::-1])
         for i, n in enumerate(names[::-1]):
             ax.text(values[n], i, f" {values[n]:.1f}", va="center", fontsize=8)
-        ax.set_title(f"Gemma-3-270M greedy, {mode}")
+        ax.set_title(f"Gemma-3-270M {title}, {mode}")
         ax.set_xlabel("tokens/s")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
