@@ -190,10 +190,7 @@ class DraftShape:
             return none  # measure plain decoding first
         rows = rows.cpu()
         nodes = tree_nodes(rows)  # [B, k, w]
-        held = (rows >= 0).long().cumprod(-1).sum(-1).cummax(1).values  # [B, k]: the longest of the first k rows
-        depth = torch.minimum(held[:, :, None], torch.arange(1, w_max + 1)[None, None, :])
-        value = torch.minimum(self._expected(rows, source.cpu()), depth.double())  # [B, k, w]
-        value = torch.where(nodes > 0, value, 0.0).flatten(1)
+        value = torch.where(nodes > 0, self._expected(rows, source.cpu()), 0.0).flatten(1)  # at most the depth held
         nodes = nodes.flatten(1)
         largest = int(nodes.max())
         sizes = torch.arange(largest + 1)
