@@ -6,7 +6,7 @@ and settings, in one run.
                               [--early-exit 6] [--fixed-k K] [--tree-shape 2,2] [--beam-shape 3,2] [--hetero-k K]
                               [--hf-assistant-tokens N]
                               [--hf-lookup-tokens 10] [--ngram-shape K,W] [--ngram-tables bigram]
-                              [--schemes token,block]
+                              [--schemes token,joint]
                               [--no-batched] [--threads 2] [--csv PATH] [--plot]
     python bench/bench_e2e.py --configs ensembles [--prompts 4] ...   # bench_ensemble.py: se, ensemble-SD
                                                                        # and transformers' ensemble weight
@@ -632,9 +632,8 @@ def main() -> None:
                         help="specops ngram's option tables: model n-grams that fill rows the context does not")
     parser.add_argument("--schemes", type=lambda text: [v for v in text.split(",") if v], default=[],
                         help="also run sd, ngram, slem, tli and union with option scheme = each of these that "
-                             "the method takes (sd, tli, union: positional, token, block; ngram: positional, "
-                             "recursive, traversal), at the fixed draft setting where one is given (--fixed-k, "
-                             "--ngram-shape, --hetero-k); sampling only changes")
+                             "the method takes (positional, token, joint), at the fixed draft setting where one "
+                             "is given (--fixed-k, --ngram-shape, --hetero-k); sampling only changes")
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
     parser.add_argument("--plot", action="store_true", help="also draw docs/e2e_<device>.png")

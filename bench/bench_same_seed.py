@@ -11,9 +11,9 @@ Target Gemma-3-270M, drafter SmolLM2-135M (int8; another vocabulary, so "tli"), 
 T = 0.8, top-p 0.95, seed 1: the prompts one at a time, then together. --num-draft-tokens takes "auto", an
 int, or a comma-separated tuple (a tree shape: "2,2"). Prints one JSON line: tokens/s, accepted, drafted and
 target calls per mode, and writes them to the CSV (bench/results/same_seed.csv). The models are the embedded
-ones, by name, on the CPU. --scheme is the method's option "scheme" (sd, tli, union: auto, positional, token,
-block; rsd-c, rsd-s, specinfer: auto, positional, recursive, traversal). --check decodes HumanEval/0-7 (48
-tokens, seed 123) twice and with "ar", and prints how many outputs were the same twice and equal to ar's.
+ones, by name, on the CPU. --scheme is the method's option "scheme" (auto, positional, token, joint). --check
+decodes HumanEval/0-7 (48 tokens, seed 123) twice and with "ar", and prints how many outputs were the same
+twice and equal to ar's.
 """
 
 from __future__ import annotations

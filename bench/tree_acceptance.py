@@ -6,9 +6,9 @@ real decoding, and how far both are from the best any verifier can do at the roo
                                     [--csv docs/tree_acceptance.csv]
 
 Target Gemma-3-270M, drafter SmolLM2-135M across the vocabularies (the trees are drawn from its distribution
-restricted to the shared tokens), HumanEval prompts, scheme "recursive". Every tree the decoder hands to
-`tree_verify` is also scored exactly, in float64, given the tree (only the verifier's own randomness is
-averaged over):
+restricted to the shared tokens), HumanEval prompts, scheme "token" (recursive rejection sampling). Every tree
+the decoder hands to `tree_verify` is also scored exactly, in float64, given the tree (only the verifier's own
+randomness is averaged over):
 
 - recursive: E[accepted] = sum over nodes of P(the walk reaches it), from the acceptance probabilities
   min(1, p_i(x) / q_i(x)) of each node's children in order, with the residual updates of `tree_verify`;
@@ -328,7 +328,7 @@ def main() -> None:
                 specops.decode(prompts, target=target[0], tokenizer=target[1], drafter=drafter[0],
                                drafter_tokenizer=drafter[1], method=method, num_draft_tokens=shape,
                                temperature=temperature, max_new_tokens=args.new_tokens,
-                               options={"scheme": "recursive"})
+                               options={"scheme": "token"})
             finally:
                 verify.ops.tree_verify = recorder.op
             rows = torch.tensor([r[:4] for r in recorder.rows], dtype=torch.float64)

@@ -179,7 +179,7 @@ def _sample(method: str, k, temperature: float = 1.0, top_k: int = 0, target_tab
     if key not in _samples_cache:
         tok = letter_tokenizer()
         kwargs = {}
-        if "+" in method:  # "sd+block": sd with option scheme "block"; "rsd-c+recursive"
+        if "+" in method:  # "sd+joint": sd with option scheme "block"; "rsd-c+token"
             method, scheme = method.split("+")
             kwargs["options"] = {"scheme": scheme}
         if method in ("sd", "rsd-c", "rsd-s", "specinfer"):  # (after the "+" is split off)
@@ -199,21 +199,22 @@ STAT_CASES = [
     ("sd", 2, 0.7, 3),
     # Drafts drawn from q, verified token by token and by block verification (option "scheme").
     ("sd+token", 2, 1.0, 0),
-    ("sd+block", 2, 1.0, 0),
-    ("sd+block", 2, 0.7, 3),
-    # Draft trees from the drafter, verified by recursive rejection sampling (option scheme "recursive";
+    ("sd+joint", 2, 1.0, 0),
+    ("sd+joint", 2, 0.7, 3),
+    # Draft trees from the drafter, verified by recursive rejection sampling (option scheme "token";
     # with a seed "auto" is positional matching, test_same_seed.py): siblings drawn without replacement
     # (RSD-C) and i.i.d. (SpecInfer); (3,) is one level of three siblings.
-    ("rsd-c+recursive", (2, 2), 1.0, 0),
-    ("rsd-c+recursive", (3,), 0.7, 3),
-    ("specinfer+recursive", (2, 2), 1.0, 0),
+    ("rsd-c+token", (2, 2), 1.0, 0),
+    ("rsd-c+token", (3,), 0.7, 3),
+    ("specinfer+token", (2, 2), 1.0, 0),
     # Stochastic Beam Search trees (RSD-S): (W, L) = 2 beams of 2 levels; 3 beams of one level at T = 0.7.
-    ("rsd-s+recursive", (2, 2), 1.0, 0),
-    ("rsd-s+recursive", (3, 1), 0.7, 3),
-    # The same trees verified from the leaves (traversal verification; "auto" without a seed).
-    ("rsd-c+traversal", (2, 2), 1.0, 0),
-    ("specinfer+traversal", (2, 2), 0.7, 3),
-    ("rsd-s+traversal", (2, 2), 1.0, 0),
+    ("rsd-s+token", (2, 2), 1.0, 0),
+    ("rsd-s+token", (3, 1), 0.7, 3),
+    # The same trees verified from the leaves (traversal verification: option scheme "joint", "auto" without
+    # a seed).
+    ("rsd-c+joint", (2, 2), 1.0, 0),
+    ("specinfer+joint", (2, 2), 0.7, 3),
+    ("rsd-s+joint", (2, 2), 1.0, 0),
 ]
 
 
@@ -231,7 +232,7 @@ def test_sampled_sequences_follow_target(method, k, temperature, top_k):
 def test_rsd_accepts_more_than_specinfer():
     """Same tree shape, same toy pair: siblings drawn without replacement are never wasted on a token
     already rejected, so RSD-C accepts more drafts per target call than SpecInfer's i.i.d. siblings."""
-    rsd, specinfer = _sample("rsd-c+recursive", (2, 2)).stats, _sample("specinfer+recursive", (2, 2)).stats
+    rsd, specinfer = _sample("rsd-c+token", (2, 2)).stats, _sample("specinfer+token", (2, 2)).stats
     assert rsd.accepted / rsd.target_calls > 1.02 * specinfer.accepted / specinfer.target_calls
 
 
@@ -239,15 +240,17 @@ def test_rsd_accepts_more_than_specinfer():
 def test_block_verification_keeps_more_drafts():
     """Same drafts' law, same toy pair: block verification keeps more drafts per target call than token-level
     verification (and this pair's gap is large enough to see at N_SEQUENCES requests)."""
-    block, token = _sample("sd+block", 2).stats, _sample("sd+token", 2).stats
+    block, token = _sample("sd+joint", 2).stats, _sample("sd+token", 2).stats
     assert block.accepted / block.target_calls > token.accepted / token.target_calls
 
 
-@pytest.mark.parametrize("seed, scheme, expected", [(7, None, ["positional"]), (None, None, ["block"]),
-                                                    (7, "block", ["block"]), (None, "token", ["token"])])
-def test_scheme_auto_is_positional_with_a_seed_and_block_without(monkeypatch, seed, scheme, expected):
+@pytest.mark.parametrize("seed, scheme, expected, reason", [
+    (7, None, ["positional"], "auto: a seed was given"), (None, None, ["block"], "auto: no seed given"),
+    (7, "joint", ["block"], "asked for"), (None, "token", ["token"], "asked for")])
+def test_scheme_auto_is_positional_with_a_seed_and_joint_without(monkeypatch, seed, scheme, expected, reason):
     """Option "scheme" "auto" (the default): a seed asks for the same text back (positional matching, q not
-    handed to the verifier); without one, block verification. An explicit scheme is kept."""
+    handed to the verifier); without one, "joint" (block verification on a chain). An explicit scheme is
+    kept. The stats name the scheme that ran and why."""
     from specops.decoding import verify
 
     seen = []
@@ -266,10 +269,14 @@ def test_scheme_auto_is_positional_with_a_seed_and_block_without(monkeypatch, se
     monkeypatch.setattr(verify, "_chain_verify", spy)
     monkeypatch.setattr(verify, "positional", spy_positional)
     tok = letter_tokenizer()
-    specops.decode(PROMPTS[:2], target=TableLM(TARGET_TABLE), tokenizer=tok, drafter=TableLM(DRAFTER_TABLE),
-                   drafter_tokenizer=tok, method="sd", num_draft_tokens=2, max_new_tokens=6, temperature=1.0,
-                   seed=seed, options=None if scheme is None else {"scheme": scheme})
+    result = specops.decode(PROMPTS[:2], target=TableLM(TARGET_TABLE), tokenizer=tok,
+                            drafter=TableLM(DRAFTER_TABLE), drafter_tokenizer=tok, method="sd", num_draft_tokens=2,
+                            max_new_tokens=6, temperature=1.0, seed=seed,
+                            options=None if scheme is None else {"scheme": scheme})
     assert sorted(set(seen)) == expected
+    named = {"positional": "positional", "block": "joint", "token": "token"}[expected[0]]
+    assert result.stats.scheme == named and result.stats.scheme_reason.startswith(reason)
+    assert f"verified by scheme {named} ({reason}" in result.stats.summary()
 
 
 @pytest.mark.slow

@@ -228,7 +228,7 @@ def letter_samples(method: str, rule: str, temperature: float = 1.0, top_k: int 
         tok = letter_tokenizer()
         kwargs = {}
         method, draws = _draws(method)
-        if draws in ("token", "block"):
+        if draws in ("token", "joint"):
             kwargs["options"] = {"scheme": draws}
         elif draws:
             kwargs["options"] = {"draws": draws}

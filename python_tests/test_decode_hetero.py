@@ -238,7 +238,7 @@ def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: i
     key = (method, temperature, top_k, seed, k)
     if key not in _samples:
         prompts = [STAT_PROMPTS[i % len(STAT_PROMPTS)] for i in range(N_SEQUENCES)]
-        name, _, scheme = method.partition("+")  # "tli+block": tli with option scheme "block"
+        name, _, scheme = method.partition("+")  # "tli+joint": tli with option scheme "joint"
         result = _decode(prompts, name, toks, max_new_tokens=STAT_NEW, temperature=temperature, top_k=top_k,
                          seed=seed, num_draft_tokens=k, options={"scheme": scheme} if scheme else None)
         assert all(len(t) == STAT_NEW for t in result.tokens)
@@ -249,15 +249,15 @@ def _sample(method: str, toks, temperature: float = 1.0, top_k: int = 0, seed: i
 STAT_CASES = [("tli", 1.0, 0, STAT_K), ("union", 1.0, 0, STAT_K), ("slem", 1.0, 0, STAT_K),
               ("slrs", 1.0, 0, STAT_K), ("tli", 0.7, 3, STAT_K),
               # drafts from q, verified by speculative sampling token by token, and by block verification
-              ("tli+token", 1.0, 0, STAT_K), ("tli+block", 0.7, 3, STAT_K), ("union+block", 1.0, 0, STAT_K),
+              ("tli+token", 1.0, 0, STAT_K), ("tli+joint", 0.7, 3, STAT_K), ("union+joint", 1.0, 0, STAT_K),
               # slem's re-encoded drafts through chain_verify with a one-hot q, token by token and by block
-              ("slem+token", 1.0, 0, STAT_K), ("slem+block", 0.7, 3, STAT_K),
+              ("slem+token", 1.0, 0, STAT_K), ("slem+joint", 0.7, 3, STAT_K),
               # trees across the vocabularies, drawn from the intersection, verified by recursive rejection
               # sampling (with a seed, "auto" would match the target's positional tokens)
-              ("rsd-c+recursive", 1.0, 0, (2, 2)), ("rsd-s+recursive", 1.0, 0, (2, 2)),
-              ("rsd-s+recursive", 0.7, 3, (3, 2)), ("specinfer+recursive", 1.0, 0, (2, 2)),
+              ("rsd-c+token", 1.0, 0, (2, 2)), ("rsd-s+token", 1.0, 0, (2, 2)),
+              ("rsd-s+token", 0.7, 3, (3, 2)), ("specinfer+token", 1.0, 0, (2, 2)),
               # the same, verified from the leaves (traversal verification)
-              ("rsd-c+traversal", 1.0, 0, (2, 2)), ("rsd-s+traversal", 0.7, 3, (3, 2))]
+              ("rsd-c+joint", 1.0, 0, (2, 2)), ("rsd-s+joint", 0.7, 3, (3, 2))]
 
 
 @pytest.mark.slow
@@ -272,10 +272,11 @@ def test_sampled_sequences_follow_target(toks, method, temperature, top_k, k):
 
 
 @pytest.mark.parametrize("scheme, seen", [("auto", {"positional"}), ("positional", {"positional"}),
-                                          ("token", {"token"}), ("block", {"block"})])
+                                          ("token", {"token"}), ("joint", {"block"})])
 def test_slem_scheme_names_the_verifier(monkeypatch, toks, scheme, seen):
     """slem's option "scheme": its re-encoded drafts are matched against the target's positional tokens
-    ("auto" too), or verified by chain_verify with that scheme and a one-hot q; greedy is the same in all."""
+    ("auto" too: they carry no q), or verified by chain_verify token by token ("token") or by block
+    verification ("joint") with a one-hot q; greedy is the same in all."""
     from specops.decoding import verify
 
     calls = []
@@ -295,9 +296,11 @@ def test_slem_scheme_names_the_verifier(monkeypatch, toks, scheme, seen):
     monkeypatch.setattr(verify, "_chain_verify", chain_verify)
     monkeypatch.setattr(verify, "positional", positional)
     prompts = STAT_PROMPTS * 2
-    _decode(prompts, "slem", toks, max_new_tokens=8, temperature=1.0, seed=3, num_draft_tokens=2,
-            options={"scheme": scheme})
+    sampled = _decode(prompts, "slem", toks, max_new_tokens=8, temperature=1.0, seed=3, num_draft_tokens=2,
+                      options={"scheme": scheme})
     assert set(calls) == seen
+    assert sampled.stats.scheme == ("positional" if scheme == "auto" else scheme)
+    assert sampled.stats.scheme_reason == ("auto: the drafts carry no q" if scheme == "auto" else "asked for")
     greedy = _decode(prompts, "slem", toks, max_new_tokens=8, num_draft_tokens=2, options={"scheme": scheme})
     assert greedy.tokens == specops.decode(prompts, target=TableLM(TARGET_TABLE), tokenizer=toks[0], method="ar",
                                            max_new_tokens=8).tokens

@@ -150,7 +150,7 @@ def _memory_samples(scheme: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme", ["auto", "traversal"])
+@pytest.mark.parametrize("scheme", ["auto", "joint"])
 def test_sampled_with_memory_follows_target(scheme):
     result = _memory_samples(scheme)
     assert_follows_target(result.text, 1.0, 0)

@@ -275,9 +275,9 @@ NGRAM_STAT_CASES = [
     ((4, 2), "bigram", 1.0, 0, "auto"),
     ((4, 2), "bigram", 0.7, 3, "auto"),  # top-k 2 leaves too few sequences for the power asserted
     # The same trees through tree_verify with a one-hot q (one-row steps through chain_verify).
-    ((4, 2), "bigram", 1.0, 0, "recursive"),
-    ((4, 2), "bigram", 0.7, 3, "traversal"),
-    ((1, 2), "none", 1.0, 0, "traversal"),  # chains: block verification
+    ((4, 2), "bigram", 1.0, 0, "token"),
+    ((4, 2), "bigram", 0.7, 3, "joint"),
+    ((1, 2), "none", 1.0, 0, "joint"),  # chains: block verification
 ]
 
 _samples_cache: dict = {}
@@ -331,13 +331,13 @@ def test_chisquare_can_fail():
 
 
 @pytest.mark.parametrize("scheme, seen", [("auto", {"positional"}), ("positional", {"positional"}),
-                                          ("recursive", {"tree_verify recursive", "chain_verify token"}),
-                                          ("traversal", {"tree_verify traversal", "chain_verify block"})])
+                                          ("token", {"tree_verify recursive", "chain_verify token"}),
+                                          ("joint", {"tree_verify traversal", "chain_verify block"})])
 def test_scheme_names_the_verifier(monkeypatch, scheme, seen):
     """Option "scheme": sampled trees walked through the target's positional tokens ("auto" too), or handed
-    to tree_verify with that scheme and a one-hot q; a step of one row goes to chain_verify, whose scheme is
-    the chain case of the tree's (traversal on a chain is block verification). Greedy is greedy matching in
-    all of them."""
+    to tree_verify with a one-hot q, by recursive rejection sampling ("token") or traversal verification
+    ("joint"); a step of one row goes to chain_verify, token by token or by block verification (traversal
+    on a chain). Greedy is greedy matching in all of them."""
     from specops.decoding import verify
 
     calls = []
@@ -1142,8 +1142,8 @@ def llama(targets):
     (dict(drafter="self:2"), "method 'ngram' does not use a drafter"),
     (dict(options={"tables": "trigram"}), "option 'tables' of method ngram must be one of auto, bigram, unigram, none, got 'trigram'"),
     (dict(options={"tables": None}), "option 'tables' of method ngram must be one of"),
-    (dict(options={"scheme": "block"}), "option 'scheme' of method ngram must be one of auto, positional, recursive, "
-                                        "traversal, got 'block'"),
+    (dict(options={"scheme": "block"}), "option 'scheme' must be one of auto, positional, token, joint, got 'block' "
+                                        r"\('block' is the op's name: the option says 'joint'\)"),
     (dict(num_draft_tokens=0), "num_draft_tokens for method 'ngram' must be 'auto', an int w >= 1"),
     (dict(num_draft_tokens=(0, 3)), "num_draft_tokens for method 'ngram'"),
     (dict(num_draft_tokens=(2, 2, 2)), "num_draft_tokens for method 'ngram'"),

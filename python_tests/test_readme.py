@@ -96,6 +96,23 @@ def test_options_table_and_decode_help_follow_the_registry():
             assert any(name in methods and f'"{option}"' in rest for methods, rest in bullets), (name, option)
 
 
+def test_scheme_table_follows_the_registry():
+    """docs/methods.md's "Verification schemes" table has a row for every value of the option's one
+    vocabulary and names every method that takes the option, and the options table points at it."""
+    from specops.decoding import registry
+    from specops.decoding.verify import SCHEMES
+
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    section = text[text.index("## Verification schemes"):]
+    section = section[:section.index("\n## ")]
+    header = next(line for line in section.splitlines() if line.startswith("| `scheme` |"))
+    assert re.findall(r"^\| `\"(\w+)\"` \|", section, re.M) == [s for s in SCHEMES if s != "auto"] + ["auto"]
+    taking = {name for name, method in registry.METHODS.items() if "scheme" in method.options}
+    assert set(re.findall(r"`([a-z-]+)`", header)) - {"scheme"} == taking
+    assert all(set(method.option_choices["scheme"]) <= set(SCHEMES) for name, method in registry.METHODS.items()
+               if name in taking)
+
+
 def test_ops_page_and_readme_follow_the_registered_ops():
     """Every op csrc/registration.cpp defines has a row in docs/ops.md's table, and a Triton kernel in
     specops/kernels/<op>.py except those the README names as CPU-only (today llama_layers alone)."""

@@ -108,23 +108,23 @@ def test_sampled_draft_trees_equal_sampled_ar(method, shape, seed, temperature, 
 
 
 @pytest.mark.parametrize("method", ["rsd-c", "specinfer", "rsd-s"])
-def test_draft_trees_with_scheme_recursive_are_not_sampled_ar(method):
-    """The same call with scheme "recursive" verifies the trees by recursive rejection sampling: the target's
+def test_draft_trees_with_scheme_token_are_not_sampled_ar(method):
+    """The same call with scheme "token" verifies the trees by recursive rejection sampling: the target's
     law, not ar's text (the equality above is the scheme's doing, not the toy tables')."""
     drafter = TableLM(cycle_table(0.6))
     ar = _decode("ar", 123)
     tree = _decode(method, 123, drafter=drafter, drafter_tokenizer=letter_tokenizer(), num_draft_tokens=(2, 2),
-                   options={"scheme": "recursive"})
+                   options={"scheme": "token"})
     assert tree.tokens != ar.tokens
 
 
 @pytest.mark.parametrize("seed, scheme, expected", [(7, None, "positional"), (None, None, "traversal"),
-                                                    (7, "recursive", "recursive"), (None, "positional", "positional"),
-                                                    (7, "traversal", "traversal")])
-def test_tree_scheme_auto_is_positional_with_a_seed_and_traversal_without(monkeypatch, seed, scheme, expected):
+                                                    (7, "token", "recursive"), (None, "positional", "positional"),
+                                                    (7, "joint", "traversal")])
+def test_tree_scheme_auto_is_positional_with_a_seed_and_joint_without(monkeypatch, seed, scheme, expected):
     """Option "scheme" of the draft-tree methods: "auto" (the default) matches positional tokens when a seed
-    is given and hands q to tree_verify for traversal verification when not; "recursive" and "traversal"
-    reach tree_verify as that scheme."""
+    is given and hands q to tree_verify for traversal verification ("joint") when not; "token" reaches
+    tree_verify as recursive rejection sampling, "joint" as traversal verification."""
     from specops.decoding import verify
 
     seen = set()
@@ -145,6 +145,20 @@ def test_tree_scheme_auto_is_positional_with_a_seed_and_traversal_without(monkey
                    drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), num_draft_tokens=(2, 2),
                    max_new_tokens=6, temperature=1.0, seed=seed, options=None if scheme is None else {"scheme": scheme})
     assert seen == {expected}
+
+
+@pytest.mark.parametrize("method, shape", [("sd", 3), ("rsd-c", (2, 2))])
+@pytest.mark.parametrize("scheme", ["token", "joint"])
+def test_schemes_against_q_repeat_themselves_for_a_fixed_draft_setting(method, shape, scheme):
+    """docs/methods.md, "Reproducible and fast": with a seed and a fixed num_draft_tokens, "token" and "joint"
+    give the same text on every call (keyed by step: not sampled ar's), and another seed other text."""
+    kwargs = dict(drafter=TableLM(cycle_table(0.6)), drafter_tokenizer=letter_tokenizer(), num_draft_tokens=shape,
+                  options={"scheme": scheme})
+    first = _decode(method, 31, **kwargs)
+    assert 0 < first.stats.accepted < first.stats.drafted and first.stats.scheme == scheme
+    assert _decode(method, 31, **kwargs).tokens == first.tokens
+    assert _decode(method, 32, **kwargs).tokens != first.tokens
+    assert first.tokens != _decode("ar", 31).tokens
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -297,22 +297,17 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
         context does not; "bigram" is computed once per model, with a progress bar, and cached on disk:
         seconds on a GPU, 7 to 25 minutes for Gemma-3-270M on two CPU cores; "unigram" comes from the
         embeddings, instantly; "auto", the default, takes the bigram when it is cached or estimated to build
-        within a minute, else the context alone) and "scheme" ("auto" | "positional" | "recursive" |
-        "traversal": how sampled trees are verified; "auto" is "positional");
+        within a minute, else the context alone) and "scheme" (below);
       - "slrs": "max_nodes" (an int: raise rather than score more drafter positions than this in a step);
-      - "se": "draws" ("auto" | "alternate" | "mixture") and "scheme" ("auto" | "token" | "block");
-      - "slem": "scheme" ("auto" | "positional" | "token" | "block": how its drafts, which carry no q, are
-        verified; "auto" is "positional");
-      - "sd", "tli", "union": "scheme" ("auto" | "positional" | "token" | "block"): how sampled drafts
-        are drawn and verified ("positional": with the target's own random numbers, kept when equal to its
-        token, the same text as sampled "ar"; "token": from q, speculative sampling token by token;
-        "block": from q, block verification, never fewer kept; "auto": "positional" when a seed is given,
-        else "block");
-      - "rsd-c", "rsd-s", "specinfer": "scheme" ("auto" | "positional" | "recursive" | "traversal"): how
-        sampled draft trees are verified ("positional": the child that is the target's own positional token
-        is kept, the same text as sampled "ar"; "recursive": recursive rejection sampling against q;
-        "traversal": traversal verification from the leaves; "auto": "positional" when a seed is given,
-        else "traversal").
+      - "se": "draws" ("auto" | "alternate" | "mixture") and "scheme" ("auto" | "token" | "joint");
+      - "slem", "sd", "tli", "union", "rsd-c", "rsd-s", "specinfer": "scheme".
+    "scheme" is how sampled drafts are verified, one vocabulary for chains and trees (docs/methods.md,
+    "Verification schemes"): "positional" keeps a draft when it is the target's own token drawn with that
+    position's random numbers (the same text as sampled "ar" for the same seed); "token" verifies token by
+    token against q (speculative sampling; recursive rejection sampling on trees); "joint" verifies the
+    draft as a whole (block verification; traversal verification on trees: never fewer drafts kept);
+    "auto" (the default) is "positional" when a seed is given or the drafts carry no q (ngram, slem), else
+    "joint". The scheme that ran, and why, is in the result's stats (`Stats.scheme`, `scheme_reason`).
     With "auto", options are checked against the method it picks. seed: the same seed gives the same
     text. Given a seed, "ar", "ngram", "slem", "sd", "tli", "union", "rsd-c", "rsd-s" and "specinfer"
     draw each token with random numbers keyed by the seed, the request and the token's position alone and
@@ -398,7 +393,7 @@ def _decode_apart(call: dict, target, tokenizer, drafter, drafter_tokenizer, see
         if part.member_calls is not None:  # an ensemble's forwards per member, summed over the requests
             stats.member_calls = [a + b for a, b in zip(stats.member_calls or [0] * len(part.member_calls),
                                                         part.member_calls)]
-        stats.method = part.method
+        stats.method, stats.scheme, stats.scheme_reason = part.method, part.scheme, part.scheme_reason
     return merged, stats
 
 

@@ -14,31 +14,9 @@ import torch
 from specops.decoding.cost_model import DraftLength
 from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, Proposer, Setup, StepResult
-from specops.decoding.verify import positional
+from specops.decoding.verify import positional, resolve_scheme
 
-__all__ = ["SCHEMES", "DrafterProposer", "TokenDrafter", "scheme_option"]
-
-# How TokenDrafter's sampled drafts are drawn and verified (option "scheme" of sd, tli and union).
-SCHEMES = ("auto", "positional", "token", "block")
-_SCHEME_HELP = ("how sampled drafts are verified: positional draws each draft with the target's own random "
-                "number at its position and keeps it when it is the target's token (the text is sampled ar's "
-                "for the same seed); token draws drafts from q and verifies them with speculative sampling "
-                "token by token; block verifies the same drafts jointly (block verification: never fewer "
-                "drafts kept, docs/verification.md); auto is positional when a seed is given (the same seed "
-                "gives the same text) and block otherwise. Greedy decoding is the same in all")
-
-
-def scheme_option(default: str = "auto", schemes: tuple[str, ...] = SCHEMES, help: str = _SCHEME_HELP) -> dict:
-    """The Method fields of an option "scheme" whose values are `schemes`: TokenDrafter's (the default) or
-    the draft trees' (rsd.TREE_SCHEMES)."""
-
-    def check(options: dict) -> None:
-        if options["scheme"] not in schemes:
-            raise ValueError(f"decode: scheme must be one of {', '.join(schemes)}, got {options['scheme']!r}")
-
-    return {"options": {"scheme": default}, "check": check, "option_help": {"scheme": help},
-            "option_choices": {"scheme": schemes}}
-
+__all__ = ["DrafterProposer", "TokenDrafter"]
 
 class DrafterProposer(Proposer):
     """Base of the drafter methods. `pending[b]`: drafter ids request b's drafter has not read;
@@ -59,13 +37,6 @@ class DrafterProposer(Proposer):
         # A prompt, then the token the prompt's logits gave (the last emitted token, read with the drafts).
         self.position = torch.tensor([len(r) + 1 for r in setup.batch.prompt_rows], dtype=torch.long,
                                      device=setup.seeds.device)
-
-    @staticmethod
-    def resolve_scheme(setup: Setup, unseeded: str) -> str:
-        """Option "scheme" with "auto" resolved: "positional" when the caller gave a seed (the same seed asks
-        for the same text back), else `unseeded`."""
-        scheme = setup.options.get("scheme", "auto")
-        return ("positional" if setup.seeded else unseeded) if scheme == "auto" else scheme
 
     def moved(self, result: StepResult) -> None:
         """Advance each request's draft position past what the step emitted."""
@@ -147,16 +118,16 @@ class TokenDrafter(DrafterProposer):
     truncations at T = 0.8, top-p 0.95 (HumanEval/0 and its solution) 0.535 against 0.551 per token with 15
     of 18 layers, 0.819 against 0.848 with 17 (0.518 and 0.751 if x and y were drawn independently).
 
-    Option "scheme" (`SCHEMES`): "positional" is the above; "token" and "block" draw the drafts from q with
-    the drafter's own random numbers and hand q to `chain_verify` with that scheme (block verification keeps
-    more drafts than either, but the text then depends on the draft lengths); "auto" (the default) is
-    "positional" when the caller gave a seed and "block" when not. On the real pair (Gemma-3-270M, SmolLM2-135M
-    through tli) at T = 1, block drew 1.12-1.19x positional's tokens/s (docs/benchmarks.md)."""
+    Option "scheme" (`verify.SCHEMES`): "positional" is the above; "token" and "joint" draw the drafts from q
+    with the drafter's own random numbers and hand q to `chain_verify` (speculative sampling token by token,
+    or block verification: they keep more drafts, but the text then depends on the draft lengths); "auto" (the default) is "positional" when the caller gave a seed and "joint" when not. On the
+    real pair (Gemma-3-270M, SmolLM2-135M through tli) at T = 1, block drew 1.12-1.19x positional's tokens/s
+    (docs/benchmarks.md)."""
 
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)
         self.vocab = vocab
-        self.scheme = self.resolve_scheme(setup, "block")  # without a seed, the most drafts kept
+        self.scheme = resolve_scheme(setup.options, seeded=setup.seeded, carries_q=True)
         self.drafted = None
 
     def start(self, first: list[int]) -> None:
@@ -169,7 +140,7 @@ class TokenDrafter(DrafterProposer):
             return Proposal.empty(rows, device)
         drafts = torch.empty(rows, k, dtype=torch.long, device=device)
         drafted = torch.empty(rows, k, dtype=torch.long, device=device)
-        with_q = not self.params.greedy and self.scheme != "positional"
+        with_q = not self.params.greedy and self.scheme.name != "positional"
         probs = [None] * k
 
         def draw(logits, i):
@@ -186,7 +157,7 @@ class TokenDrafter(DrafterProposer):
         self.drafted = drafted
         if with_q:
             return Proposal(drafts, num_draft, torch.stack(probs, 1), width=self.vocab.width, size=k,
-                            scheme=self.scheme)
+                            scheme=self.scheme.op("chain"))
         return Proposal(drafts, num_draft, None, width=self.vocab.width, size=k)
 
     def advance(self, result: StepResult) -> None:

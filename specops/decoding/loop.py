@@ -37,6 +37,8 @@ def run(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch.Ten
     start = time.perf_counter()
     drafters = tuple(proposer.drafters)
     stats.method, stats.requests = method, batch.rows
+    if proposer.scheme is not None and not params.greedy:
+        stats.scheme, stats.scheme_reason = proposer.scheme.name, proposer.scheme.reason
     try:
         if batch.max_new_tokens > 0:
             _decode(target, batch, params, seeds, stats, proposer, drafters)

@@ -12,10 +12,10 @@ a sampled token is accepted whenever the target's own draw would land in the tre
 greedy decoding and sampled output follows the target exactly. The cache keeps the accepted path,
 compacted. k and w come from draft_shape.DraftShape.
 
-Option "scheme" (`SCHEMES`) says how sampled trees are verified: "positional" walks the tree through the
-target's own tokens, drawn with the random numbers of their positions (verify._match_tree), so the text
-is sampled "ar"'s for the same seed; "recursive" and "traversal" hand the tree to `tree_verify` with that
-scheme and a one-hot q (a step of one row to `chain_verify`, token by token or by block verification).
+Option "scheme" (`verify.SCHEMES`) says how sampled trees are verified: "positional" walks the tree through
+the target's own tokens, drawn with the random numbers of their positions (verify._match_tree), so the
+text is sampled "ar"'s for the same seed; "token" and "joint" hand the tree to `tree_verify` (recursive
+rejection sampling, traversal verification) with a one-hot q (a step of one row to `chain_verify`).
 With one-hot q all three keep a draft with the target's probability of it, the most any verifier can
 (docs/verification.md), so "auto" (the default) is "positional", which reads only the nodes it walks.
 """
@@ -32,14 +32,12 @@ from specops.decoding.draft_shape import DraftShape
 from specops.decoding.model_ngrams import extend, successors
 from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
+from specops.decoding.verify import resolve_scheme, scheme_option
 from specops.ops.ngram import MEMORY_MAX_OCCURRENCES, MEMORY_MAX_WIDTH
 
 __all__ = ["MEMORY_SOURCES", "DraftTables", "NgramDrafter", "NgramProposer", "match_source", "merge_candidates"]
 
 TABLES = ("auto", "bigram", "unigram", "none")
-SCHEMES = ("auto", "positional", "recursive", "traversal")  # option "scheme" (module docstring)
-# A step of one row goes to chain_verify: the chain case of each tree scheme.
-_CHAIN_SCHEME = {"positional": "positional", "recursive": "token", "traversal": "block"}
 _MEMORY_WIDTH = 16  # the longest draft row with a memory (its matches run long)
 
 
@@ -184,8 +182,7 @@ class NgramProposer(Proposer):
         self.batch = setup.batch
         self.contexts = NgramDrafter(setup.batch, bigram, unigram, setup.target.device)
         self.shape = shape
-        scheme = setup.options.get("scheme", "auto")
-        self.scheme = "positional" if scheme == "auto" else scheme
+        self.scheme = resolve_scheme(setup.options, seeded=setup.seeded, carries_q=False)
         self.memory = setup.memory
         self.handles: list[int | None] = []  # per row: the memory's handle of its run,
         self.requests: list[int] = []  # the request it decodes,
@@ -236,10 +233,9 @@ class NgramProposer(Proposer):
         rows = rows[:, :, :w]
         if k == 1:  # every tree is one row: a chain, which tree_verify and chain_verify accept alike
             drafts = rows[:, 0]
-            return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w,
-                            scheme=_CHAIN_SCHEME[self.scheme])
+            return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w, scheme=self.scheme.op("chain"))
         tree = build_tree(last, rows)
-        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1), scheme=self.scheme))
+        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1), scheme=self.scheme.op("tree")))
 
     def accept(self, result: StepResult) -> None:
         self.contexts.extend_contexts(result.emitted)
@@ -280,11 +276,14 @@ def match_source(level: torch.Tensor, bounds: tuple[int, ...], share: torch.Tens
     return torch.where(bucket > 0, 2 * bucket - 1 + (share >= _AGREED).long(), 0)
 
 
+_SCHEME = scheme_option()
+
+
 def _check(options: dict) -> None:
-    for name, choices in (("tables", TABLES), ("scheme", SCHEMES)):
-        if options[name] not in choices:
-            raise ValueError(f"decode: option '{name}' of method ngram must be one of {', '.join(choices)}, "
-                             f"got {options[name]!r}")
+    if options["tables"] not in TABLES:
+        raise ValueError(f"decode: option 'tables' of method ngram must be one of {', '.join(TABLES)}, "
+                         f"got {options['tables']!r}")
+    _SCHEME["check"](options)
 
 
 def _make(setup: Setup) -> Proposer:
@@ -324,10 +323,7 @@ METHODS = [Method("ngram", "drafts from the context, the model's own n-grams and
                                "seconds on a GPU, with a progress bar) and cached; auto uses it when cached or "
                                "quick to build, else the context alone; unigram: from the embeddings, at once; none: "
                                "the context alone",
-                               "scheme": "how sampled drafts are verified: positional walks the tree through the "
-                               "target's own tokens (the text is sampled ar's for the same seed); recursive and "
-                               "traversal verify it with tree_verify's scheme and a one-hot q; all keep the same "
-                               "drafts in expectation, the most any verifier can; auto is positional"},
-                  option_choices={"tables": TABLES, "scheme": SCHEMES},
+                               **_SCHEME["option_help"]},
+                  option_choices={"tables": TABLES, **_SCHEME["option_choices"]},
                   auto=lambda given: not given.drafter and not given.ensemble and given.trees,
                   draft_setting=DraftShape.check)]

@@ -16,8 +16,8 @@ num_draft_tokens="auto" chooses the shape every step from measured costs and acc
 on a CPU, where a forward's cost grows with the tokens it carries, small trees or plain steps; on a GPU
 wider and deeper ones.
 
-Option "scheme" (`TREE_SCHEMES`) says how sampled trees are verified. "recursive" is the above.
-"traversal" draws the same trees and verifies them from the leaves to the root (traversal verification,
+Option "scheme" (`verify.SCHEMES`) says how sampled trees are verified. "token" is the above (recursive
+rejection sampling). "joint" draws the same trees and verifies them from the leaves to the root (traversal verification,
 `specops.ops.tree_verify(..., scheme="traversal")`): lossless too, and in expectation it kept at least as
 many drafts wherever measured (docs/verification.md). "positional" gives each node's children the same law but draws the
 first child of every node from q by the inverse CDF at the uniform number the target's token at that
@@ -25,7 +25,7 @@ position is drawn with (`verify.positional`; the first child of specinfer and rs
 without replacement among the rest; rsd-s's beams as drawn). The tree goes to the verifier without q, which
 keeps the child that is the target's positional token: the text is sampled "ar"'s with the same seed,
 whatever shapes "auto" picks and however requests are batched (docs/same_seed.md). "auto" (the default) is
-"positional" when the caller gave a seed and "traversal" when not.
+"positional" when the caller gave a seed and "joint" when not.
 
 Any drafter: one with the target's vocabulary (or `self:N`) drafts from its own distribution; one with
 another vocabulary drafts from its distribution restricted to the tokens both share (TLI's intersection,
@@ -49,26 +49,15 @@ from specops import vocab as vocab_maps
 from specops._seeds import beam_seeds
 from specops.decoding.draft_vocab import DraftVocab, intersection
 from specops.decoding.retokenize import Retokenizer
-from specops.decoding.drafter import DrafterProposer, scheme_option
+from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
 from specops.decoding.cost_model import TreeShape
-from specops.decoding.verify import positional
+from specops.decoding.verify import positional, resolve_scheme, scheme_option
 
 INITIAL_BRANCHING = (2, 2)  # where "auto" starts for rsd-c / specinfer
 INITIAL_BEAMS = (2, 3)  # where "auto" starts for rsd-s: W beams, L levels
 _CHILD_BITS = 16  # draft offsets: (level << 16) | child, so levels never share random numbers
-
-# How sampled draft trees are verified (option "scheme" of rsd-c, rsd-s and specinfer).
-TREE_SCHEMES = ("auto", "positional", "recursive", "traversal")
-UNSEEDED_SCHEME = "traversal"  # "auto" without a seed: it kept as many drafts or more wherever measured
-_SCHEME_HELP = ("how sampled draft trees are verified: positional draws each node's first child with the target's "
-                "own random number at its position and keeps the child that is the target's token (the text is "
-                "sampled ar's for the same seed, whatever the tree shapes); recursive draws every child from q and "
-                "verifies the tree by recursive rejection sampling; traversal draws them the same way and verifies "
-                "the tree from its leaves (traversal verification: as many drafts kept or more, in expectation); auto is "
-                "positional when a seed is given and traversal otherwise. Greedy decoding is the same in all")
-
 
 def check_branching(setting) -> None:
     if setting == "auto":
@@ -116,8 +105,8 @@ class TreeDrafter(DrafterProposer):
         # Sampled trees under "positional" go to the verifier without q: verify.tree accepts the child that is
         # the target's positional token (BranchingDrafter draws every node's first child with its number).
         # Otherwise they go with q, to tree_verify's scheme ("recursive" or "traversal").
-        self.scheme = self.resolve_scheme(setup, UNSEEDED_SCHEME)
-        self.matched = self.scheme == "positional" and not self.params.greedy
+        self.scheme = resolve_scheme(setup.options, seeded=setup.seeded, carries_q=True)
+        self.matched = self.scheme.name == "positional" and not self.params.greedy
         auto = setup.num_draft_tokens == "auto"
         self.chooser = TreeShape.remembered(self.beams, initial, setup.target.model, setup.drafter_key,
                                             setup.method) if auto else None
@@ -221,7 +210,7 @@ class TreeDrafter(DrafterProposer):
                     if old < len(probs) and probs[old] is not None:
                         q[b, new] = probs[old][b]
         draft = TreeDraft(out_tokens.to(device), out_parents.to(device), torch.tensor(counts, device=device), q,
-                          self.replacement, self.scheme)
+                          self.replacement, self.scheme.op("tree"))
         self.tree = ([t for t, _, _ in kept], [p for _, p, _ in kept])
         return Proposal(tree=draft, width=self.vocab.width, size=size - 1)
 
@@ -380,11 +369,11 @@ def _beams(setup: Setup) -> TreeDrafter:
 METHODS = [
     Method("rsd-c", "draft trees of constant branching, siblings drawn without replacement, verified by "
            "recursive rejection sampling (RSD-C)", _branching(False), drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
-           draft_setting=check_branching, **scheme_option(schemes=TREE_SCHEMES, help=_SCHEME_HELP)),
+           draft_setting=check_branching, **scheme_option()),
     Method("rsd-s", "draft trees of W sequences drawn without replacement by Stochastic Beam Search, verified "
            "by recursive rejection sampling (RSD-S)", _beams, drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
-           draft_setting=check_beams, **scheme_option(schemes=TREE_SCHEMES, help=_SCHEME_HELP)),
+           draft_setting=check_beams, **scheme_option()),
     Method("specinfer", "draft trees of constant branching with i.i.d. siblings (SpecInfer), verified by "
            "recursive rejection sampling", _branching(True), drafter=Drafter.ANY_VOCABULARY, trees=("target", "drafter"),
-           draft_setting=check_branching, **scheme_option(schemes=TREE_SCHEMES, help=_SCHEME_HELP)),
+           draft_setting=check_branching, **scheme_option()),
 ]

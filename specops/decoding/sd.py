@@ -6,8 +6,9 @@ output equals greedy decoding, sampled output follows the target's distribution.
 from __future__ import annotations
 
 from specops.decoding.draft_vocab import DraftVocab
-from specops.decoding.drafter import TokenDrafter, scheme_option
+from specops.decoding.drafter import TokenDrafter
 from specops.decoding.step import Drafter, Method, Proposer, Setup
+from specops.decoding.verify import scheme_option
 
 
 def _make(setup: Setup) -> Proposer:

@@ -13,7 +13,7 @@ A step, for every request at once (members in turn: step s's proposer is member 
   distribution at every draft position and one past the last;
 - `specops.ops.ensemble_logits` combines the members' logits at every draft position and `chain_verify`
   accepts a prefix with min(1, r/q) against the ensemble r; a rejected draft is replaced by a token from
-  the residual norm(max(0, r - q)) and the step ends (option "scheme": "token" is that; "block", what
+  the residual norm(max(0, r - q)) and the step ends (option "scheme": "token" is that; "joint", what
   "auto" picks, decides the prefix jointly by block verification, which keeps at least as many drafts in
   expectation and is the same with one draft per step);
 - when every draft is accepted no ensemble token is drawn: the next member (the next step's proposer)
@@ -48,7 +48,7 @@ from specops import ops
 from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.ensemble_lm import WeightedEnsemble
 from specops.decoding.step import Method, Proposal, Proposer, Setup
-from specops.decoding.verify import Verified, sample
+from specops.decoding.verify import Verified, resolve_scheme, sample, scheme_option
 from specops.reference import uniform
 
 __all__ = ["AlternateProposer", "MixtureDraws"]
@@ -56,7 +56,7 @@ __all__ = ["AlternateProposer", "MixtureDraws"]
 _BONUS = 2**31  # random-number index of a step's bonus draw (drafts use 0, 1, ...)
 _MEMBER_STREAM = 5  # Philox stream of mixture draws' member choices (chain_verify and samplers use 0-4)
 DRAWS = ("auto", "alternate", "mixture")
-SCHEMES = ("auto", "token", "block")  # how the alternate proposals' chains are verified ("auto": block)
+_SCHEME = scheme_option(("auto", "token", "joint"))  # the alternate proposals' chains carry q: no "positional"
 
 
 def _check_setting(setting) -> None:
@@ -81,7 +81,8 @@ class AlternateProposer(Proposer):
         self.gammas = [1] * members if setting == "auto" else list(setting) if isinstance(setting, tuple) else \
             [setting] * members
         self.sampler = DraftVocab.same(setup.target.vocab_size, setup.target.device)
-        self.scheme = "block" if setup.options["scheme"] == "auto" else setup.options["scheme"]
+        self.scheme = resolve_scheme(setup.options, seeded=setup.seeded, carries_q=True,
+                                     choices=_SCHEME["option_choices"]["scheme"])
         self.verifier = self.verify
         self.turn = 0
         self.started = False
@@ -167,7 +168,7 @@ class AlternateProposer(Proposer):
         ensemble = state.combine([logits_of[m] for m in range(count)])
         out, accepted = ops.chain_verify(ensemble, drafts, q, num_draft=num_draft, temperature=params.temperature,
                                          top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=step,
-                                         validate=False, scheme=self.scheme)
+                                         validate=False, scheme=self.scheme.op("chain"))
 
         # Everything accepted: no ensemble token; the next member's own draw past the drafts is its bonus.
         whole = (accepted == num_draft) & (num_draft > 0)
@@ -237,8 +238,7 @@ def _exact_mixture(setup: Setup) -> bool:
 def _check_options(options: dict) -> None:
     if options["draws"] not in DRAWS:
         raise ValueError(f"decode: se's draws must be one of {', '.join(DRAWS)}, got {options['draws']!r}")
-    if options["scheme"] not in SCHEMES:
-        raise ValueError(f"decode: se's scheme must be one of {', '.join(SCHEMES)}, got {options['scheme']!r}")
+    _SCHEME["check"](options)
 
 
 def _make(setup: Setup) -> Proposer:
@@ -266,9 +266,9 @@ METHODS = [Method("se", "speculative ensemble: the members propose to each other
                                         "it (exact for a weighted ensemble at temperature 1 without top-k / top-p, "
                                         "where auto uses it); alternate: the members propose to each other and the "
                                         "ensemble verifies",
-                               "scheme": "how the ensemble verifies a member's drafts: token by token, or jointly "
+                               "scheme": "how the ensemble verifies a member's drafts: token by token, or joint "
                                          "(block verification: never fewer drafts kept; the same as token with one "
-                                         "draft per step, auto's gamma); auto is block"},
-                  option_choices={"draws": DRAWS, "scheme": SCHEMES},
+                                         "draft per step, auto's gamma); auto is joint"},
+                  option_choices={"draws": DRAWS, **_SCHEME["option_choices"]},
                   auto=lambda given: not given.drafter and given.ensemble,
                   draft_setting=_check_setting)]

@@ -13,8 +13,8 @@ Each step, per request:
 4. Re-alignment: the drafter keeps the longest run of its drafts whose text the target emitted, and
    reads the rest of the emitted text in its own tokens. Both caches persist across steps.
 
-Option "scheme" (`SCHEMES`): "positional" is step 3, and the text is sampled "ar"'s for the same seed;
-"token" and "block" hand the same drafts to `chain_verify` with that scheme and a one-hot q. The drafts do
+Option "scheme" (`verify.SCHEMES`): "positional" is step 3, and the text is sampled "ar"'s for the same seed;
+"token" and "joint" hand the same drafts to `chain_verify` with a one-hot q. The drafts do
 not depend on the target's random numbers, so all three keep a draft with probability p(draft), the most
 any verifier can keep of deterministic drafts; "auto" (the default) is "positional", which reads no q.
 """
@@ -26,15 +26,11 @@ import torch
 from specops import vocab as vocab_maps
 from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.retokenize import Retokenizer
-from specops.decoding.drafter import DrafterProposer, scheme_option
+from specops.decoding.drafter import DrafterProposer
 from specops.decoding.step import Drafter, Method, Proposal, Proposer, Setup, StepResult
+from specops.decoding.verify import resolve_scheme, scheme_option
 
 _HISTORY = 16  # target tokens kept per request for the look-behind
-SCHEMES = ("auto", "positional", "token", "block")  # option "scheme" (module docstring)
-_SCHEME_HELP = ("how sampled drafts are verified: positional keeps a draft when it is the target's own token at "
-                "its position (the text is sampled ar's for the same seed); token and block verify them with "
-                "chain_verify's scheme and a one-hot q; all keep the same drafts in expectation, the most any "
-                "verifier can; auto is positional")
 
 
 class StringDrafter(DrafterProposer):
@@ -47,7 +43,7 @@ class StringDrafter(DrafterProposer):
         self.own = DraftVocab.same(self.lm.vocab_size, self.lm.device)  # the drafter samples its own distribution
         self.history = [p[-_HISTORY:] for p in setup.batch.prompt_rows]
         self.drafted: list[list[int]] = []
-        self.scheme = self.resolve_scheme(setup, "positional")  # "auto": positional, with a seed or without
+        self.scheme = resolve_scheme(setup.options, seeded=setup.seeded, carries_q=False)
 
     def start(self, first: list[int]) -> None:
         self.history = [h + [t] for h, t in zip(self.history, first)]
@@ -72,7 +68,8 @@ class StringDrafter(DrafterProposer):
         width = max((len(d) for d in target_drafts), default=0)
         drafts = torch.tensor([d + [0] * (width - len(d)) for d in target_drafts], dtype=torch.long)
         num_draft = torch.tensor([len(d) for d in target_drafts], dtype=torch.long)
-        return Proposal(drafts.view(rows, width).to(device), num_draft.to(device), size=k, scheme=self.scheme)
+        return Proposal(drafts.view(rows, width).to(device), num_draft.to(device), size=k,
+                        scheme=self.scheme.op("chain"))
 
     def advance(self, result: StepResult) -> None:
         """Re-align the drafter with what was emitted."""
@@ -96,4 +93,4 @@ METHODS = [Method("slem", "a drafter with another vocabulary drafts text, re-enc
                   _make, drafter=Drafter.ANY_VOCABULARY, tokenizers=vocab_maps.vocab_map,
                   auto=lambda given: (given.drafter and not given.same_vocabulary and given.greedy
                                       and not given.ensemble),
-                  **scheme_option(schemes=SCHEMES, help=_SCHEME_HELP))]
+                  **scheme_option())]

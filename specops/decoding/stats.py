@@ -25,6 +25,8 @@ class Stats:
     draft_lengths: list[int] = field(default_factory=list)
     member_calls: list[int] | None = None  # forwards of each ensemble member (target_calls is their sum)
     method: str = ""  # the method that ran (what "auto" chose)
+    scheme: str = ""  # how sampled drafts were verified (option "scheme", "auto" resolved; "" when greedy or none)
+    scheme_reason: str = ""  # why that scheme: "asked for", or what "auto" went by
     requests: int = 0
     request_steps: int = 0  # over the target's forwards (the prefill included), the requests each one read
 
@@ -76,6 +78,8 @@ class Stats:
             text += (f", drafter calls {self.drafter_calls}" if self.drafter_calls else "")
             text += (f", accepted {self.accepted}/{self.drafted} "
                      f"({self.acceptance:.0%})")
+        if self.scheme:
+            text += f"; verified by scheme {self.scheme} ({self.scheme_reason})"
         text += (f"; time: prefill {self.prefill_seconds:.2f} s, draft {self.draft_seconds:.2f} s, "
                  f"verify {self.verify_seconds:.2f} s, other {self.other_seconds:.2f} s, "
                  f"outside forwards {self.overhead_fraction:.1%}")

@@ -129,10 +129,12 @@ class StepResult:
 class Proposer:
     """Base of every method. `drafters` lists the drafter models (CausalLM) the method runs, so the loop
     can time and count them; `verifier` names how drafts are checked (verify.py), or is the method's own
-    verifier, called as verify.py's are (se: the members' drafts and scores meet there)."""
+    verifier, called as verify.py's are (se: the members' drafts and scores meet there); `scheme` is the
+    option "scheme" resolved, for the statistics."""
 
     verifier = "chain"
     drafters: tuple = ()
+    scheme = None  # a verify.Scheme: how sampled drafts are verified, for methods that take option "scheme"
 
     def start(self, first: list[int]) -> None:
         """The first token of every request, sampled from the prompt's logits (already emitted)."""

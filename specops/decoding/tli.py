@@ -17,8 +17,9 @@ from __future__ import annotations
 from specops import vocab as vocab_maps
 from specops.decoding.draft_vocab import DraftVocab, intersection
 from specops.decoding.retokenize import Retokenizer
-from specops.decoding.drafter import TokenDrafter, scheme_option
+from specops.decoding.drafter import TokenDrafter
 from specops.decoding.step import Drafter, Method, Proposer, Setup
+from specops.decoding.verify import scheme_option
 from specops.vocab import VocabMap
 
 

@@ -34,7 +34,69 @@ from specops.decoding.engine import KVState
 from specops.decoding.step import Proposal, SamplingParams
 from specops.decoding.tree import tree_from_parents
 
-__all__ = ["VERIFIERS", "Verified", "sample"]
+__all__ = ["SCHEMES", "SCHEME_HELP", "VERIFIERS", "Scheme", "Verified", "resolve_scheme", "sample", "scheme_option"]
+
+# The option "scheme" of every method that verifies sampled drafts: one vocabulary for chains and trees,
+# drafts with q and without (docs/methods.md, "Verification schemes"). "positional" keeps a draft when it
+# is the target's own token drawn with that position's random numbers (the text is sampled "ar"'s for the
+# same seed); "token" verifies token by token (speculative sampling on a chain, recursive rejection
+# sampling on a tree); "joint" verifies the draft as a whole (block verification on a chain, traversal
+# verification on a tree: never fewer drafts kept in expectation). The ops keep their own names
+# (`_OP_SCHEMES`), and a Proposal or TreeDraft carries the op's.
+SCHEMES = ("auto", "positional", "token", "joint")
+_OP_SCHEMES = {"token": {"chain": "token", "tree": "recursive"}, "joint": {"chain": "block", "tree": "traversal"}}
+_PAPER_NAMES = {"block": "joint", "traversal": "joint", "recursive": "token"}  # the ops' names, for the message
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A call's option "scheme" with "auto" resolved: `name` (one of SCHEMES but "auto") and `reason`, why
+    it is the one (the stats line says both)."""
+
+    name: str
+    reason: str
+
+    def op(self, kind: str) -> str:
+        """What a proposal of `kind` ("chain" or "tree") carries: "positional", or the op's scheme."""
+        return "positional" if self.name == "positional" else _OP_SCHEMES[self.name][kind]
+
+
+SCHEME_HELP = ("how sampled drafts are verified: positional keeps a draft when it is the target's own token drawn "
+               "with that position's random numbers (the text is sampled ar's for the same seed); token verifies "
+               "token by token (speculative sampling, recursive rejection sampling on trees); joint verifies the "
+               "draft as a whole (block verification, traversal verification on trees: never fewer drafts kept); "
+               "auto is positional when a seed is given or the drafts carry no q, else joint. Greedy decoding is "
+               "the same under all (docs/methods.md, Verification schemes)")
+
+
+def scheme_option(choices: tuple[str, ...] = SCHEMES) -> dict:
+    """The Method fields of the option "scheme" over `choices` (a subset of SCHEMES), default "auto"."""
+
+    def check(options: dict) -> None:
+        value = options["scheme"]
+        if value not in choices:
+            hint = (f" ({value!r} is the op's name: the option says {_PAPER_NAMES[value]!r})"
+                    if value in _PAPER_NAMES else "")
+            raise ValueError(f"decode: option 'scheme' must be one of {', '.join(choices)}, got {value!r}{hint}")
+
+    return {"options": {"scheme": "auto"}, "check": check, "option_help": {"scheme": SCHEME_HELP},
+            "option_choices": {"scheme": choices}}
+
+
+def resolve_scheme(options: dict, *, seeded: bool, carries_q: bool, choices: tuple[str, ...] = SCHEMES) -> Scheme:
+    """The scheme a call verifies sampled drafts with. "auto" is "positional" where drafts carry no q
+    (n-grams, re-encoded text: every scheme keeps the same drafts in expectation, and "positional" gives
+    sampled "ar"'s text) or a seed is given (the same seed asks for the same text back, whatever the draft
+    shapes); otherwise "joint", which keeps the most drafts. Without "positional" among `choices`, "joint"."""
+    asked = options.get("scheme", "auto")
+    if asked != "auto":
+        return Scheme(asked, "asked for")
+    if "positional" in choices and not carries_q:
+        return Scheme("positional", "auto: the drafts carry no q")
+    if "positional" in choices and seeded:
+        return Scheme("positional", "auto: a seed was given, so the text is sampled ar's; scheme 'joint' keeps "
+                                    "more drafts and repeats itself for a fixed num_draft_tokens")
+    return Scheme("joint", "auto: no seed given" if "positional" in choices else "auto")
 
 
 @dataclass
