@@ -22,19 +22,29 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = ["abcabcabcabc abc", "Hello", "the cat sat; the cat sat; the cat"]
 ROUNDS = 4
 
-# Pairs run at once: a tree verifier beside plain forwards, two tree verifiers, a drafter's chain beside
-# trees, a sampled tree beside a sampled chain.
-PAIRS = [("ngram", "ar"), ("ngram", "ngram"), ("rsd-c", "sd"), ("specinfer", "ar")]
+# Pairs run at once, every method in at least one: a tree verifier beside plain forwards, two tree verifiers,
+# a drafter's chain beside trees, a sampled tree beside a sampled chain, the string-level drafters beside
+# the vocabulary-level ones, and the two ensembles (target and drafter as members) beside each other.
+PAIRS = [("ngram", "ar"), ("ngram", "ngram"), ("rsd-c", "sd"), ("specinfer", "ar"), ("slem", "tli"),
+         ("union", "rsd-s"), ("slrs", "ngram"), ("se", "ensemble")]
+_DRAFTERS = ("sd", "tli", "union", "slem", "slrs", "rsd-c", "rsd-s", "specinfer")
 
 
 def _call(method: str, model, drafter, tok, sampled: bool, shape):
     kwargs = dict(temperature=0.9, seed=11) if sampled else {}
-    if method in ("sd", "rsd-c", "specinfer"):
+    target = model
+    if method in _DRAFTERS:
         kwargs.update(drafter=drafter, drafter_tokenizer=tok)
     if method == "ngram":
         kwargs["num_draft_tokens"] = shape  # fixed: every step verifies a tree
-    return lambda: specops.decode(PROMPTS, target=model, tokenizer=tok, method=method, max_new_tokens=12,
-                                  **kwargs).tokens
+    if method == "slrs":  # its random numbers are keyed by step: the same text needs fixed draft lengths
+        kwargs["num_draft_tokens"] = 3
+    if method in ("se", "ensemble"):  # an ensemble of the two models, one object each, shared with the others
+        target = [model, drafter]
+        kwargs.update(tokenizer=[tok, tok], ensemble=specops.WeightedEnsemble([0.5, 0.5]))
+    else:
+        kwargs["tokenizer"] = tok
+    return lambda: specops.decode(PROMPTS, target=target, method=method, max_new_tokens=12, **kwargs).tokens
 
 
 def _together(calls) -> list[list]:
