@@ -22,9 +22,10 @@ if _os.environ.get("SPECOPS_CPU_ISA", "") not in ("", "avx512", "avx2", "base"):
 from specops import _C  # noqa: F401  (registers the op schemas and the C++ CPU kernels)
 from specops import ops
 
-if torch.cuda.is_available() or _os.environ.get("TRITON_INTERPRET") == "1":
-    # Registers the Triton kernels for CUDA (or, interpreted, for the tests). Without CUDA they can never
-    # run, and importing Triton would add most of a second to every start.
+if torch.backends.cuda.is_built() or _os.environ.get("TRITON_INTERPRET") == "1":
+    # Registers the Triton kernels for CUDA (or, interpreted, for the tests). A torch built without CUDA can
+    # never run them, and importing Triton would add most of a second to every start. Whether a GPU is there
+    # is not asked: importing specops touches no device (torch.cuda.is_available() would load the driver).
     from specops import kernels  # noqa: F401
 from specops import vocab
 from specops.decoding import DecodeResult, decode
