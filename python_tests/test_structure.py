@@ -99,3 +99,20 @@ def test_front_door_and_command_line_name_no_method():
                  and node.value in names]
         assert not named, f"{path.name} names methods {named}"
     assert re.search(r"choices=registry\.NAMES", (PACKAGE / "cli.py").read_text(encoding="utf-8"))
+
+
+def test_importing_specops_touches_no_device():
+    """`import specops` (with the Triton kernels registered, as under TRITON_INTERPRET) asks torch nothing about
+    GPUs: torch.cuda's device queries raise in the child, and the import still succeeds with CUDA left as it was."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "def refuse(*args, **kwargs):\n    raise AssertionError('import specops queried a device')\n"
+            "torch.cuda.is_available = torch.cuda.device_count = torch._C._cuda_getDeviceCount = refuse\n"
+            "import specops, specops.ops\n"
+            "assert not torch.cuda.is_initialized()\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
