@@ -305,7 +305,7 @@ class CpuLoad:
 
     @staticmethod
     def _busy_seconds() -> float:
-        from specops._machine_load import busy_seconds
+        from specops._threads import busy_seconds
 
         return busy_seconds()
 

@@ -35,10 +35,10 @@ def predicted(shape, rows, source, chosen: list[tuple[int, int]]) -> float:
 
 def run(memory: bool, args) -> dict:
     import specops
-    from specops.decoding import draft_shape, ngram
+    from specops.decoding import ngram, ngram_shape
 
     steps: list[dict] = []
-    choose, shapes, accept = draft_shape.DraftShape.choose, draft_shape.DraftShape.shapes, ngram.NgramProposer.accept
+    choose, shapes, accept = ngram_shape.DraftShape.choose, ngram_shape.DraftShape.shapes, ngram.NgramProposer.accept
 
     def choose_logged(self, rows, source):
         k, w = choose(self, rows, source)
@@ -57,7 +57,7 @@ def run(memory: bool, args) -> dict:
             steps[-1]["realized"] = sum(result.accepted)
         accept(self, result)
 
-    draft_shape.DraftShape.choose, draft_shape.DraftShape.shapes = choose_logged, shapes_logged
+    ngram_shape.DraftShape.choose, ngram_shape.DraftShape.shapes = choose_logged, shapes_logged
     ngram.NgramProposer.accept = accept_logged
     try:
         store = specops.NgramMemory() if memory else None
@@ -71,7 +71,7 @@ def run(memory: bool, args) -> dict:
             seconds += result.stats.seconds
             tokens += result.stats.new_tokens
     finally:
-        draft_shape.DraftShape.choose, draft_shape.DraftShape.shapes = choose, shapes
+        ngram_shape.DraftShape.choose, ngram_shape.DraftShape.shapes = choose, shapes
         ngram.NgramProposer.accept = accept
     done = [s for s in steps if "realized" in s]
     expected = sum(s["predicted"] for s in done)

@@ -74,7 +74,7 @@ Both libraries stop at EOS or after --new-tokens tokens (no min_new_tokens, unli
 does one untimed warm-up generation first; for ngram with bigram tables that is where the model's
 bigram table is built if it is not cached yet (~15 min for Gemma on a 2-core CPU), while the timed
 calls include whatever each `decode` call spends on getting its tables. ngram "auto" keeps the step
-costs it measured for the life of the process (draft_shape.py), so they carry over from the warm-up
+costs it measured for the life of the process (ngram_shape.py), so they carry over from the warm-up
 and the earlier prompts, as in a serving process. Configurations run round-robin, prompt by prompt, so that
 load from other processes on a shared machine spreads over all of them; `others` reports how many
 cores other processes kept busy meanwhile. Seeds: prompt i samples with seed --seed + i in both
@@ -603,7 +603,7 @@ def _auto_or(parse):
     return lambda text: "auto" if text == "auto" else parse(text)
 
 
-def main() -> None:
+def _parser():
     from specops.decoding.ngram import TABLES as NGRAM_TABLES
 
     parser = e2e_parser(__doc__, "e2e", prompts=6)
@@ -637,23 +637,25 @@ def main() -> None:
     parser.add_argument("--no-batched", dest="batched", action="store_false",
                         help="skip the runs with all prompts as one batch")
     parser.add_argument("--plot", action="store_true", help="also draw docs/e2e_<device>.png")
-    args = parse_e2e_args(parser)
-    modes = _names(args.modes)
-    if any(m not in MODES for m in modes):
-        parser.error(f"--modes: choose from {', '.join(MODES)}")
+    return parser
+
+
+def _hand_off(args, modes: list[str]) -> bool:
+    """--configs drafters / ensembles: the run of bench_drafters.py / bench_ensemble.py on these prompts.
+    Whether one ran."""
     if "drafters" in _names(args.configs):  # drafter weights side by side: bench_drafters.py's run
         if _names(args.configs) != ["drafters"]:
-            parser.error("--configs drafters runs alone (bench/bench_drafters.py)")
+            raise SystemExit("--configs drafters runs alone (bench/bench_drafters.py)")
         import bench_drafters
 
         bench_drafters.run(argparse.Namespace(
             prompts=args.prompts, first=args.first, new_tokens=args.new_tokens, modes=",".join(modes),
             weights=",".join(bench_drafters.WEIGHTS), threads=args.threads, seed=args.seed, device=args.device,
             csv=args.csv, plot=args.plot))
-        return
+        return True
     if "ensembles" in _names(args.configs):  # ensembles of targets: bench_ensemble.py's run, on these prompts
         if _names(args.configs) != ["ensembles"]:
-            parser.error("--configs ensembles runs alone (bench/bench_ensemble.py)")
+            raise SystemExit("--configs ensembles runs alone (bench/bench_ensemble.py)")
         import bench_ensemble
 
         bench_ensemble.run(argparse.Namespace(
@@ -661,6 +663,17 @@ def main() -> None:
             pairs="hetero,same", rules="w55,w73,cd", methods="all", early_exit=args.early_exit,
             threads=args.threads,
             seed=args.seed, device=args.device, csv=args.csv))
+        return True
+    return False
+
+
+def main() -> None:
+    parser = _parser()
+    args = parse_e2e_args(parser)
+    modes = _names(args.modes)
+    if any(m not in MODES for m in modes):
+        parser.error(f"--modes: choose from {', '.join(MODES)}")
+    if _hand_off(args, modes):
         return
     args.configs = list(GROUPS) if _names(args.configs) == ["all"] else _names(args.configs)
     if not args.configs or any(c not in GROUPS for c in args.configs):
@@ -706,6 +719,11 @@ def main() -> None:
         records += run_mode(bench, mode, prompts, args)
     rows = rows_of(records)
 
+    _report(args, bench, records, rows, prompts, drafter, vocabulary, run_start)
+
+
+def _report(args, bench, records, rows, prompts, drafter, vocabulary, run_start: float) -> None:
+    """The table, the settings each peer used, the must-reach lines, the CSV and (--plot) the figure."""
     info = machine_info(args.device)
     print(f"\nend to end: {args.target} fp32, {len(prompts)} HumanEval prompts from {args.first}, "
           f"{args.new_tokens} new tokens, batch 1 unless (batch); {info['machine']}, {info['threads']} threads, "

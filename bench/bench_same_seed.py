@@ -1,9 +1,9 @@
 """Sampled decoding with a drafter: speed, acceptance and reproducibility of the coupled drafts
 (drafter.TokenDrafter: drafts drawn with the random number of the target's token at the same position),
-against speculative sampling's rule as specops had it before (`--previous`: drafts drawn with their own
-random numbers and verified against their q by chain_verify; that code is kept here for the comparison).
+against speculative sampling's rule as specops had it before (`--scheme token`: drafts drawn with their own
+random numbers and verified against their q by chain_verify).
 
-    python bench/bench_same_seed.py [--previous] [--method tli] [--scheme auto] [--num-draft-tokens auto]
+    python bench/bench_same_seed.py [--method tli] [--scheme auto] [--num-draft-tokens auto]
                                     [--prompts 4] [--first 0] [--new-tokens 64] [--seed 1] [--threads N]
                                     [--csv PATH] [--check]
 
@@ -22,46 +22,18 @@ import csv
 import json
 import time
 
-import torch
-
 import specops
 from _timing import csv_path, e2e_parser, load_prompts, parse_e2e_args
-from specops.decoding.drafter import TokenDrafter
-from specops.decoding.step import Proposal
-
-
-def _previous_propose(self, step, budget, last):
-    """TokenDrafter.propose before the coupling: each draft drawn with its own numbers, verified with q."""
-    k, num_draft = self.choose(budget)
-    rows, device = budget.shape[0], budget.device
-    if not k:
-        return Proposal.empty(rows, device)
-    drafts = torch.empty(rows, k, dtype=torch.long, device=device)
-    drafted = torch.empty(rows, k, dtype=torch.long, device=device)
-    probs = None if self.params.greedy else torch.empty(rows, k, self.vocab.width, device=device)
-
-    def draw(logits, i):
-        drafts[:, i], drafted[:, i], q = self.vocab.draft(logits, self.params, self.seeds, step, i)
-        if q is not None:
-            probs[:, i] = q
-        return drafted[:, i]
-
-    self.run(k, draw)
-    self.drafted = drafted
-    return Proposal(drafts, num_draft, probs, width=self.vocab.width, size=k, scheme="token")
 
 
 def main() -> None:
     parser = e2e_parser(__doc__, "same_seed", prompts=4, modes=None, seed=1, threads=None, device=False)
-    parser.add_argument("--previous", action="store_true", help="speculative sampling's rule, as before")
     parser.add_argument("--method", default="tli")
     parser.add_argument("--drafter", default="smollm2-135m")
     parser.add_argument("--num-draft-tokens", default="auto")
     parser.add_argument("--scheme", default="auto")
     parser.add_argument("--check", action="store_true")
     args = parse_e2e_args(parser)
-    if args.previous:
-        TokenDrafter.propose = _previous_propose
     k = args.num_draft_tokens
     if k != "auto":
         k = tuple(int(v) for v in k.split(",")) if "," in k else int(k)

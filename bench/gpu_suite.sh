@@ -9,7 +9,7 @@
 # did. Steps, most important first:
 #   1. build (skipped where specops and its extension already import)
 #   2. environment: nvidia-smi, torch, Triton, the registered ops
-#   3. the Triton compile check, one configuration per kernel for sm_90 (specops.kernels.compile_check)
+#   3. the Triton compile check, one configuration per kernel for sm_90 (specops.tools.compile_check)
 #   4. the ops' tests on CUDA: exactness and agreement of the Triton kernels with the reference and the
 #      C++ kernels under the same seeds; the long statistical runs are left out
 #   5. every kernel benchmark, its quick grid, on CUDA (CSV and table each)
@@ -120,14 +120,14 @@ grep '^- ' "$report_dir/environment.log" >>"$report"
 
 # ---- 3. compile check ----
 md "" "## 3. Triton compile check"
-if "$python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('specops.kernels.compile_check') else 1)" \
+if "$python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('specops.tools.compile_check') else 1)" \
         2>/dev/null; then
     # One configuration per kernel for sm_90 (the full table takes minutes: docs/gpu.md has it).
-    run_step "compile check" 90 "$report_dir/compile_check.log" "$python" -m specops.kernels.compile_check \
+    run_step "compile check" 90 "$report_dir/compile_check.log" "$python" -m specops.tools.compile_check \
         --quick --targets 90
     tail_block "$report_dir/compile_check.log" 120
 else
-    skip "compile check" "specops.kernels.compile_check does not exist yet"
+    skip "compile check" "specops.tools.compile_check does not exist yet"
 fi
 
 # ---- 4. the ops' tests on CUDA ----

@@ -52,7 +52,7 @@ from toy_models import EOS_ID, PAD_ID, TRANSFORMERS, byte_tokenizer, merged_byte
 # PAIRS); the method is a decode method ("sd": every sd case) or one of the METHODS ids ("sd-k3": that case
 # only). Chains work on every architecture (the cache is compacted, so each forward is what generate()
 # does with a left-padded batch); draft trees (ngram) need attention that goes through transformers'
-# attention registry in every layer (specops/decoding/attention.py), which these architectures bypass.
+# attention registry in every layer (specops/decoding/tree_forward.py), which these architectures bypass.
 _OWN_ATTENTION = {
     "gpt_neo": "local attention from its own slot-indexed buffer",
     "bloom": "ALiBi built from the 2-D mask's running count",

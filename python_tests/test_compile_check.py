@@ -1,9 +1,9 @@
-"""specops.kernels.compile_check: every Triton kernel specops launches compiles for a GPU (sm_90), checked on
+"""specops.tools.compile_check: every Triton kernel specops launches compiles for a GPU (sm_90), checked on
 this CPU-only machine.
 
 The test process runs Triton's interpreter (conftest.py), under which kernels cannot be compiled, so each
 check runs in a child process without it. The suite compiles one configuration per kernel; the full
-table (every configuration, sm_90 and sm_80) is `python -m specops.kernels.compile_check`, in docs/gpu.md.
+table (every configuration, sm_90 and sm_80) is `python -m specops.tools.compile_check`, in docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_every_kernel_a_launcher_launches_is_compiled():
     kernel, or a launcher branch that starts launching another, without a case here fails."""
     out = _child("""
 import json
-from specops.kernels import compile_check as c
+from specops.tools import compile_check as c
 launched = {(l.kernel.fn.__module__, l.name) for l in c.kernels_launched()}
 defined = {(m, n) for m, names in c.kernels_defined().items() for n in names}
 print(json.dumps({"missing": sorted(map(list, defined - launched)), "defined": len(defined)}))
@@ -48,7 +48,7 @@ def test_each_kernel_compiles_for_hopper():
     much as it says (the table in docs/gpu.md has every configuration)."""
     out = _child("""
 import json
-from specops.kernels import compile_check as c
+from specops.tools import compile_check as c
 print(json.dumps([c.check((90,), quick=True), c.EXPLAINED_SPILLS]))
 """)
     rows, explained = json.loads(out.strip().splitlines()[-1])
@@ -81,7 +81,7 @@ def test_a_kernel_that_does_not_compile_is_reported(tmp_path):
 import json, sys
 sys.path.insert(0, {str(tmp_path)!r})
 from bad_kernel import _bad_kernel
-from specops.kernels import compile_check as c
+from specops.tools import compile_check as c
 launch = c.Launch(_bad_kernel, {{"x_ptr": "*fp32", "BLOCK": "constexpr"}}, {{"BLOCK": 16}}, {{}})
 print(json.dumps(c.compile_launch(launch, 90)))
 """)

@@ -23,7 +23,7 @@ import random
 import pytest
 
 import specops
-from specops._machine_load import auto_threads, decoding_threads
+from specops._threads import auto_threads, decoding_threads
 from specops.decoding.cost_model import CatchUp, DraftLength
 from stats_helpers import (ALPHA, N_SEQUENCES, PROMPTS, STEP_COST, _fit, _simulate, _true_rate,
                            assert_follows_target, check_stats, cpu_like)
@@ -789,7 +789,7 @@ def test_decode_leaves_torch_threads_alone_unless_asked(monkeypatch):
     changes off the CPU; anything else is refused before decoding."""
     import torch
 
-    import specops._machine_load as cpu
+    import specops._threads as cpu
 
     given = torch.get_num_threads()
     monkeypatch.setattr(cpu, "_DECIDED", [])

@@ -28,7 +28,7 @@ import torch
 import specops
 from specops.decoding import model_ngrams
 from specops.decoding.batch import Batch
-from specops.decoding.draft_shape import _DECAY, _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, distinct_rows, tree_nodes
+from specops.decoding.ngram_shape import _DECAY, _PRIOR_ACCEPTED, _PRIOR_WEIGHT, DraftShape, distinct_rows, tree_nodes
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.ngram import NgramDrafter
 from specops.decoding.tree import build_tree
@@ -854,7 +854,7 @@ def test_draft_shape_costs_shared_per_model():
 def test_draft_shape_acceptance_carried_to_the_next_call():
     """"auto" starts from what the last call with the same model and memory key learned, worth at most
     _CARRIED steps per source; another key, a fixed shape or no key starts from the prior."""
-    from specops.decoding.draft_shape import _CARRIED
+    from specops.decoding.ngram_shape import _CARRIED
 
     key = _ModelKey()
     first = DraftShape("auto", key, "cpu", memory="T=1")

@@ -1,4 +1,4 @@
-"""The engine under every method (specops/decoding/engine.py, attention.py): memory linear in the
+"""The engine under every method (specops/decoding/engine.py, tree_forward.py): memory linear in the
 context, the context limit, models whose LM head or tokenizer do not fit the usual pattern, per-method
 options, and the KV cache's compaction; nothing downloads.
 
@@ -23,7 +23,7 @@ import torch
 from toy_models import BYTE_VOCAB, TRANSFORMERS, TableLM, byte_tokenizer, random_table, tiny_gemma3, tiny_llama
 
 import specops
-from specops.decoding import attention, engine, probe
+from specops.decoding import engine, probe, tree_forward
 from specops.decoding.engine import PREFILL_CHUNK, CausalLM, KVState
 
 
@@ -45,7 +45,7 @@ class _MaskSizes:
         mapping = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
         for name, function in list(mapping.items()):
             monkeypatch.setitem(mapping, name, self._wrap(function))
-        monkeypatch.setattr(attention.TreeMask, "dense", self._wrap(attention.TreeMask.dense))
+        monkeypatch.setattr(tree_forward.TreeMask, "dense", self._wrap(tree_forward.TreeMask.dense))
 
     def _wrap(self, function):
         def wrapped(*args, **kwargs):
@@ -301,7 +301,7 @@ def test_engine_module_has_no_quadratic_buffers():
 def test_causal_window_read_from_mask_functions():
     from transformers import masking_utils as mu
 
-    window = lambda function: attention._causal_window(function, torch.device("cpu"))
+    window = lambda function: tree_forward._causal_window(function, torch.device("cpu"))
     assert window(None) == 0
     assert window(mu.causal_mask_function) == 0
     for size in (1, 5, 64, 511, 512, 4096, 12345):
@@ -319,20 +319,20 @@ def test_causal_windows_cached_by_what_the_function_computes():
     code-and-closure, never reused across different windows, and never cached for functions over data."""
     from transformers import masking_utils as mu
 
-    fingerprint = attention._fingerprint
+    fingerprint = tree_forward._fingerprint
     assert fingerprint(mu.sliding_window_causal_mask_function(8)) == fingerprint(mu.sliding_window_causal_mask_function(8))
     assert fingerprint(mu.sliding_window_causal_mask_function(8)) != fingerprint(mu.sliding_window_causal_mask_function(9))
     assert fingerprint(mu.sliding_window_overlay(8)) != fingerprint(mu.sliding_window_causal_mask_function(8))
     assert fingerprint(mu.chunked_causal_mask_function(16, torch.zeros(1, dtype=torch.long))) is None
     probes = []
-    real = attention._probe_window
+    real = tree_forward._probe_window
     try:
-        attention._probe_window = lambda *a: probes.append(1) or real(*a)
+        tree_forward._probe_window = lambda *a: probes.append(1) or real(*a)
         for _ in range(3):
             for size in (3, 77):
-                assert attention._causal_window(mu.sliding_window_causal_mask_function(size), torch.device("cpu")) == size
+                assert tree_forward._causal_window(mu.sliding_window_causal_mask_function(size), torch.device("cpu")) == size
     finally:
-        attention._probe_window = real
+        tree_forward._probe_window = real
     assert len(probes) <= 2
 
 
@@ -361,7 +361,7 @@ def test_tree_forwards_use_the_kernel_or_the_dense_mask(tok, monkeypatch, build)
     assert calls, "no tree forward reached specops.ops.tree_attention"
 
     dense = build()  # a fresh model: support is probed once per model
-    monkeypatch.setattr(attention, "_causal_window", lambda function, device: None)
+    monkeypatch.setattr(tree_forward, "_causal_window", lambda function, device: None)
     lm = CausalLM(dense)
     assert probe.tree_support(lm, list(range(3, 40))) is None and not lm.tree_kernel
     calls.clear()

@@ -725,7 +725,7 @@ def test_torch_compile_matches_eager():
 
 
 _COMPILE = """
-from specops.kernels import compile_check
+from specops.tools import compile_check
 launches = [l for l in compile_check.kernels_launched() if l.name == "_ensemble_logits_kernel"]
 assert {l.constexprs["CONTRASTIVE"] for l in launches} == {False, True}
 rows = [compile_check.compile_launch(l, capability) for l in launches for capability in (90, 80)]

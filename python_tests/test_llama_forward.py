@@ -162,7 +162,7 @@ def test_requantizing_gives_a_new_path_and_big_forwards_go_the_general_way():
 
 
 def test_prefills_do_not_take_it_and_trees_do(monkeypatch):
-    from specops.decoding.attention import TreeMask
+    from specops.decoding.tree_forward import TreeMask
 
     model = arch_zoo.llama()
     lm = CausalLM(model)
@@ -195,7 +195,7 @@ def test_a_tree_forward_equals_the_general_tree_path(arch):
     """A draft tree over a ragged batch whose prefixes outgrow the window of 6 slots (a node's window counts
     tokens along its own path): logits and the cache's new keys and values equal the general path's
     (transformers' layers under specops' tree attention)."""
-    from specops.decoding.attention import TreeMask
+    from specops.decoding.tree_forward import TreeMask
 
     model = TAKEN[arch]()
     fused, general = CausalLM(model), CausalLM(model)

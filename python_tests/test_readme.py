@@ -151,3 +151,17 @@ def test_block_runs(page, line, code, capsys):
     promised = len(re.findall(r"^print\(.*#\s*True\b", code, re.M))
     lines = [text.strip() for text in printed.splitlines()]
     assert "False" not in lines and lines.count("True") >= promised, printed
+
+
+def test_kept_table_follows_the_registry():
+    """docs/methods.md's "What specops keeps between calls" names every kind of state specops._kept registers,
+    and nothing else."""
+    import specops
+
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    section = text[text.index("## What specops keeps between calls"):]
+    section = section[:section.index("\n## ")]
+    names = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", section, re.M):
+        names |= set(re.findall(r"`([^`]+)`", cell))
+    assert names == set(specops.kept()), (sorted(names - set(specops.kept())), sorted(set(specops.kept()) - names))

@@ -2,7 +2,7 @@
 gets the output it gets alone, and the model is left as it was.
 
 What is shared while they run: the model's configs switch to specops' tree attention while a tree forward is in
-flight in any thread (attention.tree_forward), and its float linear layers route the products of threads inside
+flight in any thread (tree_forward.tree_forward), and its float linear layers route the products of threads inside
 a CPU forward (cpu_forward._routed); a forward of another thread meanwhile must run as the model's own. A
 `threads` left at None leaves torch's thread count as the user set it.
 """
@@ -93,7 +93,7 @@ def test_two_threads_share_one_model(name, first, second, sampled):
 def test_a_plain_forward_beside_a_tree_forward_is_the_models_own():
     """While one thread holds a tree forward open, another thread's forward of the same model (transformers'
     own, not through specops) gives the logits it gives alone, bit for bit."""
-    from specops.decoding.attention import TreeMask, tree_forward
+    from specops.decoding.tree_forward import TreeMask, tree_forward
 
     model = tiny_llama(layers=2, seed=0)
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -147,3 +147,39 @@ def test_held_switch_switches_once_and_restores_when_the_last_holder_leaves():
         assert switch.saved_values() == ["own-a"]
     assert state == {"a": "own-a", "b": "own-b"}
     assert calls == [("install", "a"), ("install", "b"), ("restore", "b"), ("restore", "a")]
+
+
+def test_what_a_call_keeps_is_listed_and_forgotten_on_request():
+    """docs/methods.md, "What specops keeps between calls": after a call, specops.kept(model) names what is
+    held for the model; forget(model) drops it all (the next call probes and learns again, with the same
+    output), and another model's state stays."""
+    model, other, tok = tiny_llama(layers=2, seed=0), tiny_llama(layers=2, seed=3), byte_tokenizer()
+
+    def call(m):
+        return specops.decode(PROMPTS, target=m, tokenizer=tok, method="ngram", max_new_tokens=8).tokens
+
+    assert specops.kept(model) == {}
+    first = call(model)
+    call(other)
+    held = specops.kept(model)
+    assert {"chain probe", "tree probe", "n-gram acceptance", "cache argument"} <= set(held), held
+    assert set(specops.forget(model)) == set(held)
+    assert specops.kept(model) == {} and specops.kept(other) == held
+    assert call(model) == first and set(specops.kept(model)) == set(held)
+    specops.forget(model)
+    specops.forget(other)
+
+
+def test_every_table_kept_per_object_is_registered():
+    """A module-level weak table in specops is state a later call reuses: it must come from
+    specops._kept.per_object, so that kept() lists it and forget() drops it."""
+    import re
+    from pathlib import Path
+
+    root = Path(specops.__file__).parent
+    unregistered = []
+    for path in root.rglob("*.py"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if re.match(r"^_?[A-Z_]+\b.*=\s*weakref\.WeakKeyDictionary\(\)", line):
+                unregistered.append(f"{path.relative_to(root)}: {line.strip()}")
+    assert unregistered == [], unregistered

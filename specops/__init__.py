@@ -28,13 +28,14 @@ if torch.backends.cuda.is_built() or _os.environ.get("TRITON_INTERPRET") == "1":
     # is not asked: importing specops touches no device (torch.cuda.is_available() would load the driver).
     from specops import kernels  # noqa: F401
 from specops import vocab
+from specops._kept import forget, kept
 from specops.decoding import DecodeResult, decode
-from specops.decoding.ensemble_lm import ContrastiveEnsemble, WeightedEnsemble
+from specops.decoding.ensemble_target import ContrastiveEnsemble, WeightedEnsemble
 from specops.decoding.stats import Stats
 from specops.memory import NgramMemory
 from specops.quantization import QuantizedLinear, quantize
 
-__all__ = ["decode", "DecodeResult", "Stats", "ContrastiveEnsemble", "WeightedEnsemble", "NgramMemory", "QuantizedLinear",
+__all__ = ["decode", "DecodeResult", "forget", "kept", "Stats", "ContrastiveEnsemble", "WeightedEnsemble", "NgramMemory", "QuantizedLinear",
            "quantize", "ops", "models", "hf", "vocab"]
 __version__ = "0.1.0"
 

@@ -50,7 +50,7 @@ def _set_threads(threads) -> None:
     if threads == "auto":
         if os.environ.get("OMP_NUM_THREADS"):
             return  # the user's setting; torch already follows it
-        from specops._machine_load import auto_threads
+        from specops._threads import auto_threads
 
         threads = auto_threads()
     torch.set_num_threads(threads)

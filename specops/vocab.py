@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from specops._kept import per_object
 from specops._files import cache_root, write_atomically
 
 __all__ = ["Vocabulary", "VocabMap", "vocab_map", "vocabulary"]
@@ -221,7 +222,8 @@ def _build(target: Vocabulary, draft: Vocabulary) -> tuple[torch.Tensor, torch.T
     return draft_to_target, target_to_draft
 
 
-_MEMO: weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary] = per_object(
+    "vocabulary maps", "vocabulary maps from this target tokenizer to drafter tokenizers")
 
 
 def vocab_map(target_tokenizer, draft_tokenizer, *, cache: bool = True) -> VocabMap:

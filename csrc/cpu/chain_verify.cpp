@@ -101,7 +101,8 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
 // specops.reference._block_verify_row). A forward pass over the drafts gives the weights W_k; the walk then
 // goes back from the longest prefix and computes a residual's mass only at the positions it reaches, so a
 // chain kept whole reads each row once for its softmax normalizer, as token-level verification does.
-// Greedy requests (T = 0) go through verify_row.
+// Greedy requests (T = 0) go through verify_row. One function: both passes share the weights W_k and the
+// rows' normalizers, which a split would hand around.
 int64_t verify_row_block(const float* logits, const int64_t* drafts, const float* probs, float* row_max,
                          int64_t vocab, const RowParams& rp, uint64_t offset, bool split, int64_t* out,
                          std::vector<float>& weights, std::vector<float>& scratch) {

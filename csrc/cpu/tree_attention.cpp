@@ -134,7 +134,8 @@ struct Partial {
 };
 
 // One task: request b, key/value head g, prefix slots [begin, end), and the tree (and the sinks, counted
-// once per row) when `tree` is set.
+// once per row) when `tree` is set. One function: the rows' running maximum, sum and output carry from the
+// prefix's slots into the tree's, as in the Triton kernel.
 void run_task(const Problem& p, int64_t b, int64_t g, int64_t begin, int64_t end, bool tree, Partial out) {
   const RowPasses& f = passes();
   const int64_t rows = p.group * p.nodes, dim = p.dim;

@@ -48,7 +48,7 @@ struct Scratch {
 };
 
 // One request: walks the tree from the root, writes out_tokens / out_nodes and returns the number of
-// accepted drafts.
+// accepted drafts. One function: the current node, its row and the sibling draws carry across the walk.
 int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool replacement, uint64_t offset,
                        bool split, int64_t* out_tokens, int64_t* out_nodes, Scratch& s) {
   const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
@@ -143,6 +143,8 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
 // recursive walk reads only the rows it reaches. Those nodes are the ancestors of the current candidate,
 // one per depth, so a row per depth holds them. A rejection with q is one pass max(0, r * w / R - q / s);
 // a one-hot rejection zeroes one entry. Requests whose temperature is 0 go through verify_request.
+// One function (issue 50: a long kernel says why it stays whole): the walk's candidate, its per-depth rows
+// and their sums carry from one iteration to the next, and splitting would pass them all around.
 int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t vocab, bool replacement,
                                  uint64_t offset, bool split, int64_t* out_tokens, int64_t* out_nodes, Scratch& s) {
   const int64_t count = rq.count;

@@ -20,7 +20,7 @@
 5. tensor_parallel_size=2: both proposers keep plain vLLM's greedy tokens at the same parallelism, and every
    rank builds its own proposer.
 
-Every engine runs in a process of its own (vllm_runner.py); those of 1, 2 and 5 run together (run_engines).
+Every engine runs in a process of its own (vllm_runner.py); those of 1, 2, 4 and 5 run together (run_engines).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def run_engines(engines: dict[str, dict], tmp_path: Path) -> dict:
         return {name: future.result() for name, future in futures.items()}
 
 
-# Every engine of sections 1, 2 and 5, run together (run_engines) once for the module.
+# Every engine of sections 1, 2, 4 and 5, run together (run_engines) once for the module.
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engines")
@@ -122,8 +122,10 @@ def engine_runs(tmp_path_factory):
     gemma_engines = [(f"gemma-{name}", {"model": gemma, **kwargs})
                      for name, kwargs in _gemma_engines(tmp / "ngram-memory.bin").items()]
     tiny = [(f"tiny-{name}", {"model": target, **kwargs}) for name, kwargs in _tiny_engines(drafter).items()]
+    failing = [(f"fail-{name}", {"model": gemma, "check": False, **kwargs})
+               for name, kwargs in _failing_engines().items()]
     # The longest first, a two-worker engine beside one-worker ones: tp2, gemma, gemma, tp2, gemma, tp2, tiny...
-    order = [tp2[0], *gemma_engines[:2], tp2[1], gemma_engines[2], tp2[2], *tiny]
+    order = [tp2[0], *gemma_engines[:2], tp2[1], gemma_engines[2], tp2[2], *tiny, *failing]
     return target, run_engines(dict(order), tmp), tmp
 
 
@@ -353,32 +355,37 @@ def test_vllm_serve_with_a_specops_proposer(gemma_runs, tmp_path):
 
 # ---- 4: bad configuration ----
 
-def test_unknown_drafter_fails_at_start_up(tmp_path):
-    path = specops.models.path("gemma-3-270m", progress=False)
-    scenarios = {"never": {"prompts": ["x"], "max_tokens": [4]}}
-    done, out = run_engine(path, scenarios, tmp_path, SLEM, {"SPECOPS_DRAFTER": "no-such-drafter"}, check=False)
+def _failing_engines() -> dict[str, dict]:
+    """Engines that must fail at start-up (run_engines runs them with the others, check=False)."""
+    never = {"never": {"prompts": ["x"], "max_tokens": [4]}}
+    return {
+        "unknown-drafter": {"scenarios": never, "speculative": SLEM, "env": {"SPECOPS_DRAFTER": "no-such-drafter"}},
+        "zero-tokens": {"scenarios": never, "speculative": {**NGRAM, "num_speculative_tokens": 0}},
+        "runner-v2": {"scenarios": never, "speculative": NGRAM, "env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}},
+    }
+
+
+def _failed(engine_runs, name: str) -> str:
+    """The output of a failing engine of engine_runs, checked to have failed before writing any result."""
+    done, out = engine_runs[1][f"fail-{name}"]
     assert done.returncode != 0 and not out.exists()
+    return done.stdout + done.stderr
+
+
+def test_unknown_drafter_fails_at_start_up(engine_runs):
     # vLLM logs the worker's exception (on stdout), then the engine's start-up fails
-    assert "SPECOPS_DRAFTER='no-such-drafter' is neither an embedded model" in done.stdout + done.stderr
+    assert "SPECOPS_DRAFTER='no-such-drafter' is neither an embedded model" in _failed(engine_runs, "unknown-drafter")
 
 
-def test_zero_speculative_tokens_fails_at_start_up(tmp_path):
-    path = specops.models.path("gemma-3-270m", progress=False)
-    scenarios = {"never": {"prompts": ["x"], "max_tokens": [4]}}
-    done, out = run_engine(path, scenarios, tmp_path, {**NGRAM, "num_speculative_tokens": 0}, check=False)
-    assert done.returncode != 0 and not out.exists()
-    assert "num_speculative_tokens" in done.stdout + done.stderr
+def test_zero_speculative_tokens_fails_at_start_up(engine_runs):
+    assert "num_speculative_tokens" in _failed(engine_runs, "zero-tokens")
 
 
-def test_model_runner_v2_refuses_a_specops_proposer_with_specops_message(tmp_path):
+def test_model_runner_v2_refuses_a_specops_proposer_with_specops_message(engine_runs):
     """VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2, which runs no custom_class proposer: the plugin's
     refusal says so and what to set (specops/vllm/_runner.py), before any model is loaded."""
-    path = specops.models.path("gemma-3-270m", progress=False)
-    scenarios = {"never": {"prompts": ["x"], "max_tokens": [4]}}
-    done, out = run_engine(path, scenarios, tmp_path, NGRAM, {"VLLM_USE_V2_MODEL_RUNNER": "1"}, check=False)
-    assert done.returncode != 0 and not out.exists()
     assert ("specops.vllm.NgramProposer is a vLLM custom_class proposer, and only vLLM's V1 model runner runs "
-            "those") in done.stdout + done.stderr
+            "those") in _failed(engine_runs, "runner-v2")
 
 
 # ---- 5: tensor_parallel_size=2 ----

@@ -15,17 +15,18 @@ from dataclasses import dataclass
 
 import torch
 
-from specops._machine_load import check_threads, decoding_threads
+from specops._kept import process_wide
+from specops._threads import check_threads, decoding_threads
 from specops._seeds import draw_seed, row_seeds
 from specops.decoding import registry
 from specops.decoding.batch import Batch
 from specops.decoding.engine import CausalLM
-from specops.decoding.ensemble_lm import ENSEMBLES, EnsembleLM, WeightedEnsemble, member_vocab
+from specops.decoding.ensemble_target import ENSEMBLES, EnsembleLM, WeightedEnsemble, member_vocab
 from specops.decoding.loop import run
 from specops.decoding.probe import chain_support, tree_support
 from specops.decoding.self_draft import SelfDraftError, truncated
 from specops.decoding.stats import Stats
-from specops.decoding.step import Drafter, SamplingParams, Setup
+from specops.decoding.protocol import Drafter, SamplingParams, Setup
 
 __all__ = ["METHODS", "DecodeResult", "check_arguments", "decode"]
 
@@ -52,6 +53,10 @@ def _load_embedded(name: str, drafter: bool):
     # An embedded drafter named without ":weights" gets its default low-precision weights; targets and
     # ensemble members stay float32 unless their name asks otherwise.
     return models.load_drafter(name) if drafter else models.load(name)
+
+
+process_wide("embedded models", "the embedded models decode() loaded by name (target='gemma-3-270m')",
+             _load_embedded.cache_clear)
 
 
 def _resolve_model(model, tokenizer, role: str, need_tokenizer: bool = True):
@@ -336,7 +341,7 @@ def decode(prompt, *, target, drafter=None, method: str = "auto", tokenizer=None
     Ensembles: target=[m1, m2, ...] with tokenizer=[t1, t2, ...] (None for embedded names) decodes from the
     ensemble `ensemble` defines: specops.WeightedEnsemble(weights) (the default: equal weights) or
     specops.ContrastiveEnsemble(mu, alpha=None). The first member's tokenizer gives the output tokens;
-    members with another vocabulary contribute through the shared tokens (specops.decoding.ensemble_lm).
+    members with another vocabulary contribute through the shared tokens (specops.decoding.ensemble_target).
 
     Raises ValueError before decoding for a combination it cannot decode exactly (for example a method
     that scores draft trees with a model whose attention cannot take them), naming what works instead.

@@ -3,7 +3,7 @@ speculative method is measured against, on the same loop and engine."""
 
 from __future__ import annotations
 
-from specops.decoding.step import Method, NoDrafts, Proposer, Setup
+from specops.decoding.protocol import Method, NoDrafts, Proposer, Setup
 
 
 def _make(setup: Setup) -> Proposer:

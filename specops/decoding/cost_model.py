@@ -30,7 +30,7 @@ smallest drafting shape is probed now and then, at doubling intervals, if it cou
 decoding measures no acceptance, so an unlucky start would otherwise lock drafting out for good).
 
 Who asks: chains (`DraftLength`: sd, tli, slem, slrs and specops.vllm's slem proposer), trees (`TreeShape`:
-rsd-c, rsd-s, specinfer), and n-gram drafting (draft_shape.py), which scores its own acceptance per rows x
+rsd-c, rsd-s, specinfer), and n-gram drafting (ngram_shape.py), which scores its own acceptance per rows x
 tokens, counterfactually, and asks the same `StepCost`. What a decode call learned starts the next call
 with the same target, drafter and method in the process (costs as measured; acceptance worth at most
 _MEMORY_WEIGHT observations), so a serving process does not explore again for every request.
@@ -54,6 +54,8 @@ import weakref
 
 import torch
 
+from specops._kept import per_object
+
 __all__ = ["Acceptance", "CatchUp", "CostPlane", "DraftLength", "Probe", "ShapeChooser", "StepCost", "TreeShape"]
 
 _EMA = 0.3  # weight of a new measurement
@@ -71,7 +73,8 @@ _MAX_DEPTH = 6
 _MAX_NODES = 48
 
 # target model -> {(drafter key, method): the chooser of the last call}
-_LEARNED: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
+_LEARNED: weakref.WeakKeyDictionary[object, dict] = per_object(
+    "draft lengths", "draft lengths and tree shapes learned from earlier calls' steps, per drafter and method")
 
 
 def ema(old: float | None, new: float) -> float:

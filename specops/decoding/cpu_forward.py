@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 
 from specops._C import cpu_isa
+from specops._kept import per_object
 from specops.decoding.held import HeldSwitch
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -27,7 +28,8 @@ from specops.quantization import QuantizedLinear
 __all__ = ["CpuForward"]
 
 
-_CPU_FORWARD_OK: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
+_CPU_FORWARD_OK: weakref.WeakKeyDictionary[object, bool] = per_object(
+    "CPU forward probe", "whether the CPU forward through skinny_linear reproduces the model's logits (probed once)")
 
 
 def _blas_is_slow_here() -> bool:

@@ -10,7 +10,7 @@ import torch
 
 from specops import ops
 from specops.decoding.retokenize import Retokenizer
-from specops.decoding.step import SamplingParams, draft_offset
+from specops.decoding.protocol import SamplingParams, draft_offset
 from specops.vocab import VocabMap
 
 __all__ = ["DraftVocab", "intersection"]

@@ -13,7 +13,7 @@ import torch
 
 from specops.decoding.cost_model import DraftLength
 from specops.decoding.engine import KVState
-from specops.decoding.step import Proposal, Proposer, Setup, StepResult
+from specops.decoding.protocol import Proposal, Proposer, Setup, StepResult
 from specops.decoding.verify import positional, resolve_scheme
 
 __all__ = ["DrafterProposer", "TokenDrafter"]

@@ -7,7 +7,7 @@ unchosen nodes), the dropped slots are removed before the next forward by shifti
 every row's tokens stay contiguous and end at the last slot: the cache is always what the model's own
 `generate()` would hold for a left-padded batch. Position ids count tokens, masks are the 2-D padding
 mask, and every model computes windows, local attention, ALiBi and soft-caps its own way, exactly as in
-`generate()`. Only draft trees need more: they go through `attention.py`.
+`generate()`. Only draft trees need more: they go through `tree_forward.py`.
 
 Memory is linear in the context: the cache, a [B, L] mask and a [B, L] token record; prompts longer than
 `PREFILL_CHUNK` are read in chunks, so the masks and attention scores of a forward cover at most
@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import torch
 
-from specops.decoding.attention import TreeMask, is_transformers_model, tree_forward, weakly_keyed
+from specops.decoding.tree_forward import TreeMask, is_transformers_model, tree_forward, weakly_keyed
 from specops.decoding.cpu_forward import CpuForward
 from specops.decoding.hf_compat import cache_argument
 from specops.decoding.llama_forward import LlamaForward
@@ -174,7 +174,7 @@ class CausalLM:
                 tree: TreeMask | None = None) -> torch.Tensor:
         """Logits [B, keep, V] (float32) of the last `keep` inputs, appending the inputs to `cache`.
         mask [B, L]: valid slots, the inputs' included; positions [B, n]: the inputs' position ids; tree:
-        the inputs are a draft tree (attention.py)."""
+        the inputs are a draft tree (tree_forward.py)."""
         start = time.perf_counter()
         past = cache.get_seq_length()
         n = tokens.shape[1]

@@ -1,11 +1,11 @@
 """The standard ensemble (method "ensemble", paper 004's baseline): every member of an ensemble of targets
-(`ensemble_lm.EnsembleLM`) scores every token, one step per token. "se" (se.py) is the speculative way to
+(`ensemble_target.EnsembleLM`) scores every token, one step per token. "se" (se.py) is the speculative way to
 decode from the same ensemble.
 """
 
 from __future__ import annotations
 
-from specops.decoding.step import Method, NoDrafts, Proposer, Setup
+from specops.decoding.protocol import Method, NoDrafts, Proposer, Setup
 
 
 def _make(setup: Setup) -> Proposer:

@@ -1,6 +1,6 @@
 """Switches that several calls, in several threads, may hold at once.
 
-A tree forward switches a model's configs to specops' tree attention (attention.tree_forward); a CPU forward
+A tree forward switches a model's configs to specops' tree attention (tree_forward.tree_forward); a CPU forward
 gives its linear layers a routing forward (cpu_forward._routed). Two threads may decode with one model at the
 same time, so a switch is taken by the first call that needs an object and undone by the last one to leave;
 what the object had before is kept meanwhile, for the forwards of threads outside any call to run with.

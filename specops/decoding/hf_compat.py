@@ -12,12 +12,15 @@ from __future__ import annotations
 import inspect
 import weakref
 
+from specops._kept import per_object
+
 __all__ = ["CACHE_ARGUMENTS", "cache_argument"]
 
 # Every name a forward may take its KV cache by, the current one first.
 CACHE_ARGUMENTS = ("cache", "past_key_values")
 
-_KNOWN: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+_KNOWN: weakref.WeakKeyDictionary[object, str] = per_object(
+    "cache argument", "the name the model's forward takes its KV cache by")
 
 
 def cache_argument(module) -> str:

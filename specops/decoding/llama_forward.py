@@ -35,7 +35,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from specops.decoding.attention import TreeMask, _chain_index
+from specops._kept import per_object
+from specops.decoding.tree_forward import TreeMask, _chain_index
 from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward, _product, remember, reproduces
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -50,7 +51,8 @@ _LAYER_TYPES = ("full_attention", "sliding_attention")
 # Cache layers whose update only appends (the engine's CompactingLayer may first apply a pending move:
 # `settle`): the op appends to their keys and values itself.
 _LAYERS = ("DynamicLayer", "CompactingLayer")
-_USABLE: weakref.WeakKeyDictionary[object, LlamaForward | None] = weakref.WeakKeyDictionary()
+_USABLE: weakref.WeakKeyDictionary[object, LlamaForward | None] = per_object(
+    "few-call forward", "the llama_layers forward of the model's layers, its weights packed, or why there is none")
 
 
 # On a cache layer: (keys buffer, values buffer, the keys view, the values view) that `_room` last gave it.
@@ -279,7 +281,7 @@ class LlamaForward:
                  position_ids: torch.Tensor, tree: TreeMask | None = None, **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to `cache` (a
         transformers cache); attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n];
-        tree: the n inputs are a draft tree (attention.py's layout), whose nodes see their ancestors only and
+        tree: the n inputs are a draft tree (tree_forward.py's layout), whose nodes see their ancestors only and
         whose windows count tokens along each node's own path."""
         layers = getattr(cache, "layers", None)
         if layers is None or getattr(cache, "offloading", False) or len(layers) > len(self.base.layers) or \

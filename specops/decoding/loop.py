@@ -12,7 +12,7 @@ import torch
 from specops.decoding.batch import Batch
 from specops.decoding.engine import CausalLM, KVState
 from specops.decoding.stats import Stats
-from specops.decoding.step import Proposer, SamplingParams, StepResult
+from specops.decoding.protocol import Proposer, SamplingParams, StepResult
 from specops.decoding.verify import VERIFIERS, sample
 
 __all__ = ["run"]

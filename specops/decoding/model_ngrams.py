@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specops._kept import per_object
 from specops._files import cache_root, write_atomically
 from specops.decoding.hf_compat import cache_argument
 
@@ -34,7 +35,8 @@ __all__ = ["unigram", "bigram", "bigram_ready", "folder_bigram", "successors", "
 
 
 # Tables already computed or loaded in this process, per model object.
-_IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+_IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = per_object(
+    "n-gram tables", "the model's bigram and unigram tables, loaded or computed")
 
 
 def _versioned(model, key) -> tuple:

@@ -10,7 +10,7 @@ prefixes once), which the target scores in a single forward over its KV cache, w
 cache per row. The whole tree is checked as deterministic drafts (q one-hot): every row gets its chance,
 a sampled token is accepted whenever the target's own draw would land in the tree, greedy output equals
 greedy decoding and sampled output follows the target exactly. The cache keeps the accepted path,
-compacted. k and w come from draft_shape.DraftShape.
+compacted. k and w come from ngram_shape.DraftShape.
 
 Option "scheme" (`verify.SCHEMES`) says how sampled trees are verified: "positional" walks the tree through
 the target's own tokens, drawn with the random numbers of their positions (verify._match_tree), so the
@@ -26,11 +26,11 @@ import torch
 
 from specops import ops
 from specops.decoding import model_ngrams
-from specops.decoding.attention import is_transformers_model
+from specops.decoding.tree_forward import is_transformers_model
 from specops.decoding.batch import Batch
-from specops.decoding.draft_shape import DraftShape
+from specops.decoding.ngram_shape import DraftShape
 from specops.decoding.model_ngrams import extend, successors
-from specops.decoding.step import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
+from specops.decoding.protocol import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
 from specops.decoding.verify import resolve_scheme, scheme_option
 from specops.ops.ngram import MEMORY_MAX_OCCURRENCES, MEMORY_MAX_WIDTH
@@ -235,7 +235,8 @@ class NgramProposer(Proposer):
             drafts = rows[:, 0]
             return Proposal(drafts, (drafts >= 0).long().cumprod(1).sum(1), size=w, scheme=self.scheme.op("chain"))
         tree = build_tree(last, rows)
-        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1), scheme=self.scheme.op("tree")))
+        return Proposal(tree=TreeDraft(tree.tokens, tree.parent, tree.valid.sum(1), scheme=self.scheme.op("tree"),
+                                       closure=tree))
 
     def accept(self, result: StepResult) -> None:
         self.contexts.extend_contexts(result.emitted)

@@ -1,6 +1,6 @@
 """Probes that decide, once per model and before any prompt is decoded, what specops can decode exactly on
 it: `chain_support` (chains through specops' KV cache, alone and in a ragged batch) and `tree_support`
-(draft trees through the tree mask and attention of attention.py). Each decodes a few tokens through
+(draft trees through the tree mask and attention of tree_forward.py). Each decodes a few tokens through
 engine.KVState and compares every logit with the model's own forward over the same tokens. Above both the
 engine and the attention path, which do not import it; decode() and the tests ask it.
 """
@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import torch
 
-from specops.decoding.attention import is_transformers_model, weakly_keyed
+from specops._kept import per_object
+from specops.decoding.tree_forward import is_transformers_model, weakly_keyed
 from specops.decoding.engine import OWN_POSITIONS, CausalLM, KVState
 
 __all__ = ["ChainSupport", "chain_support", "close_logits", "tree_support"]
@@ -31,7 +32,8 @@ class ChainSupport(NamedTuple):
     positions: bool = True  # whether to pass position ids (False: the model's own rule reproduces its forward)
 
 
-_CHAINS: weakref.WeakKeyDictionary[object, ChainSupport] = weakref.WeakKeyDictionary()
+_CHAINS: weakref.WeakKeyDictionary[object, ChainSupport] = per_object(
+    "chain probe", "whether the model decodes draft chains exactly, and how (probed once)")
 
 
 def chain_support(lm: CausalLM, tokens: list[int]) -> ChainSupport:
@@ -107,7 +109,8 @@ def _chain_probe(lm: CausalLM, pool: list[int], ragged: bool) -> tuple[str | Non
     return None, True
 
 
-_SUPPORT: weakref.WeakKeyDictionary[object, tuple[str | None, bool]] = weakref.WeakKeyDictionary()
+_SUPPORT: weakref.WeakKeyDictionary[object, tuple[str | None, bool]] = per_object(
+    "tree probe", "whether the model decodes draft trees exactly, and through which path (probed once)")
 
 
 def tree_support(lm, tokens: list[int]) -> str | None:
@@ -138,7 +141,7 @@ def tree_support(lm, tokens: list[int]) -> str | None:
 
 def _tree_probe(model_lm, pool: list[int], kernel: bool) -> str | None:
     """The tree probe through the general path (transformers' layers under the tree attention of
-    attention.py: every layer must reach it), then, where the model has the few-call path that takes trees
+    tree_forward.py: every layer must reach it), then, where the model has the few-call path that takes trees
     of few rows (llama_forward.py), the same tree through that path too; both against the chains."""
     lm = CausalLM(model_lm.model, model_lm.name)  # its own call counters
     lm.tree_kernel = kernel

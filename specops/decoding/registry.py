@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 from specops.decoding.cost_model import DraftLength
-from specops.decoding.step import Given, Method
+from specops.decoding.protocol import Given, Method
 
 __all__ = ["METHODS", "NAMES", "check_draft_setting", "check_options", "plain", "resolve"]
 

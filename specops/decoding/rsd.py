@@ -50,7 +50,7 @@ from specops._seeds import beam_seeds
 from specops.decoding.draft_vocab import DraftVocab, intersection
 from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import DrafterProposer
-from specops.decoding.step import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
+from specops.decoding.protocol import Drafter, Method, Proposal, Setup, StepResult, TreeDraft, draft_offset
 from specops.decoding.tree import tree_from_parents
 from specops.decoding.cost_model import TreeShape
 from specops.decoding.verify import positional, resolve_scheme, scheme_option

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.drafter import TokenDrafter
-from specops.decoding.step import Drafter, Method, Proposer, Setup
+from specops.decoding.protocol import Drafter, Method, Proposer, Setup
 from specops.decoding.verify import scheme_option
 
 

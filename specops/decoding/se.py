@@ -46,8 +46,8 @@ import torch
 
 from specops import ops
 from specops.decoding.draft_vocab import DraftVocab
-from specops.decoding.ensemble_lm import WeightedEnsemble
-from specops.decoding.step import Method, Proposal, Proposer, Setup
+from specops.decoding.ensemble_target import WeightedEnsemble
+from specops.decoding.protocol import Method, Proposal, Proposer, Setup
 from specops.decoding.verify import Verified, resolve_scheme, sample, scheme_option
 from specops.reference import uniform
 
@@ -107,29 +107,56 @@ class AlternateProposer(Proposer):
     def verify(self, state, last: torch.Tensor, proposal: Proposal, params, seeds, step: int) -> Verified:
         members = state.members
         count, rows, device = len(members), state.rows, last.device
-        vocab = state.lm.vocab_size
-        if not self.started:  # every member has read the prompt; the first token is unread by all
-            for member in members:
-                member.unread = [[t] for t in last.tolist()]
-            self.bonus = torch.zeros(rows, dtype=torch.bool, device=device)
-            self.bonus_token = torch.zeros(rows, dtype=torch.long, device=device)
-            self.bonus_logits = torch.zeros(rows, vocab, device=device)
-            self.bonus_q = None if self.params.greedy else torch.zeros(rows, vocab, device=device)
-            self.started = True
+        if not self.started:
+            self._start(members, last, state.lm.vocab_size)
         p = self.turn % count
         nxt = (p + 1) % count
-        proposer = members[p]
-        has = self.bonus
-        every = bool(has.all())
+        every = bool(self.bonus.all())
         new = self.gammas[p] - 1 if every else max(self.gammas[p] - 1, 1)
-        offset = has.long()
-        num_draft = torch.minimum(offset + new, proposal.num_draft.to(device) + 1)
+        num_draft = torch.minimum(self.bonus.long() + new, proposal.num_draft.to(device) + 1)
         k = int(num_draft.max())
-        arange = torch.arange(rows, device=device)
+        drafts, own, q, proposer_read = self._propose(members[p], new, k, step)
 
-        # The proposer: its bonus first, then `new` drafts from its own distribution.
+        # The others score the last token and the drafts in one forward each.
+        scored = drafts.clamp(min=0).tolist()
+        logits_of = {m: member.read([u + d for u, d in zip(member.unread, scored)], keep=k + 1)
+                     for m, member in enumerate(members) if m != p}
+        after = logits_of[nxt]
+        position = torch.arange(k + 1, device=device)[None, :]
+        logits_of[p] = torch.where((position < num_draft[:, None])[:, :, None], own, after)  # padding: any valid row
+        ensemble = state.combine([logits_of[m] for m in range(count)])
+        out, accepted = ops.chain_verify(ensemble, drafts, q, num_draft=num_draft, temperature=params.temperature,
+                                         top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=step,
+                                         validate=False, scheme=self.scheme.op("chain"))
+        whole, out = self._carry_bonus(after, drafts, num_draft, accepted, out, step)
+        emitted_count = torch.where(whole, num_draft, accepted + 1).tolist()
+        emitted = [row[:n] for row, n in zip(out.tolist(), emitted_count)]
+        reads = [proposer_read if m == p else [k] * rows for m in range(count)]
+        self._settle(members, p, new, reads, emitted, emitted_count)
+        self.turn += 1
+        return Verified(out, torch.where(whole, num_draft - 1, accepted), num_draft, k,
+                        accepted_drafts=torch.where(whole, num_draft, accepted))
+
+    def _start(self, members, last: torch.Tensor, vocab: int) -> None:
+        """The first step: every member has read the prompt, and the first token is unread by all."""
+        rows, device = last.shape[0], last.device
+        for member in members:
+            member.unread = [[t] for t in last.tolist()]
+        self.bonus = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.bonus_token = torch.zeros(rows, dtype=torch.long, device=device)
+        self.bonus_logits = torch.zeros(rows, vocab, device=device)
+        self.bonus_q = None if self.params.greedy else torch.zeros(rows, vocab, device=device)
+        self.started = True
+
+    def _propose(self, proposer, new: int, k: int, step: int):
+        """The proposing member's drafts [B, k] (-1 past a request's count): its bonus first where it holds
+        one, then `new` drafts from its own distribution; its logits [B, k + 1, V] at each draft position, q
+        [B, k, V] (None when greedy), and per request how many drafts it read."""
+        has, rows, device = self.bonus, self.bonus.shape[0], self.bonus.device
+        vocab = self.bonus_logits.shape[1]
+        offset, arange = has.long(), torch.arange(rows, device=device)
         drafts = torch.full((rows, k), -1, dtype=torch.long, device=device)
-        own = torch.zeros(rows, k + 1, vocab, device=device)  # its logits at each draft position
+        own = torch.zeros(rows, k + 1, vocab, device=device)
         q = None if self.params.greedy else torch.zeros(rows, k, vocab, device=device)
         if bool(has.any()):
             drafts[has, 0] = self.bonus_token[has]
@@ -137,66 +164,57 @@ class AlternateProposer(Proposer):
             if q is not None:
                 q[has, 0] = self.bonus_q[has]
         bonus_list, has_list = self.bonus_token.tolist(), has.tolist()
-        proposer_read = [0] * rows  # drafts the proposer reads this step
-        if new:
-            logits = proposer.read([u + ([bonus_list[b]] if has_list[b] else []) for b, u in enumerate(proposer.unread)],
-                                   keep=1)[:, 0]
-            proposer.unread = [[] for _ in range(rows)]
-            proposer_read = [int(h) for h in has_list]
-            for i in range(new):
-                tokens, q_i = self._draw(logits, step, i)
-                col = offset + i
-                inside = col < k
-                where = arange[inside], col[inside]
-                drafts[where], own[where] = tokens[inside], logits[inside]
-                if q is not None:
-                    q[where] = q_i[inside]
-                if i + 1 < new:
-                    logits = proposer.read([[t] for t in tokens.tolist()], keep=1)[:, 0]
-                    proposer_read = [n + 1 for n in proposer_read]
+        read = [0] * rows
+        if not new:
+            return drafts, own, q, read
+        logits = proposer.read([u + ([bonus_list[b]] if has_list[b] else []) for b, u in enumerate(proposer.unread)],
+                               keep=1)[:, 0]
+        proposer.unread = [[] for _ in range(rows)]
+        read = [int(h) for h in has_list]
+        for i in range(new):
+            tokens, q_i = self._draw(logits, step, i)
+            col = offset + i
+            inside = col < k
+            where = arange[inside], col[inside]
+            drafts[where], own[where] = tokens[inside], logits[inside]
+            if q is not None:
+                q[where] = q_i[inside]
+            if i + 1 < new:
+                logits = proposer.read([[t] for t in tokens.tolist()], keep=1)[:, 0]
+                read = [n + 1 for n in read]
+        return drafts, own, q, read
 
-        # The others score the last token and the drafts in one forward each.
-        scored = drafts.clamp(min=0).tolist()
-        logits_of = {}
-        for m, member in enumerate(members):
-            if m != p:
-                logits_of[m] = member.read([u + d for u, d in zip(member.unread, scored)], keep=k + 1)
-        after = logits_of[nxt]
-        position = torch.arange(k + 1, device=device)[None, :]
-        own = torch.where((position < num_draft[:, None])[:, :, None], own, after)  # padding: any valid row
-        logits_of[p] = own
-        ensemble = state.combine([logits_of[m] for m in range(count)])
-        out, accepted = ops.chain_verify(ensemble, drafts, q, num_draft=num_draft, temperature=params.temperature,
-                                         top_k=params.top_k, top_p=params.top_p, seed=seeds, offset=step,
-                                         validate=False, scheme=self.scheme.op("chain"))
-
-        # Everything accepted: no ensemble token; the next member's own draw past the drafts is its bonus.
+    def _carry_bonus(self, after: torch.Tensor, drafts: torch.Tensor, num_draft: torch.Tensor,
+                     accepted: torch.Tensor, out: torch.Tensor, step: int):
+        """Requests whose drafts were all accepted get no ensemble token: the next member's own draw past the
+        drafts becomes its bonus, and the step emits the drafts alone. Returns (those requests [B], out)."""
         whole = (accepted == num_draft) & (num_draft > 0)
         if bool(whole.any()):
-            past = after[arange, num_draft]
+            rows = drafts.shape[0]
+            past = after[torch.arange(rows, device=drafts.device), num_draft]
             token, q_b = self._draw(past, step, _BONUS)
             self.bonus_token = torch.where(whole, token, self.bonus_token)
             self.bonus_logits = torch.where(whole[:, None], past, self.bonus_logits)
             if q_b is not None:
                 self.bonus_q = torch.where(whole[:, None], q_b, self.bonus_q)
             padded = torch.cat([drafts, drafts.new_full((rows, 1), -1)], dim=1)
+            position = torch.arange(drafts.shape[1] + 1, device=drafts.device)[None, :]
             out = torch.where(whole[:, None], torch.where(position < num_draft[:, None], padded, -1), out)
         self.bonus = whole
-        emitted_count = torch.where(whole, num_draft, accepted + 1).tolist()
-        emitted = [row[:n] for row, n in zip(out.tolist(), emitted_count)]
+        return whole, out
 
-        # Each member keeps what was emitted except the last token (read with the next step's drafts).
+    @staticmethod
+    def _settle(members, p: int, new: int, reads: list[list[int]], emitted: list[list[int]],
+                emitted_count: list[int]) -> None:
+        """Each member keeps what was emitted except the last token (read with the next step's drafts): it
+        forgets what it read past that, and the rest is unread. reads[m][b]: tokens member m read this step."""
         for m, member in enumerate(members):
-            read = proposer_read if m == p else ([k] * rows if m in logits_of else [0] * rows)
             if m == p and not new:
                 member.unread = [u + e for u, e in zip(member.unread, emitted)]
                 continue
-            kept = [min(r, n - 1) for r, n in zip(read, emitted_count)]
-            member.forget([r - c for r, c in zip(read, kept)])
+            kept = [min(r, n - 1) for r, n in zip(reads[m], emitted_count)]
+            member.forget([r - c for r, c in zip(reads[m], kept)])
             member.unread = [e[c:] for e, c in zip(emitted, kept)]
-        self.turn += 1
-        return Verified(out, torch.where(whole, num_draft - 1, accepted), num_draft, k,
-                        accepted_drafts=torch.where(whole, num_draft, accepted))
 
 
 class MixtureDraws(Proposer):

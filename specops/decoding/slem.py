@@ -27,7 +27,7 @@ from specops import vocab as vocab_maps
 from specops.decoding.draft_vocab import DraftVocab
 from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import DrafterProposer
-from specops.decoding.step import Drafter, Method, Proposal, Proposer, Setup, StepResult
+from specops.decoding.protocol import Drafter, Method, Proposal, Proposer, Setup, StepResult
 from specops.decoding.verify import resolve_scheme, scheme_option
 
 _HISTORY = 16  # target tokens kept per request for the look-behind

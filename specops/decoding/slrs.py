@@ -30,7 +30,7 @@ from specops import vocab as vocab_maps
 from specops.decoding.retokenize import Retokenizer, matched
 from specops.decoding.drafter import DrafterProposer
 from specops.decoding.engine import KVState
-from specops.decoding.step import (Drafter, Method, Proposal, Proposer, SamplingParams, Setup, StepResult,
+from specops.decoding.protocol import (Drafter, Method, Proposal, Proposer, SamplingParams, Setup, StepResult,
                                    draft_offset)
 from specops.vocab import VocabMap
 

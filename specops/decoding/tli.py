@@ -18,7 +18,7 @@ from specops import vocab as vocab_maps
 from specops.decoding.draft_vocab import DraftVocab, intersection
 from specops.decoding.retokenize import Retokenizer
 from specops.decoding.drafter import TokenDrafter
-from specops.decoding.step import Drafter, Method, Proposer, Setup
+from specops.decoding.protocol import Drafter, Method, Proposer, Setup
 from specops.decoding.verify import scheme_option
 from specops.vocab import VocabMap
 

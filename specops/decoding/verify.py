@@ -31,7 +31,7 @@ import torch
 from specops import ops
 from specops._seeds import position_seeds
 from specops.decoding.engine import KVState
-from specops.decoding.step import Proposal, SamplingParams
+from specops.decoding.protocol import Proposal, SamplingParams
 from specops.decoding.tree import tree_from_parents
 
 __all__ = ["SCHEMES", "SCHEME_HELP", "VERIFIERS", "Scheme", "Verified", "resolve_scheme", "sample", "scheme_option"]
@@ -188,7 +188,7 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
         return chain(state, last, proposal, params, seeds, step)
     tokens = draft.tokens.clone()
     tokens[:, 0] = last
-    shape = tree_from_parents(tokens, draft.parents, draft.num_nodes)
+    shape = draft.closure if draft.closure is not None else tree_from_parents(tokens, draft.parents, draft.num_nodes)
     # Ids the target does not have (a wider verification vocabulary) are scored as 0 and always rejected.
     scored = torch.where(shape.tokens < state.lm.vocab_size, shape.tokens, 0)
     logits = _widen(state.append_tree(scored, shape.valid, shape.depth, shape.visible), proposal.width)

@@ -251,6 +251,10 @@ def _block_tile_weights(row_ptr, probs_row_ptr, draft, bonus, tile, temperature,
     return offs, in_row, p, residual
 
 
+# One program per request: block verification's forward pass over the chain (each row's statistics and the
+# weight W_k, which carries from one position to the next), then which positions the walk may reach, in one
+# launch. The per-row work is the helpers above; the rest carries W and the greedy walk's state across
+# positions, so the kernel stays whole.
 @triton.jit(do_not_specialize=["K1", "offset_lo", "offset_hi"])
 def _block_chain_kernel(logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, top_k_ptr,
                         top_p_ptr, seed_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, out_ptr,

@@ -88,6 +88,8 @@ def _matching_stretch(tokens_ptr, entries_ptr, T, start, size, place, query, qle
     return first, lo
 
 
+# One program per request: search every level, then gather and rank the continuations, in one launch. The
+# searches are the helpers above; the ranking keeps its candidate tiles in registers, so it stays whole.
 @triton.jit(do_not_specialize=["T", "C", "n_levels", "depth", "min_match", "num_candidates", "width",
                                "max_occurrences"])
 def _lookup_kernel(tokens_ptr, entries_ptr, starts_ptr, contexts_ptr, lengths_ptr, places_ptr, chosen_ptr, keys_ptr,

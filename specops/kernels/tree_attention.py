@@ -83,6 +83,9 @@ def _operand(x, DOT_FP32: tl.constexpr):
     return x
 
 
+# One program per (request, key-value head, query tile): the online softmax over the prefix, then over the
+# tree, in one launch; the running maximum, sum and output stay in registers across both loops, so the
+# kernel stays whole (a split would write them out and read them back).
 @triton.jit(do_not_specialize=["prefix", "N", "W", "window"])
 def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tree_mask_ptr, kv_mask_ptr, count_ptr, start_ptr,
                            depth_ptr, sinks_ptr,
@@ -203,7 +206,7 @@ def tree_attention_triton(query: torch.Tensor, key: torch.Tensor, value: torch.T
         return out
     count, depth, start = _layout(tree_mask, kv_mask, nodes, window)
     block_d = max(16, triton.next_power_of_2(dim))
-    # Tiles and warps from the compile check (python -m specops.kernels.compile_check; docs/gpu.md): the
+    # Tiles and warps from the compile check (python -m specops.tools.compile_check; docs/gpu.md): the
     # 64 x 64 tiles with 4 warps spilled 1,800 bytes per thread at D = 128 in 16 bits, and in float32 needed
     # 247 KB of shared memory, more than an H100 block has. These, with 8 warps, spill nothing (float32 at
     # D = 256: 8 bytes on sm_90, 216 on sm_80) and take at most 102 KB.

@@ -142,6 +142,9 @@ def _subtract_draft(res_ptr, next_ptr, q_ptr, scale_r, scale_q, tiles, V, n_tile
     return masses
 
 
+# One program per tree walks it from the root in one launch. Its named parts are the helpers above; what is
+# left is the walk's loop, whose node, residual and tile statistics live in registers and scratch from one
+# iteration to the next, so it stays one function (issue 50: kernels keep their fused structure).
 @triton.jit(do_not_specialize=["N", "offset_lo", "offset_hi"])
 def _walk_kernel(logits_ptr, tokens_ptr, parents_ptr, draft_probs_ptr, num_nodes_ptr, temperature_ptr, top_k_ptr,
                  top_p_ptr, seed_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr, residual_ptr,
@@ -468,6 +471,8 @@ def _child_weight(row_ptr, q_row_ptr, tokens_row_ptr, parents_row_ptr, f64_ptr, 
     return tl.where(scaled >= q_x, 1.0, scaled / q_x)
 
 
+# One program per tree: the leaves-to-root traversal in one launch. Its named parts are the helpers above;
+# the loop that is left carries the current node and its masses across iterations, so it stays one function.
 @triton.jit(do_not_specialize=["N", "offset_lo", "offset_hi"])
 def _traversal_kernel(logits_ptr, tokens_ptr, parents_ptr, draft_probs_ptr, num_nodes_ptr, temperature_ptr,
                       top_k_ptr, top_p_ptr, seed_ptr, tile_max_ptr, tile_sum_ptr, tile_raw_ptr, tile_arg_ptr,

@@ -353,6 +353,18 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
 
     Returns hidden [B * n, d].
     """
+    _check_llama_layers(hidden, cos, sin, attn_mask, norms, linears, keys, values, heads, kv_heads, eps, scale,
+                        qk_norms, norm_offset, activation, local_layers, local_cos, local_sin, local_mask)
+    return torch.ops.specops.llama_layers(hidden, cos, sin, attn_mask, list(norms), list(linears), list(keys),
+                                          list(values), heads, kv_heads, float(eps), float(scale),
+                                          None if qk_norms is None else list(qk_norms), float(norm_offset),
+                                          activation, list(local_layers), local_cos, local_sin, local_mask)
+
+
+def _check_llama_layers(hidden, cos, sin, attn_mask, norms, linears, keys, values, heads, kv_heads, eps, scale,
+                        qk_norms, norm_offset, activation, local_layers, local_cos, local_sin, local_mask) -> None:
+    """llama_layers' arguments, checked before the C++ op reads them (its docstring says what each must be):
+    ValueError naming the argument and the shape or value it needs, TypeError for a dtype."""
     op = "llama_layers"
     if not isinstance(cos, torch.Tensor) or cos.dim() != 3 or not isinstance(sin, torch.Tensor) or \
             sin.shape != cos.shape:
@@ -403,10 +415,6 @@ def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, att
                 linears[28 * layer + 24] is None:
             raise ValueError(f"{op}: layer {layer} needs q, o, gate and down weights")
         _check_llama_layer(op, linears, layer, hidden.shape[1], heads, kv_heads, dim)
-    return torch.ops.specops.llama_layers(hidden, cos, sin, attn_mask, list(norms), list(linears), list(keys),
-                                          list(values), heads, kv_heads, float(eps), float(scale),
-                                          None if qk_norms is None else list(qk_norms), float(norm_offset),
-                                          activation, list(local_layers), local_cos, local_sin, local_mask)
 
 
 def _check_gemma_options(op: str, layers: int, dim: int, qk_norms, activation, local_layers, local_cos, local_sin,

@@ -64,7 +64,7 @@ import torch
 
 from specops.decoding import model_ngrams
 from specops.decoding.cost_model import StepCost
-from specops.decoding.draft_shape import DraftShape
+from specops.decoding.ngram_shape import DraftShape
 from specops.decoding.ngram import DraftTables, match_source
 from specops.memory import NgramMemory, vocabulary_fingerprint
 from specops.vllm._requests import Requests, as_arrays

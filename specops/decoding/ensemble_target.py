@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from specops import ops
+from specops._kept import per_object
 from specops.decoding.draft_vocab import DraftVocab, intersection
 from specops.decoding.retokenize import Retokenizer
 from specops.decoding.engine import CausalLM, KVState
@@ -185,7 +186,8 @@ class _Key:
     """A draft-length memory key for one ensemble (members and rule) for the life of its first member."""
 
 
-_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_KEYS: weakref.WeakKeyDictionary = per_object(
+    "ensemble keys", "the ensembles the model is the first member of (their learned draft lengths' keys)")
 
 
 def _key(members: list[CausalLM], rule) -> _Key:

@@ -77,6 +77,8 @@ class TreeDraft:
     probs: torch.Tensor | None = None
     replacement: bool = False
     scheme: str = "positional"
+    closure: object = None  # the tree.DraftTree of these nodes, where the proposer built one (its depths and
+    # ancestor masks), rooted at the last emitted token: the verifier uses it instead of building it again
 
 
 @dataclass

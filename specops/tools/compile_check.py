@@ -1,6 +1,6 @@
 """Compile every Triton kernel specops launches for a GPU, on a machine without one.
 
-    python -m specops.kernels.compile_check [--targets 90,80] [--quick] [--json PATH]
+    python -m specops.tools.compile_check [--targets 90,80] [--quick] [--json PATH]
 
 Each launcher (`<op>_triton` in specops/kernels) is called with meta tensors (shapes and dtypes, no data)
 at the shapes, dtypes and options the ops meet in decoding: the vocabularies of Gemma-3 (262,144) and
@@ -340,8 +340,6 @@ def kernels_defined() -> dict[str, set[str]]:
 
     found = {}
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name == "compile_check":
-            continue
         module = importlib.import_module(f"specops.kernels.{info.name}")
         with open(module.__file__, encoding="utf-8") as file:
             source = file.read()

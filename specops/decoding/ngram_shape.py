@@ -35,6 +35,7 @@ import weakref
 
 import torch
 
+from specops._kept import per_object
 from specops.decoding.cost_model import Probe, StepCost, swap_learned
 
 __all__ = ["DraftShape", "distinct_rows", "tree_nodes"]
@@ -52,8 +53,10 @@ _AHEAD_WORTH = 0.25
 _PROBE_GAIN = 1.01  # a probe where drafts were measured must be able to beat plain decoding by this much
 _CARRIED = 16.0  # draft lists' worth of acceptance per source carried into the next decode call
 # target model -> {(device and settings, "ngram"): the DraftShape of the last call}
-_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_COSTS: "weakref.WeakKeyDictionary[object, dict[str, StepCost]]" = weakref.WeakKeyDictionary()
+_LEARNED: weakref.WeakKeyDictionary = per_object(
+    "n-gram acceptance", "n-gram draft shapes' acceptance learned from earlier calls, per sampling setting")
+_COSTS: "weakref.WeakKeyDictionary[object, dict[str, StepCost]]" = per_object(
+    "n-gram step costs", "n-gram steps' costs measured in earlier calls, per device")
 
 
 def _shared_cost(model, device) -> StepCost:

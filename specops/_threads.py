@@ -8,11 +8,14 @@ import threading
 import time
 from contextlib import contextmanager
 
+from specops._kept import process_wide
+
 __all__ = ["auto_threads", "busy_seconds", "check_threads", "decoding_threads"]
 
 _DECIDED: list[tuple[float, int]] = []  # (when, threads) of the last "auto" measurement
 _LOCK = threading.Lock()
 _KEEP = 30.0  # seconds a measurement stands
+process_wide("auto threads", "the cores threads='auto' found free, for 30 s after it measured them", _DECIDED.clear)
 
 
 def busy_seconds() -> float:

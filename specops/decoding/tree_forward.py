@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specops._kept import per_object
 from specops.decoding.held import HeldSwitch
 
 __all__ = ["TreeMask", "pack_rows", "tree_forward", "weakly_keyed"]
@@ -311,7 +312,8 @@ def _register() -> None:
         _REGISTERED = True
 
 
-_CONFIGS: weakref.WeakKeyDictionary[object, tuple] = weakref.WeakKeyDictionary()
+_CONFIGS: weakref.WeakKeyDictionary[object, tuple] = per_object(
+    "config objects", "the config objects the model's modules read, which tree forwards switch")
 
 
 def _configs(model) -> list:
