@@ -1,6 +1,6 @@
 """The one decoding loop every method runs: propose -> score and verify (one target forward) -> commit the
 accepted tokens to the KV cache -> emit. It owns timing, statistics, stopping, streaming and the removal
-of finished requests; a method only proposes (step.Proposer).
+of finished requests; a method only proposes (protocol.Proposer).
 """
 
 from __future__ import annotations

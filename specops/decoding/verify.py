@@ -13,7 +13,7 @@ cut back to them.
   gives with the same seed, whatever the draft shapes, the batch or the timing that chose them. A
   proposal of deterministic drafts may name an op's scheme instead (ngram's option "scheme"): the op then
   verifies them with a one-hot q.
-- "tree": a draft tree per request (step.TreeDraft) in one forward, verified whole by `tree_verify`
+- "tree": a draft tree per request (protocol.TreeDraft) in one forward, verified whole by `tree_verify`
   (recursive rejection sampling or traversal verification, the tree's scheme) when it comes with q or
   names that scheme; under "positional" without q (n-gram trees, and drafter trees under scheme
   "positional") by walking it from the root through the children that hold the target's positional
