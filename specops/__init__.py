@@ -35,8 +35,8 @@ from specops.decoding.stats import Stats
 from specops.memory import NgramMemory
 from specops.quantization import QuantizedLinear, quantize
 
-__all__ = ["decode", "DecodeResult", "forget", "kept", "Stats", "ContrastiveEnsemble", "WeightedEnsemble", "NgramMemory", "QuantizedLinear",
-           "quantize", "ops", "models", "hf", "vocab"]
+__all__ = ["decode", "DecodeResult", "forget", "kept", "Stats", "ContrastiveEnsemble", "WeightedEnsemble",
+           "NgramMemory", "QuantizedLinear", "quantize", "ops", "models", "hf", "vocab"]
 __version__ = "0.1.0"
 
 

@@ -57,8 +57,7 @@ def _held(table: weakref.WeakKeyDictionary, obj) -> list:
 
 def kept(obj=None) -> dict[str, str]:
     """What specops holds for `obj` (a model, its modules included, or a tokenizer), as {name: what it is};
-    without an object,
-    every kind of state it can keep, per object and process-wide."""
+    without an object, every kind of state it can keep, per object and process-wide."""
     with _LOCK:
         if obj is None:
             return {name: what for name, (what, _) in {**_PER_OBJECT, **_PROCESS_WIDE}.items()}

@@ -120,9 +120,9 @@ class TokenDrafter(DrafterProposer):
 
     Option "scheme" (`verify.SCHEMES`): "positional" is the above; "token" and "joint" draw the drafts from q
     with the drafter's own random numbers and hand q to `chain_verify` (speculative sampling token by token,
-    or block verification: they keep more drafts, but the text then depends on the draft lengths); "auto" (the default) is "positional" when the caller gave a seed and "joint" when not. On the
-    real pair (Gemma-3-270M, SmolLM2-135M through tli) at T = 1, block drew 1.12-1.19x positional's tokens/s
-    (docs/benchmarks.md)."""
+    or block verification: they keep more drafts, but the text then depends on the draft lengths); "auto" (the
+    default) is "positional" when the caller gave a seed and "joint" when not. On the real pair (Gemma-3-270M,
+    SmolLM2-135M through tli) at T = 1, block drew 1.12-1.19x positional's tokens/s (docs/benchmarks.md)."""
 
     def __init__(self, setup: Setup, vocab, prompts: list[list[int]]):
         super().__init__(setup, prompts)

@@ -17,13 +17,13 @@ on a CPU, where a forward's cost grows with the tokens it carries, small trees o
 wider and deeper ones.
 
 Option "scheme" (`verify.SCHEMES`) says how sampled trees are verified. "token" is the above (recursive
-rejection sampling). "joint" draws the same trees and verifies them from the leaves to the root (traversal verification,
-`specops.ops.tree_verify(..., scheme="traversal")`): lossless too, and in expectation it kept at least as
-many drafts wherever measured (docs/verification.md). "positional" gives each node's children the same law but draws the
-first child of every node from q by the inverse CDF at the uniform number the target's token at that
-position is drawn with (`verify.positional`; the first child of specinfer and rsd-c, rsd-c's others then
-without replacement among the rest; rsd-s's beams as drawn). The tree goes to the verifier without q, which
-keeps the child that is the target's positional token: the text is sampled "ar"'s with the same seed,
+rejection sampling). "joint" draws the same trees and verifies them from the leaves to the root (traversal
+verification, `specops.ops.tree_verify(..., scheme="traversal")`): lossless too, and in expectation it kept at
+least as many drafts wherever measured (docs/verification.md). "positional" gives each node's children the
+same law but draws the first child of every node from q by the inverse CDF at the uniform number the target's
+token at that position is drawn with (`verify.positional`; the first child of specinfer and rsd-c, rsd-c's
+others then without replacement among the rest; rsd-s's beams as drawn). The tree goes to the verifier without
+q, which keeps the child that is the target's positional token: the text is sampled "ar"'s with the same seed,
 whatever shapes "auto" picks and however requests are batched (docs/same_seed.md). "auto" (the default) is
 "positional" when the caller gave a seed and "joint" when not.
 
