@@ -116,3 +116,80 @@ def test_importing_specops_touches_no_device():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# --- From decode() to a kernel launch -----------------------------------------------------------------------------
+# A newcomer follows one call from `decode()` down to the op it launches. The route is the specops files on the
+# call stack when the op is called, plus the kernel's own source; DEVELOPERS.md ("From decode() to a kernel")
+# lists every route a decoding step takes for `sd` and `ngram` on CPU, and this test holds that list against a
+# traced run, so neither the routes nor the list can drift.
+
+MOST_FILES_ON_A_ROUTE = 8
+ROUTES_DOC = PACKAGE.parent / "DEVELOPERS.md"
+
+
+def _traced_routes(monkeypatch, method: str) -> set[tuple[str, tuple[str, ...]]]:
+    """(op, files on the stack from decode() down) for every specops op that `method` launches while it decodes:
+    the steps, not the setup before the loop."""
+    import inspect
+
+    import torch
+    from toy_models import byte_tokenizer, tiny_llama
+
+    import specops
+
+    root = PACKAGE.parent
+    routes = set()
+    packet_call = torch._ops.OpOverloadPacket.__call__
+
+    def launching(self, *args, **kwargs):
+        if self._qualified_op_name.startswith("specops::"):
+            files, frame = [], inspect.currentframe().f_back
+            while frame is not None:
+                name = Path(frame.f_code.co_filename).resolve()
+                if name.is_relative_to(PACKAGE):
+                    file = name.relative_to(root).as_posix()
+                    if not files or files[-1] != file:
+                        files.append(file)
+                frame = frame.f_back
+            files.reverse()
+            if "specops/decoding/loop.py" in files:
+                routes.add((self._qualified_op_name.split("::")[1], tuple(files)))
+        return packet_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch._ops.OpOverloadPacket, "__call__", launching)
+    drafter = {"drafter": tiny_llama(layers=1, seed=1), "drafter_tokenizer": byte_tokenizer()} if method == "sd" else {}
+    specops.decode(["abcabcabcabc abc", "the cat sat; the cat"], target=tiny_llama(), tokenizer=byte_tokenizer(),
+                   method=method, max_new_tokens=12, **drafter)
+    monkeypatch.undo()
+    return routes
+
+
+def _documented_routes() -> dict[str, set[tuple[str, tuple[str, ...]]]]:
+    text = ROUTES_DOC.read_text(encoding="utf-8").split("<!-- routes -->")[1]
+    routes: dict[str, set] = {}
+    for row in re.findall(r"^\| `(\w+)` \| `(\w+)` \| (.+?) \|$", text, flags=re.M):
+        method, op, route = row
+        files = tuple("specops/" + f for f in re.findall(r"`([\w/.]+\.py)`", route))
+        routes.setdefault(method, set()).add((op, files))
+    return routes
+
+
+def _kernel_source(op: str) -> Path:
+    return PACKAGE.parent / "csrc" / "cpu" / f"{op}.cpp"
+
+
+def test_every_route_from_decode_to_a_kernel_is_short_and_documented(monkeypatch):
+    documented = _documented_routes()
+    assert set(documented) == {"sd", "ngram"}, "DEVELOPERS.md lists the routes of sd and ngram"
+    for method in ("sd", "ngram"):
+        traced = _traced_routes(monkeypatch, method)
+        assert {op for op, _ in traced} >= {"chain_verify", "skinny_linear"}, traced
+        for op, files in traced:
+            assert _kernel_source(op).is_file(), op
+            assert len(files) + 1 <= MOST_FILES_ON_A_ROUTE, (method, op, files)
+        assert traced == documented[method], (
+            f"DEVELOPERS.md's routes for {method} differ from a traced run:\n"
+            f"  not documented: {sorted(traced - documented[method])}\n"
+            f"  not taken: {sorted(documented[method] - traced)}")
+
