@@ -860,8 +860,15 @@ def test_stats_filled(llama, batch):
     assert stats.method == "sd"
     assert stats.requests == len(PROMPTS)
     assert stats.new_tokens == out[:, batch["input_ids"].shape[1]:].numel() == NEW * len(PROMPTS)
-    assert stats.target_calls > 0 and stats.drafter_calls > 0 and stats.drafted > 0
-    assert stats.seconds > 0
+    # The counts add up: one target forward for the prompts and one per step; every time the target reads a
+    # request it gives that request one token, besides the drafts it accepts; `self:1` makes one forward per
+    # draft token of a step, and a step drafts at most num_draft_tokens.
+    assert stats.target_calls == stats.steps + 1
+    assert stats.new_tokens == stats.accepted + stats.request_steps
+    assert len(stats.draft_lengths) == stats.steps and max(stats.draft_lengths) == 3
+    assert stats.drafter_calls == sum(stats.draft_lengths)
+    assert 0 < stats.accepted <= stats.drafted <= 3 * (stats.request_steps - stats.requests)
+    assert 0 < stats.prefill_seconds + stats.draft_seconds + stats.verify_seconds <= stats.seconds
 
 
 # ---- bugs found while writing these tests, fixed ----

@@ -32,6 +32,29 @@ def test_pages_have_python_blocks():
     assert len(_blocks()) >= 15 and {"README.md", "docs/ops.md", "docs/methods.md"} <= names
 
 
+def _section_commands(text: str, heading: str) -> list[str]:
+    """The command lines of the ```bash blocks under README heading `heading` (up to the next one)."""
+    section = re.split(r"^## ", text, flags=re.M)
+    body = next(part for part in section if part.startswith(heading + "\n"))
+    blocks = re.findall(r"^```bash\n(.*?)^```", body, re.S | re.M)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_readme_install_and_test_are_what_ci_runs():
+    """The README's install and test commands are the ones `.ci/run` runs on a fresh clone (after it makes its
+    own virtual environment), so a reader who follows the README gets what CI tested."""
+    text, ci = README.read_text(encoding="utf-8"), (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    ci_lines = {line.strip() for line in ci.splitlines()}
+    install = [c for c in _section_commands(text, "Install") if not c.startswith("python3 -m venv")]
+    test = _section_commands(text, "Test")
+    assert install == ["pip install torch==2.13.0", "bash install.sh"], install
+    assert len(test) == 1, test
+    for command in install + test:
+        assert command in ci_lines, f"README runs `{command}`; .ci/run does not"
+    # The order CI runs them in: the install, then the test command.
+    assert ci.index("bash install.sh") < ci.index(test[0])
+
+
 def test_readme_is_a_front_page():
     """At most 25 KB: what it is, install, run, test, quickstart, one results table; the rest in docs/."""
     size = len(README.read_bytes())
@@ -39,7 +62,7 @@ def test_readme_is_a_front_page():
     text = README.read_text(encoding="utf-8")
     headings = re.findall(r"^## (.+)$", text, re.M)
     assert headings[:4] == ["Install", "Run", "Test", "Quickstart"], headings
-    assert text.count("\n| --- |") == 2  # the method table and the one results table
+    assert _section_commands(text, "Run") == ['specops generate "def fibonacci(n):" --compare']
 
 
 def test_links_between_pages_resolve():
