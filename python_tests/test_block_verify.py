@@ -363,7 +363,7 @@ def test_opcheck(device):
 def test_an_unknown_scheme_raises(device):
     logits = torch.randn(2, 3, 8, device=device)
     drafts = torch.zeros(2, 2, dtype=torch.int64, device=device)
-    with pytest.raises(ValueError, match="scheme must be one of 'token', 'block', got 'blocks'"):
+    with pytest.raises(ValueError, match="scheme must be 'token' or 'block', got 'blocks'"):
         specops.ops.chain_verify(logits, drafts, scheme="blocks")
     with pytest.raises(ValueError, match="scheme must be 'token' or 'block'"):
         torch.ops.specops.chain_verify(logits.cpu(), drafts.cpu(), None, torch.full((2,), 2), torch.ones(2),

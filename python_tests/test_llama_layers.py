@@ -143,6 +143,17 @@ def test_the_comparison_can_fail():
     assert not _close(flipped, want)
 
 
+def test_strided_norm_weights_give_the_same_bits():
+    """Norm weights that are views with a stride (a column of a larger tensor) are read as their values."""
+    norms, linears = _layers("float32", 4, 2, bias=False)
+    args = _inputs(2, 3, 5, 2, masked=True)
+    (want, _, _), _ = _both(args, norms, linears, 4, 2)
+    strided = [torch.stack([w, -w], 1)[:, 0] for w in norms]
+    assert not strided[0].is_contiguous()
+    (got, _, _), _ = _both(args, strided, linears, 4, 2)
+    assert torch.equal(got, want)
+
+
 def test_bad_arguments_raise_clear_errors():
     norms, linears = _layers("int8", 4, 2, bias=False)
     hidden, cos, sin, mask, keys, values = _inputs(2, 3, 5, 2, masked=True)
@@ -171,18 +182,20 @@ def test_bad_arguments_raise_clear_errors():
         # q|k|v wider than 2 heads + 2 kv heads
         (dict(heads=2, kv_heads=2), ValueError,
          (r"linears\[0\] \(layer 0's q\|k\|v weight\) must be "
-          r"\[heads \* D \+ kv_heads \* D \+ kv_heads \* D, d\] = \[96, 64\], got \(128, 64\)")),
+          r"\[heads \* D \+ kv_heads \* D \+ kv_heads \* D, d\] = \[96, 64\], got \[128, 64\]")),
+        (dict(linears=[linears[0].float()] + linears[1:]), ValueError,
+         r"linears\[0\] .* is float32 and takes no scales"),
+        (dict(linears=linears[:1] + [None] + linears[2:]), ValueError,
+         r"scales must be \[N, G\] = \[128, G\] for an int8 weight, got None"),
+        (dict(eps=float("inf")), ValueError, "eps must be a finite number"),
     ]
     for change, error, words in cases:
         with pytest.raises(error, match=words):
             call(**change)
-    # The kernel's own checks, without the wrapper's: errors, not reads or writes out of bounds.
-    direct = (hidden, cos, sin, mask, norms, linears, keys, [v[:, :, 1:] for v in values], 4, 2, 1e-5, 0.25)
-    with pytest.raises(RuntimeError, match=r"values\[0\] must be"):
-        torch.ops.specops.llama_layers(*direct)
-    with pytest.raises(RuntimeError, match="room for the new rows"):
-        torch.ops.specops.llama_layers(hidden, cos, sin, None, norms, linears, [k[:, :, :2] for k in keys],
-                                       [v[:, :, :2] for v in values], 4, 2, 1e-5, 0.25)
+        # The C++ kernel is the one checker: called directly it raises the same, before any read or write.
+        args = {**good, **change}
+        with pytest.raises(error, match=words), torch.inference_mode():
+            torch.ops.specops.llama_layers(**args)
 
 
 @pytest.mark.parametrize("past", [0, 5])
@@ -297,16 +310,10 @@ def test_gemma_options_bad_values_raise_clear_errors():
     for change, words in cases:
         with pytest.raises(ValueError, match=words), torch.inference_mode():
             ops.llama_layers(**{**good, **change})
-    # The kernel's own checks, without the wrapper's.
-    direct = [hidden, cos, sin, mask, norms4, linears, keys, values, 4, 2, 1e-6, 0.25]
-    for extra, words in [((options["qk_norms"][:-1],), "qk_norms must be empty or 2 L"),
-                         ((None, 1.0, "relu"), "activation must be"),
-                         ((None, 1.0, "silu", [7], options["local_cos"], options["local_sin"]), "not a layer index"),
-                         ((None, 1.0, "silu", [0], None, options["local_sin"]), "needs local_cos and local_sin"),
-                         ((None, 1.0, "silu", [0], options["local_cos"], options["local_sin"],
-                           options["local_mask"][..., 1:]), "local_mask must be bool")]:
-        with pytest.raises((RuntimeError, ValueError), match=words), torch.inference_mode():
-            torch.ops.specops.llama_layers(*direct, *extra)
+        # The C++ kernel is the one checker: called directly it raises the same.
+        args = {**good, **change}
+        with pytest.raises(ValueError, match=words), torch.inference_mode():
+            torch.ops.specops.llama_layers(**args)
 
 
 def test_opcheck_gemma_options():

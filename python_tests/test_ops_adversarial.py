@@ -6,7 +6,9 @@ positions holding garbage, unchecked ids and parents, extreme seeds and temperat
 inputs) run in child processes, one for the C++ kernels (the wrappers on CPU tensors) and one for the
 Triton kernels (their launchers on the wrappers' normalized arguments, interpreted on CPU without a
 GPU): each child prints one line per case, so a crash (a signal, an abort) fails that case alone and
-the rest run in a fresh child. Wrapper argument checks, which never reach a kernel, run in-process.
+the rest run in a fresh child. Argument checks run in-process: the op's (the C++ kernel's on CPU, which
+raises before it computes anything) and the few a wrapper makes itself (an argument of the wrong kind, a
+number that int64 or float cannot hold).
 
 Expected results come from `specops.reference` (same seeds, same tokens), from the NaN-free input (a
 hidden position must not change anything) or from the documented rule (greedy at T = 1e-45, NaN rows).
@@ -25,7 +27,7 @@ import torch
 from _triton import TRITON_DEVICE, triton, triton_launcher
 
 from specops import ops, reference
-from specops.ops._checks import _sampling_args
+from specops.ops._checks import _sampling_rows
 from specops.quantization import pack
 
 NAN, INF = float("nan"), float("inf")
@@ -62,8 +64,7 @@ def cpu(result):
 
 def sampling(op: str, rows: int, temperature, top_k, top_p, seed, offset) -> tuple:
     """The per-row sampling arguments as the wrappers normalize them."""
-    return _sampling_args(op, "logits", torch.device("cpu"), rows, {}, temperature, top_k, top_p, seed,
-                          offset)
+    return _sampling_rows(op, rows, torch.device("cpu"), temperature, top_k, top_p, seed, offset)
 
 
 def equal(a, b) -> bool:
@@ -902,7 +903,8 @@ def test_the_harness_reports_a_crash():
     assert got["_abort"].startswith("the process died (return code -6)")
 
 
-# ---- wrapper argument checks (never reach a kernel): in-process ----
+# ---- argument checks (the op's: the C++ kernel's on CPU, its contract's elsewhere; a wrapper refuses only an
+# argument of the wrong kind or a number that int64 or float cannot hold): in-process ----
 
 def _logits(*shape):
     return torch.randn(*shape, generator=gen(40))
@@ -912,25 +914,25 @@ _LONG = torch.zeros(2, 2, dtype=torch.int64)
 BAD_ARGUMENTS = [
     # Integers outside int64 (the dispatcher's "Expected a value of type 'int' ... found type 'int'").
     (lambda: ops.tree_attention(*_attention_case()[:4], window=2**70), ValueError,
-     r"window must be an int >= 1 or None \(at most 2\*\*63 - 1\), got 1180591620717411303424"),
-    (lambda: ops.tree_attention(*_attention_case()[:4], window=True), ValueError, "window must be an int"),
+     "window must fit int64, got 1180591620717411303424"),
+    (lambda: ops.tree_attention(*_attention_case()[:4], window=True), TypeError, "window must be an int, got bool"),
     (lambda: ops.tree_attention(*_attention_case()[:4], scale=2**2000), ValueError,
-     "scale must be a finite number > 0"),
+     f"scale must be a float, got {2**2000}"),
     (lambda: ops.sample_without_replacement(_logits(2, 5), 2**70), ValueError,
-     "num_samples must be an int in"),
+     "num_samples must fit int64, got 1180591620717411303424"),
     (lambda: ops.stochastic_beam_step(_logits(2, 1, 5), torch.zeros(2, 1), torch.zeros(2, 1), 2**70),
-     ValueError, "beam_width must be an int in"),
+     ValueError, "beam_width must fit int64, got 1180591620717411303424"),
     (lambda: ops.vocab_project(_logits(2, 4), torch.arange(4), 2**70), ValueError,
-     r"target_vocab must be an int >= 1 and < 2\*\*31"),
+     "target_vocab must fit int64, got 1180591620717411303424"),
     (lambda: ops.ngram_match(_LONG, num_candidates=2**70), ValueError,
      r"num_candidates must be >= 1 and < 2\*\*28"),
     (lambda: ops.ngram_match(_LONG, width=2**64), ValueError, r"and < 2\*\*28"),
     (lambda: ops.chain_verify(_logits(2, 3, 5), _LONG, top_k=2**70), ValueError, "top_k must fit int64"),
     (lambda: ops.chain_verify(_logits(2, 3, 5), _LONG, offset=2**64), ValueError,
-     r"offset must be in \[0, 2\*\*63\)"),
-    (lambda: ops.tree_verify(_logits(2, 2, 5), _LONG, _LONG, seed=torch.tensor([1.5, 2.0])), TypeError,
-     "seed must hold integers"),
-    (lambda: llama(dict(_llama_args(), heads=2**70)), ValueError, r"heads must be an int >= 1 and < 2\*\*31"),
+     "offset must fit int64, got 18446744073709551616"),
+    (lambda: ops.tree_verify(_logits(2, 2, 5), _LONG, _LONG, seed=torch.tensor([1.5, 2.0])), ValueError,
+     r"num_nodes, top_k and seed must be \[B\] int64"),
+    (lambda: llama(dict(_llama_args(), heads=2**70)), ValueError, "heads must fit int64, got 1180591620717411303424"),
     (lambda: llama(dict(_llama_args(), eps=NAN)), ValueError, "eps must be a finite number"),
     # Wrong dtypes.
     (lambda: ops.chain_verify(_logits(2, 3, 5).double(), _LONG), TypeError, "target_logits must be float32"),
@@ -938,18 +940,18 @@ BAD_ARGUMENTS = [
     (lambda: ops.tree_verify(_logits(2, 2, 5), _LONG, _LONG.float()), TypeError, "parents must be int64"),
     (lambda: ops.sample_without_replacement(_logits(2, 5).long(), 1), TypeError, "logits must be float32"),
     (lambda: ops.stochastic_beam_step(_logits(2, 1, 5), torch.zeros(2, 1).double(), torch.zeros(2, 1), 1),
-     TypeError, "beam_log_probs must be float32"),
+     ValueError, r"beam_log_probs and beam_scores must be \[B, W\] float32"),
     (lambda: ops.ngram_match(_LONG.float()), TypeError, "tokens must be int32 or int64"),
     (lambda: ops.vocab_project(_logits(2, 4), torch.arange(4).int(), 4), TypeError,
      "target_ids must be int64"),
     (lambda: ops.ensemble_logits([_logits(2, 4), _logits(2, 4).double()], [0.5, 0.5]), TypeError,
-     r"members\[1\] must be float32"),
+     "members must be float32, bfloat16 or float16"),
     (lambda: ops.skinny_linear(_logits(2, 4), _logits(3, 4).double()), TypeError,
-     "weight must have input's dtype"),
+     "the CPU kernel takes float32 input and weight"),
     (lambda: ops.quantized_linear(_logits(2, 64), _logits(3, 64)), TypeError,
      "weight must be bfloat16, int8"),
-    (lambda: ops.tree_attention(*_attention_case()[:3], _attention_case()[3].long()), TypeError,
-     "tree_mask must be int32"),
+    (lambda: ops.tree_attention(*_attention_case()[:3], _attention_case()[3].long()), ValueError,
+     r"tree_mask must be \[B, N, ceil\(N/32\)\] int32"),
     (lambda: llama(dict(_llama_args(), hidden=_llama_args()["hidden"].double())), TypeError,
      "hidden must be float32"),
 ]
@@ -975,12 +977,12 @@ LLAMA_SHAPES = [
     # gate and up of different widths whose total is right: once re-split silently, now named.
     (_with_linear(16, torch.randn(40, D_MODEL), at20=torch.randn(56, D_MODEL)),
      (r"linears\[20\] \(layer 0's up weight\) must be \[inter \(the gate weight's\), d\] = \[40, 32\], "
-      r"got \(56, 32\)")),
+      r"got \[56, 32\]")),
     (_with_linear(4, torch.randn(24, D_MODEL), at8=torch.randn(8, D_MODEL)),
-     r"linears\[4\] \(layer 0's k weight\) must be \[kv_heads \* D, d\] = \[16, 32\], got \(24, 32\)"),
+     r"linears\[4\] \(layer 0's k weight\) must be \[kv_heads \* D, d\] = \[16, 32\], got \[24, 32\]"),
     (_with_linear(0, torch.randn(72, D_MODEL), at4=None, at8=None),  # q|k|v fused: (4 + 2 * 2) heads of 8
      (r"linears\[0\] \(layer 0's q\|k\|v weight\) must be \[heads \* D \+ kv_heads \* D \+ kv_heads \* D, "
-      r"d\] = \[64, 32\], got \(72, 32\)")),
+      r"d\] = \[64, 32\], got \[72, 32\]")),
     (_with_linear(0, torch.randn(32, D_MODEL + 1)),
      r"linears\[0\] \(layer 0's q weight\) must be \[heads \* D, d\]"),
     (_with_linear(24, torch.randn(D_MODEL, INTER - 1)),
@@ -1009,8 +1011,10 @@ def test_llama_layers_accepts_fused_weights():
     assert close(llama(dict(args, linears=fused)), llama(args))
 
 
-def test_llama_layers_kernel_checks_each_width():
-    """Called directly, the C++ kernel too refuses gate and up weights of different widths."""
-    args, _ = LLAMA_SHAPES[0]
-    with pytest.raises(ValueError, match=r"layer 0's up weight \(linears\[20\]\) gives 56 features, not 40"):
+@pytest.mark.parametrize("index", range(len(LLAMA_SHAPES)))
+def test_llama_layers_kernel_is_the_checker(index):
+    """Called directly, the C++ kernel refuses each weight shape with the wrapper's message: it is the one
+    checker, the wrapper adds none."""
+    args, match = LLAMA_SHAPES[index]
+    with pytest.raises(ValueError, match=match):
         llama(args, torch.ops.specops.llama_layers)

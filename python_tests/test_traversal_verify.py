@@ -350,7 +350,7 @@ def test_opcheck(device, with_probs):
 def test_an_unknown_scheme_raises(device):
     args = small_case(device)
     logits, tokens, parents, probs = args[:4]
-    with pytest.raises(ValueError, match="scheme must be one of 'recursive', 'traversal', got 'bogus'"):
+    with pytest.raises(ValueError, match="scheme must be 'recursive' or 'traversal', got 'bogus'"):
         specops.ops.tree_verify(logits, tokens, parents, probs, scheme="bogus")
     with pytest.raises(ValueError, match="tree_verify: scheme must be 'recursive' or 'traversal'"):
         torch.ops.specops.tree_verify(*small_case(), 0, True, "bogus")

@@ -1,5 +1,7 @@
-"""The same bad input gets the same outcome on every device: each op's contract (`specops.ops.CONTRACTS[op]`,
-the checks of devices whose kernels cannot raise) against its C++ CPU kernel.
+"""The same bad input gets the same outcome on every device and every way in: each op's contract
+(`specops.ops.CONTRACTS[op]`, the checks of devices whose kernels cannot raise) and its wrapper
+(`specops.ops.<op>`, which only shapes arguments) against its C++ CPU kernel. One checker per device path: a
+cap or a message that differs in any of the three fails here.
 
 The C++ kernels check their arguments (TORCH_CHECK_VALUE / TORCH_CHECK_TYPE: ValueError /
 TypeError); the Triton kernels cannot raise, so the kernel registered for CUDA is the op's
@@ -797,6 +799,12 @@ def _tree_attention_cases():
     bad(op, "sinks_float64", with_(sinks=torch.zeros(2, dtype=F64)), "sinks must be a float32 [Hq] tensor")
     bad(op, "sinks_shape", with_(sinks=torch.zeros(3)), "sinks must be a float32 [Hq] tensor")
     bad(op, "sinks_2d", with_(sinks=torch.zeros(1, 2)), "sinks must be a float32 [Hq] tensor")
+    bad(op, "scale_zero", with_(scale=0.0), "scale must be finite and > 0, got 0", guard=True)
+    bad(op, "scale_nan", with_(scale=NAN), "scale must be finite and > 0, got nan")
+    bad(op, "scale_beyond_float32", with_(scale=1e39), "scale must be finite and > 0, got 1e+39")
+    bad(op, "window_negative", with_(window=-1), "window must be >= 0 (0: no window), got -1", guard=True)
+    bad(op, "softcap_negative", with_(softcap=-2.0), "softcap must be finite and >= 0 (0: no soft-cap), got -2")
+    bad(op, "softcap_inf", with_(softcap=INF), "softcap must be finite and >= 0 (0: no soft-cap), got inf")
     bad(op, "mask_bit_past_n", put("tree_mask", (1, 2, 0), 5 | 1 << 4), "tree_mask has a bit set at or past node N = 4",
         guard=True)
     bad(op, "mask_sign_bit", put("tree_mask", (0, 0, 0), 1 - 2**31), "tree_mask has a bit set at or past node N = 4")
@@ -1044,6 +1052,55 @@ def test_cuda_dispatch_raises_as_cpp(case):
     """torch.ops.specops.<op> on CUDA tensors (the dispatcher's CUDA kernel) raises what it raises on CPU ones."""
     contract_of(case.op)
     assert outcome(getattr(torch.ops.specops, case.op), [on_cuda(a) for a in arguments(case)]) == cpp(case)
+
+
+# A wrapper (`specops.ops.<op>`) only shapes arguments; what it takes in another form than the op is translated
+# back here, by argument: ensemble_logits names its mode; tree_attention takes no window or soft-cap as None.
+WRAPPER_FORM = {("ensemble_logits", "mode"): {0: "weighted", 1: "contrastive"},
+                ("tree_attention", "window"): {0: None}, ("tree_attention", "softcap"): {0.0: None}}
+# Cases where the wrapper's outcome is its own, each with why: it accepts what it shapes, or refuses a value of
+# its own vocabulary.
+WRAPPER_OWN = {("skinny_linear", "input_1d"): "the wrapper takes input [..., K]: a [K] input is one row",
+               ("quantized_linear", "input_1d"): "the wrapper takes input [..., K]: a [K] input is one row",
+               ("ensemble_logits", "mode_unknown"): "the wrapper takes the mode by name",
+               ("ensemble_logits", "weights_2d"): "the wrapper takes weights as numbers: a tensor's values, flat",
+               ("ensemble_logits", "weights_float64"): "the wrapper takes weights as numbers: a tensor's values"}
+
+
+def wrapper_call(case: Case, wrapper=None):
+    """A call of the op's wrapper (or `wrapper`) on the case's arguments, by name, in the wrapper's form."""
+    a = dict(zip(schema_names(case.op), arguments(case)))
+    for (op, name), form in WRAPPER_FORM.items():
+        if op == case.op and a[name] in form:
+            a[name] = form[a[name]]
+    fn = wrapper or getattr(specops.ops, case.op)
+    return lambda: fn(**a)
+
+
+@pytest.mark.parametrize("case", ALL, ids=ids(ALL))
+def test_wrapper_matches_cpp(case):
+    """specops.ops.<op> checks nothing the op checks: on the op's own arguments it gives what the C++ kernel
+    gives, the same exception and message (one checker per device path: the C++ kernel on CPU, the contract
+    elsewhere)."""
+    got, want = outcome(wrapper_call(case), []), cpp(case)
+    own = WRAPPER_OWN.get((case.op, case.name))
+    if own:
+        assert got != want, f"{case.op}-{case.name} is listed as the wrapper's own ({own}) but matches the kernel"
+        return
+    assert got == want
+
+
+def test_a_wrapper_with_its_own_cap_fails_the_comparison():
+    """The comparison can fail: a wrapper that caps ngram_match's num_candidates itself, with its own message
+    (as one did), differs from the kernel on the cap's case, and one that checks nothing does not."""
+    def capping(tokens, lengths, min_ngram, max_ngram, num_candidates, width, validate):
+        if num_candidates >= 2**28:
+            raise ValueError("ngram_match: num_candidates must be below 2**28")
+        return specops.ops.ngram_match(tokens, lengths, min_ngram=min_ngram, max_ngram=max_ngram,
+                                       num_candidates=num_candidates, width=width, validate=validate)
+    case = CASES["ngram_match", "num_candidates_2_to_the_28"]
+    assert outcome(wrapper_call(case, capping), []) != cpp(case)
+    assert outcome(wrapper_call(case), []) == cpp(case)
 
 
 def _nan_rows(name: str, rows: list):

@@ -32,7 +32,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #define SPECOPS_ISA_HEADER "layer_simd.h"
@@ -186,36 +189,20 @@ void add_into(float* x, const at::Tensor& y) {
   for (int64_t i = 0; i < n; ++i) x[i] += yp[i];
 }
 
-void check_float(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat, "llama_layers: ", name, " must be float32, got ", t.scalar_type());
-  TORCH_CHECK(t.device().is_cpu(), "llama_layers: ", name, " must be on the CPU");
-}
-
 // A layer's cache as the loops read it: [B, kv_heads, S, D] floats at `data` with these strides.
 struct Cache {
   float* data;
   int64_t batch_stride, head_stride, slot_stride;
 };
 
-Cache cache_of(const at::Tensor& t, const char* name, int64_t l, int64_t batch, int64_t kv_heads, int64_t slots,
-               int64_t dim) {
-  check_float(t, name);
-  TORCH_CHECK(t.dim() == 4 && t.size(0) == batch && t.size(1) == kv_heads && t.size(2) == slots && t.size(3) == dim,
-              "llama_layers: ", name, "[", l, "] must be [B, kv_heads, past + n, D] = [", batch, ", ", kv_heads, ", ",
-              slots, ", ", dim, "]");
-  TORCH_CHECK(t.stride(3) == 1, "llama_layers: ", name, "[", l, "] must be contiguous along D");
-  return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
-}
+Cache cache_of(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)}; }
 
 // A mask [B, 1, n, slots] as a score bias per (request, new row, slot): 0 where seen, -inf where not; empty
 // for no mask (every slot seen).
-std::vector<float> mask_bias(const OptTensor& mask, const char* name, int64_t batch, int64_t n, int64_t slots) {
+std::vector<float> mask_bias(const OptTensor& mask, int64_t batch, int64_t n, int64_t slots) {
   std::vector<float> bias;
   if (!present(mask)) return bias;
   const at::Tensor m = mask->contiguous();
-  TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 4 && m.size(0) == batch && m.size(1) == 1 &&
-                  m.size(2) == n && m.size(3) == slots,
-              "llama_layers: ", name, " must be bool [B, 1, n, past + n] = [", batch, ", 1, ", n, ", ", slots, "]");
   const bool* mp = m.data_ptr<bool>();
   bias.resize(static_cast<size_t>(batch * n * slots));
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = mp[i] ? 0.0f : -std::numeric_limits<float>::infinity();
@@ -302,7 +289,6 @@ at::Tensor mlp_block(const Layout& s, int64_t l, const c10::List<OptTensor>& lin
   const int64_t base = l * kPerLayer;
   // gate and up give inter features each: the gate weight's rows, half of them when up is fused in.
   const OptTensor gate = linears.get(base + 4 * kPerSlot);
-  TORCH_CHECK_VALUE(present(gate) && gate->dim() == 2, "llama_layers: layer ", l, " needs a 2-D gate weight");
   const int64_t gate_rows = present(linears.get(base + 5 * kPerSlot)) ? gate->size(0) : gate->size(0) / 2;
   const at::Tensor gu = product(linears, base, 4, 2, h, {gate_rows, gate_rows});
   TORCH_CHECK(gu.size(1) % 2 == 0 && gu.is_contiguous(), "llama_layers: layer ", l,
@@ -323,11 +309,221 @@ void residual(const Layout& s, at::Tensor& x, at::Tensor y, const at::Tensor* po
   add_into(x.data_ptr<float>(), y);
 }
 
-Activation activation_of(c10::string_view name) {
-  if (name == "silu") return Activation::silu;
-  TORCH_CHECK_VALUE(name == "gelu_tanh", "llama_layers: activation must be \"silu\" or \"gelu_tanh\", got \"",
-                    std::string(name), "\"");
-  return Activation::gelu_tanh;
+Activation activation_of(c10::string_view name) { return name == "silu" ? Activation::silu : Activation::gelu_tanh; }
+
+// ---- The arguments' checks: the op's one checker (its Python wrapper only shapes arguments). All are made
+// before any work: ValueError naming the argument and the shape or value it needs, TypeError for a dtype. ----
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+void check_cpu_float(const at::Tensor& t, const std::string& name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "llama_layers runs on the CPU; ", name, " is on ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "llama_layers: ", name, " must be float32, got ", t.scalar_type());
+}
+
+// A quantized_linear weight of a layer (the format its dtype names) with its scales and mins, for inputs of
+// width k (`k_rule` says where k comes from); messages start with `label`.
+void check_quantized_weight(const std::string& label, const at::Tensor& weight, const OptTensor& scales,
+                            const OptTensor& mins, int64_t k, const std::string& k_rule) {
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kBFloat16 || dtype == at::kChar || dtype == at::kByte, "llama_layers: ", label,
+                   ": weight must be bfloat16, int8 or uint8 (packed int4), got ", dtype);
+  const char* fmt = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kChar ? "int8" : "int4";
+  const char* article = dtype == at::kBFloat16 ? "a" : "an";
+  const bool int4 = dtype == at::kByte;
+  const int64_t n = weight.size(0);
+  TORCH_CHECK_VALUE(weight.size(1) == (int4 ? k / 2 : k) && (!int4 || k % 32 == 0), "llama_layers: ", label, ": ",
+                    article, " ", fmt, " weight must be ", int4 ? "[N, K / 2] with K a multiple of 32" : "[N, K]",
+                    ", K = ", k, " (", k_rule, "); got ", weight.sizes());
+  const bool needs_scales = dtype != at::kBFloat16, needs_mins = int4;
+  for (const auto& [name, value, needed] : {std::tuple<const char*, const OptTensor&, bool>{"scales", scales,
+                                                                                          needs_scales},
+                                            {"mins", mins, needs_mins}}) {
+    if (!needed) {
+      TORCH_CHECK_VALUE(!present(value), "llama_layers: ", label, ": ", article, " ", fmt, " weight takes no ", name);
+      continue;
+    }
+    TORCH_CHECK_VALUE(present(value) && value->dim() == 2 && value->size(0) == n, "llama_layers: ", label, ": ", name,
+                      " must be [N, G] = [", n, ", G] for ", article, " ", fmt, " weight, got ",
+                      present(value) ? shape_of(*value) : std::string("None"));
+    TORCH_CHECK_TYPE(value->scalar_type() == at::kFloat, "llama_layers: ", label, ": ", name,
+                     " must be float32, got ", value->scalar_type());
+    TORCH_CHECK_VALUE(value->device().is_cpu(), "llama_layers runs on the CPU; ", label, "'s ", name, " is on ",
+                      value->device());
+  }
+  if (needs_scales) {
+    const int64_t groups = scales->size(1);
+    TORCH_CHECK_VALUE(groups >= 1 && k % groups == 0 && (groups == 1 || (k / groups) % 32 == 0), "llama_layers: ",
+                      label, ": scales [N, G] must split K = ", k,
+                      " into G groups of a multiple of 32 weights (or G = 1), got G = ", groups);
+    TORCH_CHECK_VALUE(!needs_mins || mins->sizes() == scales->sizes(), "llama_layers: ", label,
+                      ": mins must have the shape of scales ", scales->sizes(), ", got ", mins->sizes());
+  }
+}
+
+// linears[index .. index + 3]: the weight, scales, mins and bias giving the outputs of `count` slots from
+// `first` (concatenated: the slots after the first are fused into its weight and hold nothing), n rows of
+// inputs of width k.
+void check_weight(const c10::List<OptTensor>& linears, int64_t layer, int64_t first, int64_t count, int64_t n,
+                  const std::string& n_rule, int64_t k, const std::string& k_rule) {
+  const int64_t index = layer * kPerLayer + first * kPerSlot;
+  std::string names = kSlotNames[first];
+  for (int64_t s = first + 1; s < first + count; ++s) names += std::string("|") + kSlotNames[s];
+  const std::string label = "linears[" + std::to_string(index) + "] (layer " + std::to_string(layer) + "'s " +
+                            names + " weight)";
+  for (int64_t extra = index + kPerSlot; extra < index + kPerSlot * count; ++extra) {
+    TORCH_CHECK_VALUE(!present(linears.get(extra)), "llama_layers: linears[", extra,
+                      "] must be None: its slot has no weight (fused into ", label, ")");
+  }
+  const OptTensor weight = linears.get(index), scales = linears.get(index + 1), mins = linears.get(index + 2),
+                  bias = linears.get(index + 3);
+  TORCH_CHECK_VALUE(present(weight) && weight->dim() == 2, "llama_layers: ", label, " must be a 2-D tensor");
+  TORCH_CHECK_VALUE(weight->device().is_cpu(), "llama_layers runs on the CPU; ", label, " is on ", weight->device());
+  const bool packed = weight->scalar_type() == at::kByte;  // int4, two weights a byte
+  TORCH_CHECK_VALUE(weight->size(0) == n && weight->size(1) == (packed ? k / 2 : k), "llama_layers: ", label,
+                    " must be [", n_rule, ", ", k_rule, packed ? " / 2" : "", "] = [", n, ", ", packed ? k / 2 : k,
+                    "], got ", weight->sizes());
+  if (weight->scalar_type() == at::kFloat) {
+    TORCH_CHECK_VALUE(!present(scales) && !present(mins), "llama_layers: ", label,
+                      " is float32 and takes no scales or mins");
+  } else {
+    check_quantized_weight(label, *weight, scales, mins, k, k_rule);
+  }
+  TORCH_CHECK_VALUE(!present(bias) || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat &&
+                                       bias->device().is_cpu()),
+                    "llama_layers: the bias of ", label, " must be float32 [", n_rule, "] = [", n,
+                    "] on the CPU, got ", present(bias) ? shape_of(*bias) : std::string());
+}
+
+// Each present weight of layer l has the shape its slot (and the absent slots fused into it) needs: q
+// [heads * D, d], k and v [kv_heads * D, d], o [d, heads * D], gate and up [inter, d] alike (gate|up fused:
+// [2 inter, d]), down [d, inter]. Only totals would reach the products, which would split a wrong-width q|k
+// or gate|up elsewhere.
+void check_layer_weights(const c10::List<OptTensor>& linears, int64_t l, int64_t d, int64_t heads, int64_t kv_heads,
+                         int64_t dim) {
+  const int64_t base = l * kPerLayer;
+  for (const int64_t slot : {0, 3, 4, 6}) {
+    TORCH_CHECK_VALUE(present(linears.get(base + slot * kPerSlot)), "llama_layers: layer ", l,
+                      " needs q, o, gate and down weights");
+  }
+  const OptTensor gate = linears.get(base + 4 * kPerSlot);
+  TORCH_CHECK_VALUE(gate->dim() == 2, "llama_layers: linears[", base + 4 * kPerSlot, "] (layer ", l,
+                    "'s gate weight) must be a 2-D tensor");
+  const bool fused_up = !present(linears.get(base + 5 * kPerSlot));
+  TORCH_CHECK_VALUE(!fused_up || gate->size(0) % 2 == 0, "llama_layers: linears[", base + 4 * kPerSlot, "] (layer ",
+                    l, "'s gate|up weight) must be [2 inter, d] with an even 2 inter, got ", gate->sizes());
+  const int64_t inter = fused_up ? gate->size(0) / 2 : gate->size(0);
+  // Per slot: output rows and their rule, input width and its rule.
+  const int64_t rows[kSlots] = {heads * dim, kv_heads * dim, kv_heads * dim, d, inter, inter, d};
+  const char* row_rules[kSlots] = {"heads * D", "kv_heads * D", "kv_heads * D", "d", "inter",
+                                   "inter (the gate weight's)", "d"};
+  const int64_t inputs[kSlots] = {d, d, d, heads * dim, d, d, inter};
+  const char* input_rules[kSlots] = {"d", "d", "d", "heads * D", "d", "d", "inter"};
+  // The products: slots multiplied by one input, a slot without a weight fused into the one before it.
+  for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 3}, {3, 1}, {4, 2}, {6, 1}}) {
+    int64_t s = first;
+    while (s < first + count) {
+      int64_t fused = 1;
+      while (s + fused < first + count && !present(linears.get(base + (s + fused) * kPerSlot))) ++fused;
+      int64_t n = 0;
+      std::string n_rule;
+      for (int64_t t = s; t < s + fused; ++t) {
+        n += rows[t];
+        n_rule += (t > s ? " + " : "") + std::string(row_rules[t]);
+      }
+      check_weight(linears, l, s, fused, n, n_rule, inputs[s], input_rules[s]);
+      s += fused;
+    }
+  }
+}
+
+void check_arguments(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin, const OptTensor& attn_mask,
+                     at::TensorList norms, const c10::List<OptTensor>& linears, at::TensorList keys,
+                     at::TensorList values, int64_t heads, int64_t kv_heads, double eps, double scale,
+                     at::TensorList qk_norms, bool has_qk_norms, double norm_offset, c10::string_view activation,
+                     at::IntArrayRef local_layers, const OptTensor& local_cos, const OptTensor& local_sin,
+                     const OptTensor& local_mask) {
+  TORCH_CHECK_VALUE(cos.dim() == 3 && sin.sizes() == cos.sizes(),
+                    "llama_layers: cos and sin must be tensors [B, n, D] of one shape");
+  const int64_t batch = cos.size(0), n = cos.size(1), dim = cos.size(2);
+  TORCH_CHECK_VALUE(dim % 2 == 0, "llama_layers: the head dim D must be even, got ", dim);
+  TORCH_CHECK_VALUE(hidden.dim() == 2 && hidden.size(0) == batch * n, "llama_layers: hidden must be [B * n, d] = [",
+                    batch * n, ", d]");
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"heads", heads}, {"kv_heads", kv_heads}}) {
+    TORCH_CHECK_VALUE(value >= 1 && value < (int64_t{1} << 31), "llama_layers: ", name,
+                      " must be an int >= 1 and < 2**31, got ", value);
+  }
+  TORCH_CHECK_VALUE(heads % kv_heads == 0, "llama_layers: heads (", heads,
+                    ") must be a positive multiple of kv_heads (", kv_heads, ")");
+  const int64_t layers = static_cast<int64_t>(keys.size());
+  const int64_t norm_count = static_cast<int64_t>(norms.size());
+  TORCH_CHECK_VALUE(layers >= 1 && static_cast<int64_t>(values.size()) == layers &&
+                        (norm_count == 2 * layers || norm_count == 4 * layers) &&
+                        static_cast<int64_t>(linears.size()) == kPerLayer * layers,
+                    "llama_layers: for L >= 1 layers give L keys, L values, 2 L or 4 L norms and ", kPerLayer,
+                    " L linears; got ", layers, ", ", values.size(), ", ", norm_count, " and ", linears.size());
+  const int64_t slots = keys[0].dim() == 4 ? keys[0].size(2) : -1;
+  TORCH_CHECK_VALUE(slots >= n, "llama_layers: keys[0] must be [B, kv_heads, past + n, D] with room for the n = ", n,
+                    " new rows");
+  for (int64_t l = 0; l < layers; ++l) {
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"keys", keys[l]}, {"values", values[l]}}) {
+      TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef({batch, kv_heads, slots, dim}), "llama_layers: ", name, "[", l,
+                        "] must be [B, kv_heads, past + n, D] = [", batch, ", ", kv_heads, ", ", slots, ", ", dim,
+                        "] like keys[0], got ", t.sizes());
+      TORCH_CHECK_VALUE(t.stride(3) == 1, "llama_layers: ", name, "[", l, "] must be contiguous along D");
+    }
+  }
+  check_cpu_float(hidden, "hidden");
+  check_cpu_float(cos, "cos");
+  check_cpu_float(sin, "sin");
+  for (const at::Tensor& w : norms) check_cpu_float(w, "a norm");
+  for (int64_t l = 0; l < layers; ++l) {
+    check_cpu_float(keys[l], "keys[" + std::to_string(l) + "]");
+    check_cpu_float(values[l], "values[" + std::to_string(l) + "]");
+  }
+  const int64_t d = hidden.size(1);
+  for (const at::Tensor& w : norms) {
+    TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == d, "llama_layers: norm weights must be [d] = [", d, "]");
+  }
+  for (const auto& [name, mask] : {std::pair<const char*, const OptTensor&>{"attn_mask", attn_mask},
+                                   {"local_mask", local_mask}}) {
+    TORCH_CHECK_VALUE(!present(mask) || (mask->scalar_type() == at::kBool &&
+                                         mask->sizes() == at::IntArrayRef({batch, 1, n, slots})),
+                      "llama_layers: ", name, " must be bool [B, 1, n, past + n] = [", batch, ", 1, ", n, ", ", slots,
+                      "] or None");
+  }
+  if (has_qk_norms) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(qk_norms.size()) == 2 * layers,
+                      "llama_layers: qk_norms must be None or 2 L = ", 2 * layers, " weights [D], got ",
+                      qk_norms.size());
+    for (const at::Tensor& w : qk_norms) {
+      TORCH_CHECK_VALUE(w.dim() == 1 && w.size(0) == dim && w.scalar_type() == at::kFloat && w.device().is_cpu(),
+                        "llama_layers: q and k norm weights must be float32 [D] = [", dim, "] on the CPU");
+    }
+  }
+  TORCH_CHECK_VALUE(activation == "silu" || activation == "gelu_tanh",
+                    "llama_layers: activation must be 'silu' or 'gelu_tanh', got '", std::string(activation), "'");
+  for (const int64_t l : local_layers) {
+    TORCH_CHECK_VALUE(l >= 0 && l < layers, "llama_layers: a local_layers entry must be a layer index in [0, ", layers,
+                      "), got ", l);
+  }
+  if (!local_layers.empty()) {
+    for (const auto& [name, t] : {std::pair<const char*, const OptTensor&>{"local_cos", local_cos},
+                                  {"local_sin", local_sin}}) {
+      TORCH_CHECK_VALUE(present(t) && t->sizes() == cos.sizes() && t->scalar_type() == at::kFloat &&
+                            t->device().is_cpu(),
+                        "llama_layers: local_layers needs ", name, " float32 [B, n, D] = ", cos.sizes(), " on the CPU");
+    }
+  }
+  for (const auto& [name, number] : {std::pair<const char*, double>{"eps", eps}, {"scale", scale},
+                                     {"norm_offset", norm_offset}}) {
+    TORCH_CHECK_VALUE(std::isfinite(number), "llama_layers: ", name, " must be a finite number, got ", number);
+  }
+  for (int64_t l = 0; l < layers; ++l) check_layer_weights(linears, l, d, heads, kv_heads, dim);
 }
 
 at::Tensor llama_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
@@ -337,79 +533,49 @@ at::Tensor llama_layers_cpu(const at::Tensor& hidden, const at::Tensor& cos, con
                             at::IntArrayRef local_layers, const OptTensor& local_cos, const OptTensor& local_sin,
                             const OptTensor& local_mask) {
   const at::TensorList qk_norms = qk_norm_list.has_value() ? *qk_norm_list : at::TensorList();
-  check_float(hidden, "hidden");
-  check_float(cos, "cos");
-  check_float(sin, "sin");
-  TORCH_CHECK(cos.dim() == 3 && sin.sizes() == cos.sizes(), "llama_layers: cos and sin must be [B, n, D] alike");
+  check_arguments(hidden, cos, sin, attn_mask, norms, linears, keys, values, heads, kv_heads, eps, scale, qk_norms,
+                  qk_norm_list.has_value(), norm_offset, activation, local_layers, local_cos, local_sin, local_mask);
   Layout s{};
   s.batch = cos.size(0), s.n = cos.size(1), s.dim = cos.size(2);
   s.rows = s.batch * s.n;
-  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == s.rows, "llama_layers: hidden must be [B * n, d] = [", s.rows,
-              ", d]");
-  TORCH_CHECK(s.dim > 0 && s.dim % 2 == 0, "llama_layers: the head dim D must be even, got ", s.dim);
-  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
-              "llama_layers: heads must be a positive multiple of kv_heads");
   const int64_t layers = static_cast<int64_t>(keys.size());
-  const int64_t norm_count = static_cast<int64_t>(norms.size());
-  TORCH_CHECK(layers >= 1 && static_cast<int64_t>(values.size()) == layers &&
-                  (norm_count == 2 * layers || norm_count == 4 * layers) &&
-                  static_cast<int64_t>(linears.size()) == kPerLayer * layers,
-              "llama_layers: for L >= 1 layers give L keys, L values, 2 L or 4 L norms and ", kPerLayer, " L linears");
-  TORCH_CHECK(qk_norms.empty() || static_cast<int64_t>(qk_norms.size()) == 2 * layers,
-              "llama_layers: qk_norms must be empty or 2 L weights [D]");
-  s.slots = keys[0].dim() == 4 ? keys[0].size(2) : 0;
-  TORCH_CHECK(s.slots >= s.n, "llama_layers: keys[0] must hold past + n >= n slots (room for the new rows)");
+  s.slots = keys[0].size(2);
   s.past = s.slots - s.n;
   s.d = hidden.size(1);
   s.heads = heads, s.kv_heads = kv_heads;
   s.q_width = heads * s.dim, s.kv_width = kv_heads * s.dim;
   s.eps = static_cast<float>(eps), s.scale = static_cast<float>(scale), s.norm_offset = static_cast<float>(norm_offset);
-  s.norms_per_layer = norm_count / layers;
+  s.norms_per_layer = static_cast<int64_t>(norms.size()) / layers;
   s.qk_norms = !qk_norms.empty();
   s.act = activation_of(activation);
   std::vector<Cache> key_caches, value_caches;
   for (int64_t l = 0; l < layers; ++l) {
-    key_caches.push_back(cache_of(keys[l], "keys", l, s.batch, kv_heads, s.slots, s.dim));
-    value_caches.push_back(cache_of(values[l], "values", l, s.batch, kv_heads, s.slots, s.dim));
+    key_caches.push_back(cache_of(keys[l]));
+    value_caches.push_back(cache_of(values[l]));
   }
-  for (const at::Tensor& w : norms) {
-    check_float(w, "a norm weight");
-    TORCH_CHECK(w.dim() == 1 && w.size(0) == s.d && w.is_contiguous(), "llama_layers: norm weights must be [d]");
-  }
-  for (const at::Tensor& w : qk_norms) {
-    check_float(w, "a q or k norm weight");
-    TORCH_CHECK(w.dim() == 1 && w.size(0) == s.dim && w.is_contiguous(),
-                "llama_layers: q and k norm weights must be [D]");
-  }
+  // The norm weights as the loops read them: dense.
+  std::vector<at::Tensor> dense_norms, dense_qk_norms;
+  for (const at::Tensor& w : norms) dense_norms.push_back(w.contiguous());
+  for (const at::Tensor& w : qk_norms) dense_qk_norms.push_back(w.contiguous());
   const at::Tensor c = cos.contiguous(), sn = sin.contiguous();
   std::vector<Kind> kinds;
-  kinds.push_back({c.data_ptr<float>(), sn.data_ptr<float>(), mask_bias(attn_mask, "attn_mask", s.batch, s.n, s.slots)});
+  kinds.push_back({c.data_ptr<float>(), sn.data_ptr<float>(), mask_bias(attn_mask, s.batch, s.n, s.slots)});
   std::vector<uint8_t> local(static_cast<size_t>(layers), 0);
   at::Tensor lc, ls;
   if (!local_layers.empty()) {
-    TORCH_CHECK(present(local_cos) && present(local_sin), "llama_layers: local_layers needs local_cos and local_sin");
-    check_float(*local_cos, "local_cos");
-    check_float(*local_sin, "local_sin");
-    TORCH_CHECK(local_cos->sizes() == cos.sizes() && local_sin->sizes() == cos.sizes(),
-                "llama_layers: local_cos and local_sin must be [B, n, D] like cos");
     lc = local_cos->contiguous(), ls = local_sin->contiguous();
-    kinds.push_back({lc.data_ptr<float>(), ls.data_ptr<float>(),
-                     mask_bias(local_mask, "local_mask", s.batch, s.n, s.slots)});
-    for (const int64_t l : local_layers) {
-      TORCH_CHECK(l >= 0 && l < layers, "llama_layers: local_layers holds ", l, ", not a layer index in [0, ", layers,
-                  ")");
-      local[static_cast<size_t>(l)] = 1;
-    }
+    kinds.push_back({lc.data_ptr<float>(), ls.data_ptr<float>(), mask_bias(local_mask, s.batch, s.n, s.slots)});
+    for (const int64_t l : local_layers) local[static_cast<size_t>(l)] = 1;
   }
   at::Tensor x = hidden.contiguous().clone();
   at::Tensor h = at::empty_like(x);
   at::Tensor attn = at::empty({s.rows, s.q_width}, x.options());
   for (int64_t l = 0; l < layers; ++l) {
-    const at::Tensor* norm = &norms[s.norms_per_layer * l];  // input, post-attention[, pre-MLP, post-MLP]
+    const at::Tensor* norm = &dense_norms[s.norms_per_layer * l];  // input, post-attention[, pre-MLP, post-MLP]
     const bool sandwich = s.norms_per_layer == 4;
     rms_norm(x.data_ptr<float>(), norm[0].data_ptr<float>(), s.norm_offset, s.eps, s.rows, s.d, s.d,
              h.data_ptr<float>());
-    const at::Tensor o = attention_block(s, l, linears, qk_norms, h, kinds[local[static_cast<size_t>(l)]],
+    const at::Tensor o = attention_block(s, l, linears, dense_qk_norms, h, kinds[local[static_cast<size_t>(l)]],
                                          key_caches[l], value_caches[l], attn);
     residual(s, x, o, sandwich ? &norm[1] : nullptr);
     rms_norm(x.data_ptr<float>(), norm[sandwich ? 2 : 1].data_ptr<float>(), s.norm_offset, s.eps, s.rows, s.d, s.d,

@@ -281,6 +281,11 @@ at::Tensor tree_attention_cpu(const at::Tensor& query, const at::Tensor& key, co
   TORCH_CHECK_VALUE(!sinks.has_value() || (sinks->scalar_type() == at::kFloat && sinks->dim() == 1 &&
                                       sinks->size(0) == heads),
               "tree_attention: sinks must be a float32 [Hq] tensor");
+  TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(scale)) && scale > 0.0,
+                    "tree_attention: scale must be finite and > 0, got ", scale);
+  TORCH_CHECK_VALUE(window >= 0, "tree_attention: window must be >= 0 (0: no window), got ", window);
+  TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(softcap)) && softcap >= 0.0,
+                    "tree_attention: softcap must be finite and >= 0 (0: no soft-cap), got ", softcap);
   // An empty batch (or no query heads) has nothing to compute; the key splits below divide by B * Hkv.
   if (batch == 0 || heads == 0) return at::empty({batch, heads, nodes, dim}, query.options());
   const at::Tensor mask = tree_mask.contiguous(), valid = kv_mask.contiguous();

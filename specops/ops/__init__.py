@@ -1,14 +1,15 @@
 """Typed wrappers around `torch.ops.specops.*`, with the fake (meta) implementation of every op.
 
-The wrappers normalize arguments (scalars to per-row tensors, default seeds) and validate shapes,
-dtypes and devices without touching tensor values; the op itself rejects bad values: the C++ kernel on
-the CPU, and on accelerators the op's contract (CONTRACTS below: the same checks and messages, one host
-sync for the values) before its Triton kernel. The dispatcher picks the C++ CPU or Triton CUDA kernel by device.
+The wrappers only shape arguments (numbers to per-row tensors, default seeds, None to the op's defaults);
+the op checks them, one checker per device path: the C++ kernel on the CPU, and on accelerators the op's
+contract (CONTRACTS below: the same checks and messages, one host sync for the values) before its Triton
+kernel. The dispatcher picks the C++ CPU or Triton CUDA kernel by device; a fake runs its op's contract
+without the value checks.
 
 One module per op family, each holding its ops' wrappers, fakes and checks: `sampling` (chain_verify,
 tree_verify, sample_without_replacement, stochastic_beam_step, vocab_project), `ngram` (ngram_match, ngram_memory_insert, ngram_memory_lookup),
 `attention` (tree_attention), `ensemble` (ensemble_logits), `linear` (skinny_linear, quantized_linear,
-llama_layers); `_checks` holds the argument checks they share.
+llama_layers); `_checks` holds what they share.
 """
 
 from specops.ops import attention, ensemble, linear, ngram, sampling

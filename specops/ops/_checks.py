@@ -1,5 +1,10 @@
-"""Argument checks the op wrappers share: shapes, dtypes and devices without touching values, and the
-one-sync value checks for devices whose kernels cannot raise."""
+"""What the op wrappers share, and the contracts' checks.
+
+One checker per device path: on the CPU the C++ kernel checks an op's arguments; on devices whose kernels cannot
+raise, the op's contract (`check_<op>`, registered before the Triton launcher) makes the same checks with the same
+messages. A wrapper only shapes arguments (numbers to per-row tensors, None to defaults, names to the op's codes);
+it raises only where it cannot do that (an argument of the wrong kind, an int that int64 cannot carry).
+`python_tests/test_validation.py` holds the wrapper, the contract and the C++ kernel to one outcome."""
 
 from __future__ import annotations
 
@@ -20,64 +25,65 @@ _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _PROBS_SUM_TOLERANCE = 1e-3
 
 
-def _check_logits(op: str, name: str, value, dims: int, shape: str) -> None:
-    """`value` must be a `dims`-dimensional logits tensor (`shape` describes it) of a _LOGIT_DTYPES type."""
-    if not isinstance(value, torch.Tensor) or value.dim() != dims:
-        raise ValueError(f"{op}: {name} must be {shape} tensor")
-    if value.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, bfloat16 or float16, got {value.dtype}")
-
-
-def _check_tensor(op: str, name: str, value, shape: tuple[int, ...], shape_rule: str, dtype: torch.dtype) -> None:
-    """`value` must be a tensor of `shape` (the message says `shape_rule`) and `dtype`."""
-    if not isinstance(value, torch.Tensor) or value.shape != shape:
-        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"{op}: {name} must be {shape_rule}, got {got}")
-    if value.dtype != dtype:
-        raise TypeError(f"{op}: {name} must be {str(dtype).removeprefix('torch.')}, got {value.dtype}")
-
-
-def _count_arg(op: str, name: str, value, rows: int, full: int, device: torch.device, tensors: dict) -> torch.Tensor:
-    """A per-request count argument (chain_verify's num_draft, tree_verify's num_nodes): a [rows] int64
-    tensor (recorded in `tensors` for the device check), or None for `full` in every row."""
-    if value is None:
-        return torch.full((rows,), full, dtype=torch.int64, device=device)
+def _tensor(op: str, name: str, value, optional: bool = False) -> torch.Tensor | None:
+    """`value` for the op, contiguous: a wrapper's one check of a tensor argument is that it is one (or None where
+    the op takes None); its shape, dtype and device are the op's to check."""
+    if value is None and optional:
+        return None
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a [B] int64 tensor or None")
-    if value.dtype != torch.int64 or value.shape != (rows,):
-        raise ValueError(f"{op}: {name} must be a [{rows}] int64 tensor, got {tuple(value.shape)} {value.dtype}")
-    tensors[name] = value
+        raise TypeError(f"{op}: {name} must be a tensor{' or None' if optional else ''}, got {type(value).__name__}")
+    return value.contiguous()
+
+
+def _sizes(t: torch.Tensor, n: int) -> tuple[int, ...]:
+    """The first `n` sizes of `t`, 0 for those it lacks: what a wrapper shapes defaults from, whether or not
+    `t` has the shape the op needs (the op says so when it does not)."""
+    return tuple(t.shape[:n]) + (0,) * max(0, n - t.dim())
+
+
+def _int(op: str, name: str, value) -> int:
+    """An int argument as the op takes it: a bool or a non-int is a TypeError, an int that int64 cannot carry a
+    ValueError (the dispatcher's own message would only say that no int was found)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"{op}: {name} must fit int64, got {value}")
     return value
 
 
 def _check_int(op: str, name: str, value, low: int, high: int, rule: str) -> None:
     """`value` must be an int (not a bool) in [low, high], which `rule` states: a ValueError naming it
-    otherwise. Checked here because the dispatcher rejects an int outside int64 as if it were no int
-    ("Expected a value of type 'int' ... found type 'int'")."""
+    otherwise (llama_layers' checks, made in Python before its C++ op reads the arguments)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{op}: {name} must be {rule}, got {value!r}")
 
 
-_INT64_MAX = 2**63 - 1
+def _float(op: str, name: str, value) -> float:
+    """A float argument as the op takes it: a number (not a bool) that a float can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{op}: {name} must be a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float's range
+        raise ValueError(f"{op}: {name} must be a float, got {value}") from None
 
 
-def _sampling_args(op: str, anchor: str, device: torch.device, rows: int, tensors: dict, temperature, top_k,
-                   top_p, seed, offset) -> tuple[torch.Tensor, ...]:
-    """The sampling arguments every stochastic op takes, checked (devices of all tensor arguments,
-    `tensors` included, and the offset) and normalized to per-row tensors on `device`."""
-    tensors = dict(tensors)
-    for value, name in ((temperature, "temperature"), (top_k, "top_k"), (top_p, "top_p"), (seed, "seed")):
-        if isinstance(value, torch.Tensor):
-            tensors[name] = value
-    _check_devices(op, anchor, device, tensors)
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
-    if not 0 <= offset < 2**63:
-        raise ValueError(f"{op}: offset must be in [0, 2**63), got {offset}")
-    return (per_row("temperature", temperature, rows, torch.float32, device),
-            per_row("top_k", top_k, rows, torch.int64, device),
-            per_row("top_p", top_p, rows, torch.float32, device),
-            row_seeds(draw_seed() if seed is None else seed, rows, device))
+def _sampling_rows(op: str, rows: int, device: torch.device, temperature, top_k, top_p, seed,
+                   offset) -> tuple[torch.Tensor, ...]:
+    """The sampling arguments every stochastic op takes, as it takes them: numbers become [rows] tensors on
+    `device`, a missing seed is drawn and an int seed spread over the rows (`specops._seeds`); tensors pass as
+    they are."""
+    _int(op, "offset", offset)
+
+    def shaped(name: str, value, dtype: torch.dtype, numbers) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):  # as it is: the op checks it (a 0-d one repeated over the rows)
+            return value.reshape(1).expand(rows).contiguous() if value.dim() == 0 else value
+        return numbers(name, value, rows, dtype, device)
+    return (shaped("temperature", temperature, torch.float32, per_row),
+            shaped("top_k", top_k, torch.int64, per_row),
+            shaped("top_p", top_p, torch.float32, per_row),
+            shaped("seed", draw_seed() if seed is None else seed, torch.int64,
+                   lambda name, value, rows, dtype, device: row_seeds(value, rows, device)))
 
 
 def _c_number(value) -> str:
@@ -192,31 +198,7 @@ def guarded(check: Callable, launcher: Callable) -> Callable:
     return run
 
 
-def _finite_positive(number) -> bool:
-    """Whether `number` is an int or float (not a bool) that is finite and > 0 as a float."""
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        return False
-    try:
-        return 0 < float(number) < float("inf")
-    except OverflowError:  # an int beyond float's range
-        return False
-
-
 def _linear_input_dtypes(device: torch.device) -> tuple:
     """The input dtypes of the skinny_linear / quantized_linear kernel on `device`: float32 on the CPU, the
     logit dtypes on accelerators."""
     return (torch.float32,) if device.type == "cpu" else _LOGIT_DTYPES
-
-
-def _check_linear_input(op: str, input: torch.Tensor) -> None:
-    """The input of skinny_linear / quantized_linear, for the wrappers: `_linear_input_dtypes` of its device."""
-    allowed = _linear_input_dtypes(input.device)
-    if input.dtype not in allowed:
-        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise TypeError(f"{op}: input on {input.device.type} must be {names}, got {input.dtype}")
-
-
-def _check_bias(op: str, bias, n: int) -> None:
-    if not isinstance(bias, torch.Tensor) or bias.shape != (n,):
-        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
-        raise ValueError(f"{op}: bias must be [N] = [{n}] or None, got {got}")

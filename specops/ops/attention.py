@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from specops.ops._checks import (_INT64_MAX, _LOGIT_DTYPES, _check_devices, _check_int, _check_tensor,
-                                 _finite_positive, _raise_first, _require)
+from specops.ops._checks import (_LOGIT_DTYPES, _c_number, _check_devices, _float, _int, _raise_first, _require,
+                                 _sizes, _tensor)
 
 __all__ = ["tree_attention"]
 
@@ -31,11 +33,12 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             node i or an ancestor of node i (RSD's construction: a child's row is its parent's row plus
             its own bit). Padding nodes of a ragged tree see only themselves.
         kv_mask: [B, S - N] bool, which prefix slots hold a token (default: all).
-        scale: the softmax scale (default D ** -0.5).
-        window: keep only keys with position(query) - position(key) < window: an int in [1, 2**63)
-            (None: no window).
-        softcap: scores become softcap * tanh(scores / softcap) before masking (None: off).
-        sinks: [Hq] float, one extra logit per query head in each row's softmax denominator, with no
+        scale: the softmax scale, finite and > 0 (default D ** -0.5).
+        window: keep only keys with position(query) - position(key) < window: an int >= 1 (None or 0:
+            no window).
+        softcap: scores become softcap * tanh(scores / softcap) before masking: finite and > 0 (None or
+            0: off).
+        sinks: [Hq] float32, one extra logit per query head in each row's softmax denominator, with no
             value (attention sinks; None: off).
         validate: check the mask's values (no bit at or past N, every node sees itself). On CPU the kernel
             does this in its pass over the rows; on accelerators it costs one host sync in the op's contract. Shapes,
@@ -50,52 +53,21 @@ def tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     Returns [B, Hq, N, D] in query's dtype (B = 0: empty); a row with nothing to attend to is zeros.
     """
     op = "tree_attention"
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{op}: {name} must be a 4-D tensor ([B, H, N or S, D])")
-    if query.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"{op}: query must be float32, bfloat16 or float16, got {query.dtype}")
-    batch, heads, nodes, dim = query.shape
-    kv_heads, slots = key.shape[1], key.shape[2]
-    if nodes < 1 or dim < 1:
-        raise ValueError(f"{op}: query {tuple(query.shape)} needs N >= 1 nodes and D >= 1")
-    if key.shape != (batch, kv_heads, slots, dim) or value.shape != key.shape:
-        raise ValueError(f"{op}: key and value must both be [B, Hkv, S, D] = [{batch}, Hkv, S, {dim}], got "
-                         f"{tuple(key.shape)} and {tuple(value.shape)}")
-    if key.dtype != query.dtype or value.dtype != query.dtype:
-        raise TypeError(f"{op}: key and value must have query's dtype {query.dtype}, got {key.dtype} and "
-                        f"{value.dtype}")
-    if kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"{op}: Hq = {heads} query heads must be a multiple of Hkv = {kv_heads} key/value heads")
-    if slots < nodes:
-        raise ValueError(f"{op}: key/value hold S = {slots} slots, fewer than the N = {nodes} tree nodes")
-    words = (nodes + 31) // 32
-    _check_tensor(op, "tree_mask", tree_mask, (batch, nodes, words), f"[B, N, ceil(N/32)] = [{batch}, {nodes}, "
-                  f"{words}]", torch.int32)
-    device = query.device
+    query, key = _tensor(op, "query", query), _tensor(op, "key", key)
+    batch, _, nodes, dim = _sizes(query, 4)
     if kv_mask is None:
-        kv_mask = torch.ones(batch, slots - nodes, dtype=torch.bool, device=device)
-    _check_tensor(op, "kv_mask", kv_mask, (batch, slots - nodes), f"[B, S - N] = [{batch}, {slots - nodes}]",
-                  torch.bool)
-    tensors = {"key": key, "value": value, "tree_mask": tree_mask, "kv_mask": kv_mask}
-    if sinks is not None:
-        if not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) or not sinks.is_floating_point():
-            got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
-            raise ValueError(f"{op}: sinks must be a float [Hq] = [{heads}] tensor, got {got}")
-        tensors["sinks"] = sinks
-    for name, t in tensors.items():
-        if t.device != device:
-            raise ValueError(f"{op}: {name} is on {t.device} but query is on {device}")
-    scale = dim ** -0.5 if scale is None else scale
-    for name, number in (("scale", scale), ("softcap", softcap)):
-        if number is not None and not _finite_positive(number):
-            raise ValueError(f"{op}: {name} must be a finite number > 0, got {number!r}")
-    if window is not None:
-        _check_int(op, "window", window, 1, _INT64_MAX, "an int >= 1 or None (at most 2**63 - 1)")
+        kv_mask = torch.ones(batch, max(_sizes(key, 3)[2] - nodes, 0), dtype=torch.bool, device=query.device)
+    scale = max(dim, 1) ** -0.5 if scale is None else _float(op, "scale", scale)
+    window = 0 if window is None else _int(op, "window", window)
+    softcap = 0.0 if softcap is None else _float(op, "softcap", softcap)
     return torch.ops.specops.tree_attention(
-        query.contiguous(), key.contiguous(), value.contiguous(), tree_mask.contiguous(), kv_mask.contiguous(),
-        float(scale), int(window or 0), float(softcap or 0.0),
-        None if sinks is None else sinks.float().contiguous(), validate)
+        query, key, _tensor(op, "value", value), _tensor(op, "tree_mask", tree_mask), _tensor(op, "kv_mask", kv_mask),
+        scale, window, softcap, _tensor(op, "sinks", sinks, True), validate)
+
+
+def _as_float32(number: float) -> float:
+    """`number` as the CPU kernel holds it (a float32: a double beyond its range is inf there too)."""
+    return torch.tensor(number, dtype=torch.float64).float().item()
 
 
 def _tree_mask_checks(tree_mask: torch.Tensor, nodes: int) -> list:
@@ -137,6 +109,11 @@ def check_tree_attention(query, key, value, tree_mask, kv_mask, scale, window, s
              "kv_mask must be [B, S - N] bool")
     _require(sinks is None or (sinks.dtype == torch.float32 and sinks.dim() == 1 and sinks.shape[0] == heads), op,
              "sinks must be a float32 [Hq] tensor")
+    _require(math.isfinite(_as_float32(scale)) and scale > 0, op,
+             f"scale must be finite and > 0, got {_c_number(scale)}")
+    _require(window >= 0, op, f"window must be >= 0 (0: no window), got {window}")
+    _require(math.isfinite(_as_float32(softcap)) and softcap >= 0, op,
+             f"softcap must be finite and >= 0 (0: no soft-cap), got {_c_number(softcap)}")
     _check_devices(op, "query", query.device, {"key": key, "value": value, "tree_mask": tree_mask,
                                                "kv_mask": kv_mask, "sinks": sinks})
     if validate and batch and heads:
@@ -145,4 +122,5 @@ def check_tree_attention(query, key, value, tree_mask, kv_mask, scale, window, s
 
 @torch.library.register_fake("specops::tree_attention")
 def _tree_attention_fake(query, key, value, tree_mask, kv_mask, scale, window, softcap, sinks, validate=True):
+    check_tree_attention(query, key, value, tree_mask, kv_mask, scale, window, softcap, sinks, False)
     return torch.empty_like(query)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from specops.ops._checks import _LOGIT_DTYPES, _c_number, _c_sizes, _raise_first, _require, _where
+from specops.ops._checks import _LOGIT_DTYPES, _c_number, _c_sizes, _float, _raise_first, _require, _tensor, _where
 
 __all__ = ["ensemble_logits"]
 
@@ -34,7 +34,8 @@ def ensemble_logits(members, weights=None, *, mode: str = "weighted", mu: float 
 
     Shape:
         members: a list of M tensors [..., V] of one shape, float32, bfloat16 or float16, on one device.
-        weights: M non-negative numbers summing to 1 (a sequence or a tensor), for "weighted".
+        weights: M non-negative numbers summing to 1 (a sequence or a tensor, any dtype and device), for
+            "weighted".
         mu: >= 0; alpha: in [0, 1), 0 for no cut ("contrastive").
         validate: on accelerators, also check the logits' values (NaN, +inf, a row with no finite
             logit; one host sync). The CPU kernel always checks them: its passes read them anyway.
@@ -44,41 +45,20 @@ def ensemble_logits(members, weights=None, *, mode: str = "weighted", mu: float 
     op = "ensemble_logits"
     if mode not in _ENSEMBLE_MODES:
         raise ValueError(f"{op}: mode must be 'weighted' or 'contrastive', got {mode!r}")
-    if not isinstance(members, (list, tuple)) or not members:
-        raise ValueError(f"{op}: members must be a non-empty list of logit tensors [..., V]")
-    count = len(members)
-    for i, m in enumerate(members):
-        if not isinstance(m, torch.Tensor) or m.dim() < 1 or m.shape[-1] < 1:
-            raise ValueError(f"{op}: members[{i}] must be a tensor [..., V] with V >= 1")
-        if m.dtype not in _LOGIT_DTYPES:
-            raise TypeError(f"{op}: members[{i}] must be float32, bfloat16 or float16, got {m.dtype}")
-        if m.shape != members[0].shape:
-            raise ValueError(f"{op}: members[{i}] has shape {tuple(m.shape)}, members[0] has {tuple(members[0].shape)}")
-        if m.device != members[0].device:
-            raise ValueError(f"{op}: members[{i}] is on {m.device} but members[0] is on {members[0].device}")
-    device = members[0].device
-    if mode == "weighted":
-        if weights is None:
-            raise ValueError(f"{op}: a weighted ensemble needs weights (one per member, summing to 1)")
-        values = weights.detach().cpu().double().reshape(-1).tolist() if isinstance(weights, torch.Tensor) else weights
-        if not isinstance(values, (list, tuple)) or len(values) != count or not all(
-                isinstance(w, (int, float)) and not isinstance(w, bool) for w in values):
-            raise ValueError(f"{op}: weights must be {count} numbers (one per member), got {weights!r}")
-        if not all(math.isfinite(w) and w >= 0 for w in values):
-            raise ValueError(f"{op}: weights must be finite and >= 0, got {list(values)}")
-        if abs(sum(values) - 1) > _WEIGHT_SUM_TOLERANCE:
-            raise ValueError(f"{op}: weights must sum to 1, got {sum(values):.6g}")
-        weights = torch.tensor(values, dtype=torch.float32, device=device)
-    else:
-        if count != 2:
-            raise ValueError(f"{op}: a contrastive ensemble has exactly 2 members (expert, amateur), got {count}")
-        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu) or mu < 0:
-            raise ValueError(f"{op}: mu must be a finite number >= 0, got {mu!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
-            raise ValueError(f"{op}: alpha must be in [0, 1), got {alpha!r}")
+    if not isinstance(members, (list, tuple)):
+        raise TypeError(f"{op}: members must be a list of logit tensors [..., V], got {type(members).__name__}")
+    members = [_tensor(op, f"member {m}", member) for m, member in enumerate(members)]
+    device = members[0].device if members else torch.device("cpu")
+    if mode == "contrastive" or weights is None:
         weights = torch.empty(0, dtype=torch.float32, device=device)
-    return torch.ops.specops.ensemble_logits(list(members), weights, _ENSEMBLE_MODES[mode], float(mu), float(alpha),
-                                             validate)
+    else:  # numbers, as a float32 [M] tensor on the members' device
+        if isinstance(weights, torch.Tensor):
+            weights = weights.detach().cpu().double().reshape(-1).tolist()
+        if not isinstance(weights, (list, tuple)):
+            raise TypeError(f"{op}: weights must be a sequence of numbers or a tensor, got {type(weights).__name__}")
+        weights = torch.tensor([_float(op, "a weight", w) for w in weights], dtype=torch.float32, device=device)
+    return torch.ops.specops.ensemble_logits(members, weights, _ENSEMBLE_MODES[mode], _float(op, "mu", mu),
+                                             _float(op, "alpha", alpha), validate)
 
 
 def check_ensemble_logits(members, weights, mode, mu, alpha, validate=True) -> None:
@@ -125,4 +105,5 @@ def check_ensemble_logits(members, weights, mode, mu, alpha, validate=True) -> N
 
 @torch.library.register_fake("specops::ensemble_logits")
 def _ensemble_logits_fake(members, weights, mode, mu, alpha, validate=True):
+    check_ensemble_logits(members, weights, mode, mu, alpha, False)
     return members[0].new_empty(members[0].shape, dtype=torch.float32)

@@ -260,12 +260,14 @@ def check_ngram_memory_lookup(tokens, entries, levels, contexts, lengths, depth,
 
 @torch.library.register_fake("specops::ngram_memory_insert")
 def _ngram_memory_insert_fake(tokens, entries, levels, positions, depth, validate=True):
-    return None
+    check_ngram_memory_insert(tokens, entries, levels, positions, depth, False)
 
 
 @torch.library.register_fake("specops::ngram_memory_lookup")
 def _ngram_memory_lookup_fake(tokens, entries, levels, contexts, lengths, depth, min_match, num_candidates, width,
                               max_occurrences, validate=True):
+    # Not the contract: it checks the lengths' values whatever validate says (GPU kernels index with them), which
+    # a traced call cannot.
     batch = contexts.shape[0]
     long = dict(dtype=torch.int64, device=contexts.device)
     return (torch.empty((batch, num_candidates, width), **long), torch.empty((batch, num_candidates), **long),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _c_number, _check_devices, _check_int, _check_logit_dtype,
-                                 _check_logits, _check_per_row, _check_tensor, _count_arg, _logit_row_checks,
-                                 _raise_first, _require, _sampling_args, _sampling_checks, _where)
+from specops.ops._checks import (_PROBS_SUM_TOLERANCE, _c_number, _check_devices, _check_logit_dtype, _check_per_row,
+                                 _int, _logit_row_checks, _raise_first, _require, _sampling_checks, _sampling_rows,
+                                 _sizes, _tensor, _where)
 
 __all__ = ["CHAIN_SCHEMES", "TREE_SCHEMES", "chain_verify", "sample_without_replacement", "stochastic_beam_step", "tree_verify",
            "vocab_project"]
@@ -125,32 +125,23 @@ def chain_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     Randomness: Philox4x32-10 keyed by the row's seed, counter (position, stream, offset), the same in
     C++, Triton and `specops.reference`, so the same seeds give the same tokens on CPU and GPU.
     """
-    _check_logits("chain_verify", "target_logits", target_logits, 3, "a [B, K+1, V]")
-    batch, k1, vocab = target_logits.shape
-    if k1 < 1 or vocab < 1:
-        raise ValueError(f"chain_verify: target_logits shape {tuple(target_logits.shape)} needs K+1 >= 1 and V >= 1")
+    op = "chain_verify"
+    target_logits = _tensor(op, "target_logits", target_logits)
+    rows, positions = _sizes(target_logits, 2)
     device = target_logits.device
-    _check_tensor("chain_verify", "draft_tokens", draft_tokens, (batch, k1 - 1),
-                  f"[B, K] = [{batch}, {k1 - 1}] to match target_logits [B, K+1, V]", torch.int64)
-    tensors = {"draft_tokens": draft_tokens}
-    if draft_probs is not None:
-        _check_tensor("chain_verify", "draft_probs", draft_probs, (batch, k1 - 1, vocab),
-                      f"[B, K, V] = [{batch}, {k1 - 1}, {vocab}]", torch.float32)
-        tensors["draft_probs"] = draft_probs
-    num_draft = _count_arg("chain_verify", "num_draft", num_draft, batch, k1 - 1, device, tensors)
-    if scheme not in CHAIN_SCHEMES:
-        raise ValueError(f"chain_verify: scheme must be one of {', '.join(map(repr, CHAIN_SCHEMES))}, got {scheme!r}")
-    temperature, top_k, top_p, seeds = _sampling_args("chain_verify", "target_logits", device, batch, tensors,
-                                                      temperature, top_k, top_p, seed, offset)
+    if num_draft is None:
+        num_draft = torch.full((rows,), max(positions - 1, 0), dtype=torch.int64, device=device)
+    temperature, top_k, top_p, seeds = _sampling_rows(op, rows, device, temperature, top_k, top_p, seed, offset)
     return torch.ops.specops.chain_verify(
-        target_logits.contiguous(), draft_tokens.contiguous(),
-        None if draft_probs is None else draft_probs.contiguous(), num_draft.contiguous(),
-        temperature, top_k, top_p, seeds, offset, validate, scheme)
+        target_logits, _tensor(op, "draft_tokens", draft_tokens), _tensor(op, "draft_probs", draft_probs, True),
+        _tensor(op, "num_draft", num_draft), temperature, top_k, top_p, seeds, offset, validate, scheme)
 
 
 @torch.library.register_fake("specops::chain_verify")
 def _chain_verify_fake(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p,
                        seed, offset, validate=True, scheme="token"):
+    check_chain_verify(target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, seed, offset,
+                       False, scheme)
     batch, k1, _ = target_logits.shape
     out_tokens = target_logits.new_empty((batch, k1), dtype=torch.int64)
     num_accepted = target_logits.new_empty((batch,), dtype=torch.int64)
@@ -185,16 +176,12 @@ def sample_without_replacement(logits: torch.Tensor, num_samples: int, *, temper
         probs: [N, V] float32, q (each row sums to 1).
     """
     op = "sample_without_replacement"
-    _check_logits(op, "logits", logits, 2, "an [N, V]")
-    rows, vocab = logits.shape
-    if vocab < 1:
-        raise ValueError(f"{op}: logits has no columns")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= vocab:
-        raise ValueError(f"{op}: num_samples must be an int in [1, V = {vocab}], got {num_samples!r}")
-    temperature, top_k, top_p, seeds = _sampling_args(op, "logits", logits.device, rows, {}, temperature, top_k,
-                                                      top_p, seed, offset)
-    return torch.ops.specops.sample_without_replacement(logits.contiguous(), num_samples, temperature, top_k, top_p,
-                                                        seeds, offset, validate)
+    logits = _tensor(op, "logits", logits)
+    rows, = _sizes(logits, 1)
+    temperature, top_k, top_p, seeds = _sampling_rows(op, rows, logits.device, temperature, top_k, top_p, seed,
+                                                      offset)
+    return torch.ops.specops.sample_without_replacement(logits, _int(op, "num_samples", num_samples), temperature,
+                                                        top_k, top_p, seeds, offset, validate)
 
 
 def check_sample_without_replacement(logits, num_samples, temperature, top_k, top_p, seed, offset,
@@ -219,6 +206,7 @@ def check_sample_without_replacement(logits, num_samples, temperature, top_k, to
 
 @torch.library.register_fake("specops::sample_without_replacement")
 def _sample_without_replacement_fake(logits, num_samples, temperature, top_k, top_p, seed, offset, validate=True):
+    check_sample_without_replacement(logits, num_samples, temperature, top_k, top_p, seed, offset, False)
     rows, vocab = logits.shape
     return (logits.new_empty((rows, num_samples), dtype=torch.int64),
             logits.new_empty((rows, vocab), dtype=torch.float32))
@@ -262,19 +250,13 @@ def stochastic_beam_step(logits: torch.Tensor, beam_log_probs: torch.Tensor, bea
         probs: [B, W, V] float32: each live beam's q (the draft_probs of its children), 0 for other beams.
     """
     op = "stochastic_beam_step"
-    _check_logits(op, "logits", logits, 3, "a [B, W, V]")
-    batch, beams, vocab = logits.shape
-    if beams < 1 or vocab < 1:
-        raise ValueError(f"{op}: logits shape {tuple(logits.shape)} needs W >= 1 and V >= 1")
-    for name, t in (("beam_log_probs", beam_log_probs), ("beam_scores", beam_scores)):
-        _check_tensor(op, name, t, (batch, beams), f"[B, W] = [{batch}, {beams}] to match logits", torch.float32)
-    if isinstance(beam_width, bool) or not isinstance(beam_width, int) or not 1 <= beam_width <= vocab:
-        raise ValueError(f"{op}: beam_width must be an int in [1, V = {vocab}], got {beam_width!r}")
-    temperature, top_k, top_p, seeds = _sampling_args(
-        op, "logits", logits.device, batch, {"beam_log_probs": beam_log_probs, "beam_scores": beam_scores},
-        temperature, top_k, top_p, seed, offset)
-    return torch.ops.specops.stochastic_beam_step(logits.contiguous(), beam_log_probs.contiguous(),
-                                                  beam_scores.contiguous(), beam_width, temperature, top_k, top_p,
+    logits = _tensor(op, "logits", logits)
+    rows, = _sizes(logits, 1)
+    temperature, top_k, top_p, seeds = _sampling_rows(op, rows, logits.device, temperature, top_k, top_p, seed,
+                                                      offset)
+    return torch.ops.specops.stochastic_beam_step(logits, _tensor(op, "beam_log_probs", beam_log_probs),
+                                                  _tensor(op, "beam_scores", beam_scores),
+                                                  _int(op, "beam_width", beam_width), temperature, top_k, top_p,
                                                   seeds, offset, validate)
 
 
@@ -312,6 +294,8 @@ def check_stochastic_beam_step(logits, beam_log_probs, beam_scores, beam_width, 
 @torch.library.register_fake("specops::stochastic_beam_step")
 def _stochastic_beam_step_fake(logits, beam_log_probs, beam_scores, beam_width, temperature, top_k, top_p, seed,
                                offset, validate=True):
+    check_stochastic_beam_step(logits, beam_log_probs, beam_scores, beam_width, temperature, top_k, top_p, seed,
+                               offset, False)
     batch, beams, vocab = logits.shape
     index = logits.new_empty((batch, beam_width), dtype=torch.int64)
     score = logits.new_empty((batch, beam_width), dtype=torch.float32)
@@ -371,28 +355,17 @@ def tree_verify(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
         num_accepted: [B] int64.
     """
     op = "tree_verify"
-    _check_logits(op, "target_logits", target_logits, 3, "a [B, N, V]")
-    batch, nodes, vocab = target_logits.shape
-    if nodes < 1 or vocab < 1:
-        raise ValueError(f"{op}: target_logits shape {tuple(target_logits.shape)} needs N >= 1 and V >= 1")
+    target_logits = _tensor(op, "target_logits", target_logits)
+    rows, nodes = _sizes(target_logits, 2)
     device = target_logits.device
-    for name, t in (("tokens", tokens), ("parents", parents)):
-        _check_tensor(op, name, t, (batch, nodes), f"[B, N] = [{batch}, {nodes}] to match target_logits", torch.int64)
-    tensors = {"tokens": tokens, "parents": parents}
-    if draft_probs is not None:
-        _check_tensor(op, "draft_probs", draft_probs, (batch, nodes, vocab), f"[B, N, V] = [{batch}, {nodes}, {vocab}]",
-                      torch.float32)
-        tensors["draft_probs"] = draft_probs
-    num_nodes = _count_arg(op, "num_nodes", num_nodes, batch, nodes, device, tensors)
-    if not isinstance(replacement, bool):
+    if num_nodes is None:
+        num_nodes = torch.full((rows,), nodes, dtype=torch.int64, device=device)
+    if not isinstance(replacement, bool):  # the dispatcher would take an int for the bool
         raise TypeError(f"{op}: replacement must be a bool, got {type(replacement).__name__}")
-    if scheme not in TREE_SCHEMES:
-        raise ValueError(f"{op}: scheme must be one of {', '.join(map(repr, TREE_SCHEMES))}, got {scheme!r}")
-    temperature, top_k, top_p, seeds = _sampling_args(op, "target_logits", device, batch, tensors, temperature,
-                                                      top_k, top_p, seed, offset)
+    temperature, top_k, top_p, seeds = _sampling_rows(op, rows, device, temperature, top_k, top_p, seed, offset)
     return torch.ops.specops.tree_verify(
-        target_logits.contiguous(), tokens.contiguous(), parents.contiguous(),
-        None if draft_probs is None else draft_probs.contiguous(), num_nodes.contiguous(), replacement,
+        target_logits, _tensor(op, "tokens", tokens), _tensor(op, "parents", parents),
+        _tensor(op, "draft_probs", draft_probs, True), _tensor(op, "num_nodes", num_nodes), replacement,
         temperature, top_k, top_p, seeds, offset, validate, scheme)
 
 
@@ -478,6 +451,8 @@ def _tree_verify_checks(target_logits, tokens, parents, draft_probs, num_nodes, 
 @torch.library.register_fake("specops::tree_verify")
 def _tree_verify_fake(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k,
                       top_p, seed, offset, validate=True, scheme="recursive"):
+    check_tree_verify(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k, top_p,
+                      seed, offset, False, scheme)
     batch, nodes, _ = target_logits.shape
     return (target_logits.new_empty((batch, nodes), dtype=torch.int64),
             target_logits.new_empty((batch, nodes), dtype=torch.int64),
@@ -517,20 +492,14 @@ def vocab_project(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_v
     Randomness: uniform(seed, offset, position 0, stream 2) of the Philox generator chain_verify uses
     (streams 0 and 1), so a draft and its verification at the same offset draw independent numbers.
     """
-    _check_logits("vocab_project", "draft_logits", draft_logits, 2, "an [N, V_d]")
-    rows, draft_vocab = draft_logits.shape
-    if draft_vocab < 1:
-        raise ValueError("vocab_project: draft_logits has no columns")
-    device = draft_logits.device
-    _check_tensor("vocab_project", "target_ids", target_ids, (draft_vocab,),
-                  f"[V_d] = [{draft_vocab}] to match draft_logits", torch.int64)
-    # Target ids are int32 in the kernels.
-    _check_int("vocab_project", "target_vocab", target_vocab, 1, 2**31 - 1, "an int >= 1 and < 2**31")
-    tensors = {"target_ids": target_ids}
-    temperature, top_k, top_p, seeds = _sampling_args("vocab_project", "draft_logits", device, rows, tensors,
-                                                      temperature, top_k, top_p, seed, offset)
-    return torch.ops.specops.vocab_project(draft_logits.contiguous(), target_ids.contiguous(), target_vocab,
-                                           temperature, top_k, top_p, seeds, offset, validate)
+    op = "vocab_project"
+    draft_logits = _tensor(op, "draft_logits", draft_logits)
+    rows, = _sizes(draft_logits, 1)
+    temperature, top_k, top_p, seeds = _sampling_rows(op, rows, draft_logits.device, temperature, top_k, top_p,
+                                                      seed, offset)
+    return torch.ops.specops.vocab_project(draft_logits, _tensor(op, "target_ids", target_ids),
+                                           _int(op, "target_vocab", target_vocab), temperature, top_k, top_p, seeds,
+                                           offset, validate)
 
 
 def check_vocab_project(draft_logits, target_ids, target_vocab, temperature, top_k, top_p, seed, offset,
@@ -581,6 +550,7 @@ def check_vocab_project(draft_logits, target_ids, target_vocab, temperature, top
 @torch.library.register_fake("specops::vocab_project")
 def _vocab_project_fake(draft_logits, target_ids, target_vocab, temperature, top_k, top_p, seed, offset,
                         validate=True):
+    check_vocab_project(draft_logits, target_ids, target_vocab, temperature, top_k, top_p, seed, offset, False)
     rows = draft_logits.shape[0]
     probs = draft_logits.new_empty((rows, target_vocab), dtype=torch.float32)
     tokens = draft_logits.new_empty((rows,), dtype=torch.int64)
