@@ -744,7 +744,10 @@ def _traversal_verify_request(raw: torch.Tensor, rows: torch.Tensor, tokens: tor
       below b are computed again, and the walk goes on from the first leaf of what is left; at the root
       with no children left it emits from p_root.
 
-    Writes out_tokens / out_nodes and returns the number of accepted drafts."""
+    Writes out_tokens / out_nodes and returns the number of accepted drafts.
+
+    One function, as the docstring states the walk: its state (alive children, residuals, masses, weights) is
+    what every step reads and writes, and the closures below name its parts; split, the spec would scatter."""
     count = len(children)
     alive = [list(kids) for kids in children]
     parent = [-1] * count
