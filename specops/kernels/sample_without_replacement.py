@@ -235,7 +235,7 @@ def sample_without_replacement_triton(logits: torch.Tensor, num_samples: int, te
                                       block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of `specops::sample_without_replacement` on the op's normalized arguments
     (see `specops.ops.sample_without_replacement`): tensors on one device. Values are not checked here
-    (that would be a host sync inside the op); the wrapper checks them when `validate` is true. Without
+    (that would be a host sync inside the op); the op's contract checks them when `validate` is true. Without
     that check a row with no finite logit gives a zero probs row and tokens -1. `block_v` overrides the
     vocabulary tile (a power of two), for tests of the multi-tile paths."""
     # The op is reachable directly, not only through the wrapper that makes inputs contiguous.

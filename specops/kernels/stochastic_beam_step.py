@@ -104,7 +104,7 @@ def stochastic_beam_step_triton(logits: torch.Tensor, beam_log_probs: torch.Tens
                                 block_v: int | None = None) -> tuple[torch.Tensor, ...]:
     """Triton implementation of `specops::stochastic_beam_step` on the op's normalized arguments (see
     `specops.ops.stochastic_beam_step`): tensors on one device. Values are not checked here (that would be a
-    host sync inside the op); the wrapper checks them when `validate` is true. `block_v` overrides the
+    host sync inside the op); the op's contract checks them when `validate` is true. `block_v` overrides the
     vocabulary tile (a power of two), for tests of the multi-tile paths."""
     # The op is reachable directly, not only through the wrapper that makes inputs contiguous.
     logits, beam_log_probs, beam_scores, temperature, top_k, top_p, seed = (
