@@ -18,7 +18,7 @@ C++ outcome (exception type and part of its message, or "ok"); the tests check t
     any launch: only inputs the contract rejects reach it, so no Triton kernel runs), and where there is a
     GPU so does `torch.ops.specops.<op>` on CUDA tensors,
   - every op with a contract has cases here, and every op with a Triton CUDA kernel has a contract.
-Ops without a contract yet skip. Two kinds of case relax the comparison, each with its reason:
+An op with cases and no contract fails. Two kinds of case relax the comparison, each with its reason:
 `trusting` (validate=False: accelerators may trust values the CPU kernel still checks, so the contract
 may accept, but if it raises it must raise what C++ does) and `cpu_only` (a restriction of the CPU kernel
 alone, e.g. skinny_linear's float32 input: not compared).
@@ -48,8 +48,8 @@ I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
 
 
 def contracts() -> dict:
-    """`specops.ops.CONTRACTS`, read at each use: empty until it exists."""
-    return getattr(specops.ops, "CONTRACTS", None) or {}
+    """`specops.ops.CONTRACTS`, read at each use."""
+    return specops.ops.CONTRACTS
 
 
 def schema_names(op: str) -> list[str]:
@@ -960,9 +960,9 @@ GUARDED = [c for c in ALL if c.guard]
 
 
 def contract_of(op: str):
+    """The op's contract: every op with cases here has one (a missing one fails, it does not skip)."""
     check = contracts().get(op)
-    if check is None:
-        pytest.skip(f"specops.ops.CONTRACTS has no {op} yet")
+    assert check is not None, f"specops.ops.CONTRACTS has no {op}"
     return check
 
 
@@ -1024,8 +1024,6 @@ def test_every_cuda_kernel_op_has_cases():
 
 
 def test_every_cuda_kernel_op_has_a_contract():
-    if not contracts():
-        pytest.skip("specops.ops.CONTRACTS does not exist yet")
     missing = cuda_kernel_ops() - set(contracts())
     assert not missing, f"ops with a Triton CUDA kernel and no contract: {sorted(missing)}"
 
@@ -1039,8 +1037,7 @@ def test_guarded_cuda_kernel_raises_as_cpp(case):
         pytest.skip("triton is not installed: specops.kernels does not load")
     module = importlib.import_module(f"specops.kernels.{case.op}")  # with triton a kernel file must import
     guarded = getattr(module, f"{case.op}_cuda", None)
-    if guarded is None:
-        pytest.skip(f"specops.kernels.{case.op} has no {case.op}_cuda yet")
+    assert guarded is not None, f"specops.kernels.{case.op} has no {case.op}_cuda"
     want = cpp(case)
     assert outcome(check, arguments(case)) == want, "the contract itself differs (see test_contract_matches_cpp)"
     assert outcome(guarded, arguments(case)) == want
