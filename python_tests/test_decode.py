@@ -254,19 +254,19 @@ def test_scheme_auto_is_positional_with_a_seed_and_joint_without(monkeypatch, se
     from specops.decoding import verify
 
     seen = []
-    chain_verify = verify._chain_verify
+    chain_verify = verify.ops.chain_verify
 
-    def spy(logits, drafts, probs, *args):
+    def spy(logits, drafts, probs=None, **kwargs):  # the public op, by its named argument
         if drafts.shape[1]:
-            seen.append("positional" if probs is None else args[-1])
-        return chain_verify(logits, drafts, probs, *args)
+            seen.append("positional" if probs is None else kwargs["scheme"])
+        return chain_verify(logits, drafts, probs, **kwargs)
 
     def spy_positional(logits, *args, _positional=verify.positional):
         if logits.shape[1] > 1:  # a step with drafts (a plain step draws its token this way in every scheme)
             seen.append("positional")
         return _positional(logits, *args)
 
-    monkeypatch.setattr(verify, "_chain_verify", spy)
+    monkeypatch.setattr(verify.ops, "chain_verify", spy)
     monkeypatch.setattr(verify, "positional", spy_positional)
     tok = letter_tokenizer()
     result = specops.decode(PROMPTS[:2], target=TableLM(TARGET_TABLE), tokenizer=tok,

@@ -280,20 +280,20 @@ def test_slem_scheme_names_the_verifier(monkeypatch, toks, scheme, seen):
     from specops.decoding import verify
 
     calls = []
-    real_chain, real_positional = verify._chain_verify, verify.positional
+    real_chain, real_positional = verify.ops.chain_verify, verify.positional
 
-    def chain_verify(logits, drafts, probs, *args):
+    def chain_verify(logits, drafts, probs=None, **kwargs):  # the public op, by its named argument
         if drafts.shape[1]:
             assert probs is None  # deterministic drafts: one-hot q
-            calls.append(args[-1])
-        return real_chain(logits, drafts, probs, *args)
+            calls.append(kwargs["scheme"])
+        return real_chain(logits, drafts, probs, **kwargs)
 
     def positional(logits, *args):
         if logits.shape[1] > 1:  # a step with drafts (a plain step draws its one token this way too)
             calls.append("positional")
         return real_positional(logits, *args)
 
-    monkeypatch.setattr(verify, "_chain_verify", chain_verify)
+    monkeypatch.setattr(verify.ops, "chain_verify", chain_verify)
     monkeypatch.setattr(verify, "positional", positional)
     prompts = STAT_PROMPTS * 2
     sampled = _decode(prompts, "slem", toks, max_new_tokens=8, temperature=1.0, seed=3, num_draft_tokens=2,

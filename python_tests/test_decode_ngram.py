@@ -341,25 +341,25 @@ def test_scheme_names_the_verifier(monkeypatch, scheme, seen):
     from specops.decoding import verify
 
     calls = []
-    real_tree, real_chain, real_walk = verify.ops.tree_verify, verify._chain_verify, verify._match_tree
+    real_tree, real_chain, real_walk = verify.ops.tree_verify, verify.ops.chain_verify, verify._match_tree
 
     def tree_verify(logits, tokens, parents, probs, **kwargs):
         assert probs is None  # deterministic drafts: one-hot q
         calls.append(f"tree_verify {kwargs['scheme']}")
         return real_tree(logits, tokens, parents, probs, **kwargs)
 
-    def chain_verify(logits, drafts, probs, *args):
+    def chain_verify(logits, drafts, probs=None, **kwargs):
         if drafts.shape[1]:
             assert probs is None
-            calls.append(f"chain_verify {args[-1]}")
-        return real_chain(logits, drafts, probs, *args)
+            calls.append(f"chain_verify {kwargs['scheme']}")
+        return real_chain(logits, drafts, probs, **kwargs)
 
     def walk(*args):
         calls.append("positional")
         return real_walk(*args)
 
     monkeypatch.setattr(verify.ops, "tree_verify", tree_verify)
-    monkeypatch.setattr(verify, "_chain_verify", chain_verify)
+    monkeypatch.setattr(verify.ops, "chain_verify", chain_verify)
     monkeypatch.setattr(verify, "_match_tree", walk)
     positional = verify.positional
 
