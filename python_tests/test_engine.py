@@ -23,7 +23,7 @@ import torch
 from toy_models import BYTE_VOCAB, TRANSFORMERS, TableLM, byte_tokenizer, random_table, tiny_gemma3, tiny_llama
 
 import specops
-from specops.decoding import engine, probe, tree_forward
+from specops.decoding import probe, tree_forward
 from specops.decoding.engine import PREFILL_CHUNK, CausalLM, KVState
 
 

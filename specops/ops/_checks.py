@@ -51,13 +51,6 @@ def _int(op: str, name: str, value) -> int:
     return value
 
 
-def _check_int(op: str, name: str, value, low: int, high: int, rule: str) -> None:
-    """`value` must be an int (not a bool) in [low, high], which `rule` states: a ValueError naming it
-    otherwise (llama_layers' checks, made in Python before its C++ op reads the arguments)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{op}: {name} must be {rule}, got {value!r}")
-
-
 def _float(op: str, name: str, value) -> float:
     """A float argument as the op takes it: a number (not a bool) that a float can hold."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
