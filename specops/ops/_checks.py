@@ -64,19 +64,16 @@ def _float(op: str, name: str, value) -> float:
 def _sampling_rows(op: str, rows: int, device: torch.device, temperature, top_k, top_p, seed,
                    offset) -> tuple[torch.Tensor, ...]:
     """The sampling arguments every stochastic op takes, as it takes them: numbers become [rows] tensors on
-    `device`, a missing seed is drawn and an int seed spread over the rows (`specops._seeds`); tensors pass as
-    they are."""
+    `device` (a 0-d tensor too), a missing seed is drawn and an int seed spread over the rows (`specops._seeds`);
+    [rows] tensors pass as they are."""
     _int(op, "offset", offset)
 
-    def shaped(name: str, value, dtype: torch.dtype, numbers) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):  # as it is: the op checks it (a 0-d one repeated over the rows)
-            return value.reshape(1).expand(rows).contiguous() if value.dim() == 0 else value
-        return numbers(name, value, rows, dtype, device)
-    return (shaped("temperature", temperature, torch.float32, per_row),
-            shaped("top_k", top_k, torch.int64, per_row),
-            shaped("top_p", top_p, torch.float32, per_row),
-            shaped("seed", draw_seed() if seed is None else seed, torch.int64,
-                   lambda name, value, rows, dtype, device: row_seeds(value, rows, device)))
+    def shaped(value, numbers) -> torch.Tensor:  # a [rows] tensor goes as it is: the op checks it
+        return value if isinstance(value, torch.Tensor) and value.dim() else numbers(value)
+    return (shaped(temperature, lambda v: per_row("temperature", v, rows, torch.float32, device)),
+            shaped(top_k, lambda v: per_row("top_k", v, rows, torch.int64, device)),
+            shaped(top_p, lambda v: per_row("top_p", v, rows, torch.float32, device)),
+            shaped(draw_seed() if seed is None else seed, lambda v: row_seeds(v, rows, device)))
 
 
 def _c_number(value) -> str:
