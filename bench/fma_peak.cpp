@@ -1,7 +1,7 @@
 // The arithmetic ceiling of one core: 16 independent 16-lane float32 fused multiply-add chains, register
 // operands only (no loads), for a few seconds. Run one copy per core at once to see the machine's.
 //
-//   g++ -O3 -mavx512f -mfma bench/fma_peak.cpp -o /tmp/fma_peak && /tmp/fma_peak & /tmp/fma_peak & wait
+//   g++ -O3 -mavx512f -mfma bench/fma_peak.cpp -o /tmp/fma_peak && { /tmp/fma_peak & /tmp/fma_peak & wait; }
 //
 // skinny_linear's tiles (csrc/cpu/skinny_simd.h) are measured against this (docs/benchmarks.md).
 #include <chrono>
