@@ -27,6 +27,8 @@ its requests submitted together).
   specops-ngram  `specops.vllm.NgramProposer` through vLLM's custom_class, num_speculative_tokens 8 (the
                  most; it picks the length each step)
   specops-slem   `specops.vllm.SlemProposer`, drafter SmolLM2-135M (int8), num_speculative_tokens 8
+  specops-*-verify-all  the same with SPECOPS_VLLM_EMPTY_ROWS=verify: vLLM's rejection sampler verifies every
+                 step and draws its noise for every request, as without specops' shortcut (docs/vllm.md)
   decode-*       `specops.decode` with method ar / ngram / slem (SmolLM2-135M); ngram and NgramProposer
                  both use the target's bigram table where it is cached (`specops models bigram NAME`
                  builds it), context n-grams alone where it is not
@@ -54,7 +56,7 @@ from pathlib import Path
 from _timing import csv_path, e2e_parser, load_prompts, parse_e2e_args
 
 CONFIGS = ["vllm", "vllm-sync", "vllm-ngram", "vllm-suffix", "vllm-draft-tli", "specops-ngram", "specops-slem",
-           "decode-ar", "decode-ngram", "decode-slem"]
+           "specops-ngram-verify-all", "specops-slem-verify-all", "decode-ar", "decode-ngram", "decode-slem"]
 _SPECS = {
     "vllm": None,
     "vllm-sync": None,
@@ -80,6 +82,9 @@ def _vllm_run(config: str, prompts: list[str], new_tokens: int, batches: list[in
 
     from specops import models
 
+    if config.endswith("-verify-all"):
+        config = config.removesuffix("-verify-all")
+        os.environ["SPECOPS_VLLM_EMPTY_ROWS"] = "verify"
     if config == "specops-slem":
         os.environ.setdefault("SPECOPS_DRAFTER", "smollm2-135m")
     spec = _SPECS.get(config)
@@ -243,8 +248,9 @@ def _plot(rows: list[dict], path: str, title: str) -> None:
         ax.barh(names[::-1], [values[n] for n in names][::-1], color=colors[::-1])
         for i, n in enumerate(names[::-1]):
             ax.text(values[n], i, f" {values[n]:.1f}", va="center", fontsize=8)
-        ax.set_title(f"Gemma-3-270M {title}, {mode}")
+        ax.set_title(mode)
         ax.set_xlabel("tokens/s")
+    fig.suptitle(f"Gemma-3-270M inside vLLM, {title}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

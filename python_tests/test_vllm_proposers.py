@@ -1,7 +1,8 @@
 """specops.vllm's proposers outside vLLM: a loop that calls them as vLLM's model runner does (rows of a
 token array, num_tokens_no_spec, the tokens each row sampled; rows reordered every step, requests joining
 and leaving, a row in a prefill chunk), verifying drafts greedily against a tiny target. vLLM itself is
-not needed; integrations/test_vllm.py runs the proposers inside the real engine.
+not needed (one check of section 5 runs vLLM's samplers where vLLM is installed, CI's vLLM stage);
+integrations/test_vllm.py runs the proposers inside the real engine.
 
 1. Requests: rows are followed across reorders by their tokens; identical requests may swap harmlessly;
    leavers are reported; a step's time counts only when it decoded the requests the last one proposed for.
@@ -16,6 +17,11 @@ not needed; integrations/test_vllm.py runs the proposers inside the real engine.
    greedy continuation, so every draft is accepted exactly when its cache follows each request through
    joins, leaves, reorders and rollbacks; a drafter with another tokenizer gives the same output; a bad
    SPECOPS_DRAFTER raises at construction.
+4. The plugin's repair of vLLM's CPU rejection sampler reaches every binding; Model Runner V2 gets specops'
+   message; SPECOPS_VLLM_TRACE counts what a proposer computed.
+5. Verification only where there are drafts: for specops' proposers, steps without drafts take vLLM's plain
+   sampler and steps with some draw noise for those requests alone, with vLLM's own tokens (vLLM's real
+   samplers, in vLLM's environment); other steps, settings and proposers keep vLLM's path.
 """
 
 from __future__ import annotations
@@ -732,3 +738,91 @@ def test_trace_counts_what_a_process_proposer_computed(monkeypatch, tmp_path):
     found = json.loads(next(tmp_path.glob("NgramProposer-*.json")).read_text())
     assert found["calls"] == 2 and found["rows"] == 3 and found["drafts"] == sum(map(len, drafts)) > 0
     assert found["rank"] is None and found["seconds"] > 0
+
+
+# ---- 5. verification only where there are drafts (specops/vllm/_sampler.py) ----
+
+class _FakeRejectionSampler:
+    """vLLM's RejectionSampler as far as _sampler reads it: built with (sampler, spec_config, device); forward
+    verifies (recorded here)."""
+
+    def __init__(self, sampler, spec_config=None, device=None):
+        self.sampler, self.synthetic_mode, self.verified = sampler, False, 0
+
+    def forward(self, metadata, draft_probs, logits, sampling_metadata):
+        self.verified += 1
+        return "verified"
+
+    __call__ = forward
+
+
+def _wrapped_fake(monkeypatch):
+    from specops.vllm import _sampler
+
+    sampler_class = type("RejectionSampler", (_FakeRejectionSampler,), {})
+    module = SimpleNamespace(RejectionSampler=sampler_class)
+    for name in ("vllm", "vllm.v1"):
+        monkeypatch.setitem(sys.modules, name, SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.v1.sample", SimpleNamespace(rejection_sampler=module))
+    monkeypatch.setitem(sys.modules, "vllm.v1.sample.rejection_sampler", module)
+    assert _sampler.skip_empty_verification() and not _sampler.skip_empty_verification()  # wrapped once
+    sampler_class.__call__ = sampler_class.forward
+    return sampler_class
+
+
+def _step(drafts: list[int], logprobs=None, rows: int | None = None):
+    """A step's (metadata, logits, sampling metadata) with drafts[i] draft tokens for request i."""
+    rows = len(drafts) + sum(drafts) if rows is None else rows
+    metadata = SimpleNamespace(max_spec_len=max(drafts), bonus_logits_indices=torch.zeros(len(drafts)))
+    return metadata, torch.zeros(rows, 5), SimpleNamespace(max_num_logprobs=logprobs, logprob_token_ids=None)
+
+
+def test_steps_without_drafts_take_the_plain_sampler(monkeypatch):
+    """For a specops proposer, a step with no draft in the batch goes to the plain sampler (as bonus tokens, the
+    logits as they are); a step with a draft anywhere, one that asks for logprobs, and every step of vLLM's own
+    proposers go through vLLM's verification."""
+    calls = []
+
+    def plain(logits, sampling_metadata, predict_bonus_token=False):
+        calls.append((logits.shape[0], predict_bonus_token))
+        return "plain"
+
+    rejection = _wrapped_fake(monkeypatch)
+    ours = rejection(plain, SimpleNamespace(method="custom_class", model="specops.vllm.NgramProposer"))
+    metadata, logits, sampling = _step([0, 0, 0])
+    assert ours(metadata, None, logits, sampling) == "plain" and calls == [(3, True)] and ours.verified == 0
+    assert ours.specops_plain_steps == 1
+    for step in (_step([0, 2, 0]), _step([0, 0], logprobs=0)):
+        assert ours(step[0], None, step[1], step[2]) == "verified"
+    assert ours.verified == 2 and len(calls) == 1
+    for config in (SimpleNamespace(method="ngram", model=None), SimpleNamespace(method="custom_class", model="m.P"),
+                   None):
+        theirs = rejection(plain, config)
+        assert theirs(metadata, None, logits, sampling) == "verified" and len(calls) == 1
+    specops_config = SimpleNamespace(method="custom_class", model="specops.vllm.SlemProposer")
+    monkeypatch.setenv("SPECOPS_VLLM_EMPTY_ROWS", "verify")  # vLLM's path kept, for comparison
+    kept = rejection(plain, specops_config)
+    assert kept(metadata, None, logits, sampling) == "verified" and len(calls) == 1
+    monkeypatch.setenv("SPECOPS_VLLM_EMPTY_ROWS", "sometimes")
+    with pytest.raises(ValueError, match="SPECOPS_VLLM_EMPTY_ROWS='sometimes': expected 'skip'"):
+        rejection(plain, specops_config)
+
+
+def test_steps_without_drafts_sample_vllms_own_tokens():
+    """With vLLM's real samplers (vLLM's environment only; integrations/vllm_sampler_check.py, in a process of
+    its own), for seeded sampled requests beside a greedy one: a step without drafts, and a step where some
+    requests have drafts (the noise drawn for those alone), give the tokens of vLLM's own path, two steps
+    running with the same generators; another seed changes them, so the comparison can fail."""
+    pytest.importorskip("vllm")
+    import json
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parent / "integrations" / "vllm_sampler_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for case in ("no drafts", "some drafts"):
+        assert found[case]["agree"] and found[case]["differ"], found
+    assert found["some drafts"]["accepted"] > 0, found  # drafts were accepted, not only rejected
+    assert found["plain steps"] == 8 and found["narrowed"] == 8, found

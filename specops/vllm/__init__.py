@@ -25,11 +25,13 @@ __all__ = ["NgramProposer", "SlemProposer", "register"]
 
 def register() -> None:
     """vLLM's general plugin hook: load specops' operators (torch.ops.specops.*) in this process, repair
-    what `_fixes` knows to be wrong in this vLLM (sampled speculative decoding on CPU), and where
+    what `_fixes` knows to be wrong in this vLLM (sampled speculative decoding on CPU), let steps without drafts
+    skip vLLM's verification (`_sampler`), and where
     VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2, refuse a specops proposer with a message that says
     what to do (`_runner`)."""
     import specops  # noqa: F401  (loads specops._C and registers the Triton kernels)
-    from specops.vllm import _fixes, _runner
+    from specops.vllm import _fixes, _runner, _sampler
 
     _fixes.apply()
+    _sampler.skip_empty_verification()  # steps without drafts: vLLM's plain sampler, as without speculation
     _runner.require_v1()  # VLLM_USE_V2_MODEL_RUNNER=1 with a specops proposer: specops' own refusal
