@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["require_v1"]
+__all__ = ["is_specops", "require_v1"]
 
 _PREFIX = "specops.vllm."
+
+
+def is_specops(spec) -> bool:
+    """Whether a vLLM speculative config names a specops proposer (a custom_class in specops.vllm)."""
+    model = getattr(spec, "model", None)
+    return getattr(spec, "method", None) == "custom_class" and isinstance(model, str) and model.startswith(_PREFIX)
 
 
 def refusal(config) -> str | None:
     """The message for a vLLM config that asks Model Runner V2 to run a specops proposer, else None."""
     spec = getattr(config, "speculative_config", None)
-    model = getattr(spec, "model", None)
-    if getattr(spec, "method", None) != "custom_class" or not (isinstance(model, str) and model.startswith(_PREFIX)):
+    if not is_specops(spec):
         return None
+    model = spec.model
     return (f"{model} is a vLLM custom_class proposer, and only vLLM's V1 model runner runs those; "
             f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')} asks for Model Runner V2. "
             "Unset VLLM_USE_V2_MODEL_RUNNER (vLLM then takes V1 for a custom_class proposer) or set it to 0.")

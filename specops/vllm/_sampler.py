@@ -31,16 +31,11 @@ import threading
 
 import torch
 
+from specops.vllm._runner import is_specops
+
 __all__ = ["skip_empty_verification"]
 
-_PREFIX = "specops.vllm."
 _inside = threading.local()  # set while a specops proposer's rejection sampler verifies a step
-
-
-def _for_specops(spec_config) -> bool:
-    model = getattr(spec_config, "model", None)
-    return getattr(spec_config, "method", None) == "custom_class" and isinstance(model, str) \
-        and model.startswith(_PREFIX)
 
 
 def _setting() -> str:
@@ -88,7 +83,7 @@ def skip_empty_verification() -> bool:
 
     def wrapped_init(self, sampler, spec_config=None, *args, **kwargs):
         init(self, sampler, spec_config, *args, **kwargs)
-        self.specops_skip_empty = (_for_specops(spec_config) and not getattr(self, "synthetic_mode", False)
+        self.specops_skip_empty = (is_specops(spec_config) and not getattr(self, "synthetic_mode", False)
                                    and _setting() == "skip")
         self.specops_plain_steps = 0
 
