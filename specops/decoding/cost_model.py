@@ -4,10 +4,10 @@ Cost (`StepCost`). A step that carries n tokens in flight for r requests and run
 
     seconds(r, n, d) = target(r, n) + d * drafter + outside,
 
-where target(r, n) = a + b r + c (n - r) + e r (n - r), slopes >= 0, is fitted by decayed least squares to
-every step's target forward (`CostPlane`), and drafter (one drafter forward) and outside (the step's time
-outside forwards) are moving averages. On a CPU a forward over 8 tokens costs about 2.4x one over 1, and the
-fit finds short drafts or none; where a forward reads its weights once for any few tokens (a GPU; a CPU
+where target(r, n) = a + b r + c (n - r) + e r (n - r) + g [n > r], slopes >= 0, is fitted by decayed least
+squares to every step's target forward (`CostPlane`; g is what having drafts at all costs), and drafter (one
+drafter forward) and outside (the step's time outside forwards) are moving averages. On a CPU a forward over
+8 tokens costs about 2.4x one over 1, and the fit finds short drafts or none; where a forward reads its weights once for any few tokens (a GPU; a CPU
 through skinny_linear) the fit stays nearly flat and drafts grow. One surface fitted to every step, rather
 than a point per size, keeps one slow step from shutting a size out for good (step times scatter 10-20 %
 on a CPU) and prices a batch size before any step of it ran.
@@ -52,6 +52,7 @@ import itertools
 import math
 import weakref
 
+import numpy as np
 import torch
 
 from specops._kept import per_object
@@ -96,73 +97,91 @@ def swap_learned(store: weakref.WeakKeyDictionary, target, drafter_key, method: 
 
 
 class CostPlane:
-    """Seconds per target forward as a + b * requests + c * drafts + e * requests * drafts (slopes >= 0),
-    fitted by decayed least squares to steps of every batch size at once. What a draft token costs, learned
-    with one request, prices drafts at eight before any step there; the product term lets a draft token cost
-    more in a bigger batch (vLLM on this CPU: 4.4 ms with one request, 7.5 ms with eight). A term enters the
-    fit only once the steps seen tell it apart from the terms before it (the order 1, drafts, requests,
-    product; with one batch size the product is the drafts term again), so before any step with drafts they
-    cost nothing: the first drafts look free, optimism that gets them measured.
+    """Seconds per target forward as a + b * requests + c * drafts + e * requests * drafts + g * [drafts > 0]
+    (slopes >= 0), fitted by decayed least squares to steps of every batch size at once. What a draft token
+    costs, learned with one request, prices drafts at eight before any step there; the product term lets a
+    draft token cost more in a bigger batch (vLLM on this CPU: 4.4 ms with one request, 7.5 ms with eight).
+    The last term is what a step pays for having drafts at all, however many: vLLM sampling at temperature
+    0.8 on the 2-vCPU EPYC took 102 ms for a plain step, 137 ms with one draft token and 144 ms with four (its
+    rejection sampler and a second top-p pass). A line through those prices one draft at 9 ms, and a proposer
+    then drafts single tokens accepted a third of the time, at a loss. A term enters the fit only once the
+    steps seen tell it apart from the terms before it (the order 1, drafts, requests, product; with one batch
+    size the product is the drafts term again), so before any step with drafts they cost nothing: the first
+    drafts look free, optimism that gets them measured. The jump and the drafts term cannot be told apart
+    while one draft length was measured; the fit is then read both ways (`coefficients(jump_first=)`: the
+    jump before the drafts term, or after the rest), and a step is priced at the cheaper reading
+    (`StepCost.at`), so longer and shorter drafts both look cheap until measured. (Read only as a line, a
+    probe of one draft token priced four at four times its cost, and no longer draft was ever tried; read
+    only as a jump, one draft cost what the eight measured did.)
 
     Read at a batch size, the fit weighs each step by how near its batch size is: a factor of two away counts
     e^-2 of a step at that size, a factor of 32 e^-10. The surface is no plane across batch sizes on a CPU: a
     step is bound by reading the weights up to some 8-16 tokens in flight and by arithmetic past them (on the
     2-vCPU EPYC, a draft token cost 5 ms with one request and 14 ms with 32), and one plane through both
     priced 14 tokens in flight for 7 requests at twice a plain step. Where only distant batch sizes were
-    measured, they decide alone, as before."""
+    measured, they decide alone, as before. The sums are NumPy float64: solved once per step and batch size,
+    torch's per-call overhead on 5 x 5 systems was most of a vLLM proposer's 2.4 ms a step."""
 
-    _ORDER = (0, 2, 1, 3)  # 1, drafts, requests, requests x drafts
+    TERMS = 5
+    _ORDER = (0, 2, 1, 3, 4)  # 1, drafts, requests, requests x drafts, any drafts
+    _JUMP_FIRST = (0, 4, 2, 1, 3)
     _APART = 1e-6  # a term's share of its spread that the terms before it must leave unexplained
     _NEAR = math.log(2.0) / 2  # a step's weight falls by e for every factor of this in batch size
 
     def __init__(self, decay: float = 0.97):
         self.decay = decay
         # Decayed sums of x x^T and x * seconds over the steps of each batch size.
-        self.by_requests: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._fits: dict[int | None, torch.Tensor] = {}  # coefficients() per batch size, until the next step
+        self.by_requests: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._fits: dict[tuple, torch.Tensor] = {}  # coefficients() per batch size and order, until the next step
+
+    @staticmethod
+    def features(requests: int, tokens: int) -> np.ndarray:
+        drafts = tokens - requests
+        return np.array([1.0, requests, drafts, requests * drafts, float(drafts > 0)])
 
     def observe(self, requests: int, tokens: int, seconds: float) -> None:
-        drafts = tokens - requests
-        x = torch.tensor([1.0, requests, drafts, requests * drafts], dtype=torch.float64)
+        x = self.features(requests, tokens)
         for size, (xx, xy) in self.by_requests.items():
             self.by_requests[size] = (self.decay * xx, self.decay * xy)
         xx, xy = self.by_requests.get(requests, (0.0, 0.0))
-        self.by_requests[requests] = (xx + torch.outer(x, x), xy + x * seconds)
+        self.by_requests[requests] = (xx + np.outer(x, x), xy + x * seconds)
         self._fits = {}
 
     def copy(self) -> CostPlane:
         new = CostPlane(self.decay)
-        new.by_requests = {size: (xx.clone(), xy.clone()) for size, (xx, xy) in self.by_requests.items()}
+        new.by_requests = {size: (xx.copy(), xy.copy()) for size, (xx, xy) in self.by_requests.items()}
         return new
 
-    def coefficients(self, requests: int | None = None) -> torch.Tensor | None:
-        """(a, b, c, e) read at `requests` requests (None: every step alike), or None before any step. A term
-        the steps cannot tell apart is 0; a slope that fits below 0 is noise: 0, the rest refitted. Solved once
-        per observation and batch size: a choice prices many sizes."""
+    def coefficients(self, requests: int | None = None, jump_first: bool = False) -> torch.Tensor | None:
+        """(a, b, c, e, g) read at `requests` requests (None: every step alike), or None before any step. A term
+        the steps cannot tell apart from the ones before it is 0 (jump_first: the jump comes before the drafts
+        term); a slope that fits below 0 is noise: 0, the rest refitted. Solved once per observation, batch
+        size and order: a choice prices many sizes."""
         if not self.by_requests:
             return None
-        if requests not in self._fits:
-            xx = torch.zeros(4, 4, dtype=torch.float64)
-            xy = torch.zeros(4, dtype=torch.float64)
+        key = (requests, jump_first)
+        if key not in self._fits:
+            xx = np.zeros((self.TERMS, self.TERMS))
+            xy = np.zeros(self.TERMS)
             for size, (size_xx, size_xy) in self.by_requests.items():
                 near = 1.0 if requests is None else math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR)
                 xx, xy = xx + near * size_xx, xy + near * size_xy
-            self._fits[requests] = self._solve(xx, xy)
-        return self._fits[requests]
+            self._fits[key] = torch.from_numpy(self._solve(xx, xy, self._JUMP_FIRST if jump_first else self._ORDER))
+        return self._fits[key]
 
-    def _solve(self, xx: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
+    def _solve(self, xx: np.ndarray, xy: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
         free = [0]
-        for j in self._ORDER[1:]:
-            inner = xx[free][:, free]
+        for j in order[1:]:
+            inner = xx[np.ix_(free, free)]
             cross = xx[free, j]
-            left = float(xx[j, j] - cross @ torch.linalg.solve(inner, cross))
+            left = float(xx[j, j] - cross @ np.linalg.solve(inner, cross))
             if left > self._APART * float(xx[j, j]) and left > 0:
                 free.append(j)
         while True:
-            solved = torch.linalg.solve(xx[free][:, free], xy[free])
+            solved = np.linalg.solve(xx[np.ix_(free, free)], xy[free])
             negative = [i for i, v in zip(free, solved.tolist()) if i > 0 and v < 0]
             if not negative:
-                out = torch.zeros(4, dtype=torch.float64)
+                out = np.zeros(self.TERMS)
                 out[free] = solved
                 return out
             free.remove(negative[0])
@@ -209,12 +228,14 @@ class StepCost:
     def at(self, requests: int, tokens: torch.Tensor, forwards: torch.Tensor | int = 0) -> torch.Tensor | None:
         """Predicted seconds [same shape as tokens, float64] of steps with `requests` requests, `tokens` in
         flight and `forwards` drafter forwards; None before any step."""
-        fit = self.target.coefficients(requests)
-        if fit is None:
+        if self.target.coefficients(requests) is None:
             return None
-        a, b, c, e = fit.tolist()
         drafts = torch.as_tensor(tokens).double() - requests
-        seconds = (a + b * requests + (c + e * requests) * drafts).clamp(min=1e-9)
+        readings = []
+        for jump_first in (False, True):  # the same fit once two draft lengths were measured (CostPlane)
+            a, b, c, e, g = self.target.coefficients(requests, jump_first).tolist()
+            readings.append(a + b * requests + (c + e * requests) * drafts + g * (drafts > 0))
+        seconds = torch.minimum(*readings).clamp(min=1e-9)
         return seconds + torch.as_tensor(forwards).double() * (self.drafter or 0.0) + (self.outside or 0.0)
 
     def __call__(self, requests: int, tokens: int, forwards: int = 0) -> float | None:
