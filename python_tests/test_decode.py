@@ -622,6 +622,33 @@ def test_self_draft_needs_decoder_layers():
         specops.decode("ab", target=TableLM(cycle_table()), tokenizer=tok, drafter="self:1", max_new_tokens=2)
 
 
+def test_self_draft_view_is_kept_per_target():
+    """self:N is one view per target and N, so what is probed once per model is probed once per view: the same
+    object on the next call, another for another N or once a layer on its way was replaced; what specops
+    keeps keeps no target alive, and sd through the rebuilt view still gives ar's tokens."""
+    import gc
+    import weakref
+
+    from specops.decoding.self_draft import truncated
+
+    tok = byte_tokenizer()
+    target = tiny_llama(layers=4, seed=3)
+    view = truncated(target, 2)
+    assert truncated(target, 2) is view and truncated(target, 3) is not view
+    assert len(view.model.layers) == 2 and view.model.layers[0] is target.model.layers[0]
+    first = specops.decode("hi", target=target, tokenizer=tok, drafter="self:2", method="sd", max_new_tokens=6)
+    target.model.layers[1] = tiny_llama(layers=4, seed=4).model.layers[1]
+    rebuilt = truncated(target, 2)
+    assert rebuilt is not view and rebuilt.model.layers[1] is target.model.layers[1]
+    again = specops.decode("hi", target=target, tokenizer=tok, drafter="self:2", method="sd", max_new_tokens=6)
+    plain = specops.decode("hi", target=target, tokenizer=tok, method="ar", max_new_tokens=6)
+    assert again.tokens == plain.tokens and first.tokens
+    gone = weakref.ref(target)
+    del target, view, rebuilt
+    gc.collect()
+    assert gone() is None  # nothing specops keeps per model holds the model (a fused forward once did)
+
+
 def test_drafter_on_other_device(llama, tok):
     meta = tiny_llama(layers=2, seed=1).to("meta")
     with pytest.raises(ValueError, match="target is on cpu but drafter is on meta"):

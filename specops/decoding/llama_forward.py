@@ -241,7 +241,6 @@ class LlamaForward:
     `fits` says which forwards it takes, `CpuForward` (`fallback`) does the rest."""
 
     def __init__(self, model, fallback: CpuForward):
-        self.model = model
         self.fallback = fallback
         self.base = model.get_decoder()
         self.head = model.get_output_embeddings()

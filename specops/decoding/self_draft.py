@@ -1,12 +1,18 @@
 """The "self:N" drafter: the target's first N decoder layers with its final norm and LM head, sharing
 the target's weights (like transformers' assistant_early_exit, but with its own KV cache), so every
-model has a same-vocabulary drafter at no memory cost."""
+model has a same-vocabulary drafter at no memory cost. The view of a target's first N layers is kept for
+the life of the target object, so what specops probes once per model (its chain support, its fused layer
+path) is probed once per view too, not at every decode call: on Gemma-3-270M those probes took 1.7 s, and
+a 48-token `sd` call with `self:6` took 3.5 s where `ar` took 1.8 s."""
 
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
+
+from specops._kept import per_object
 
 __all__ = ["SelfDraftError", "truncated"]
 
@@ -40,9 +46,42 @@ def _decoder_layers(model) -> list[str]:
     return found
 
 
+# target model -> {num_layers: (the view, what it was built from)}
+_VIEWS: weakref.WeakKeyDictionary = per_object(
+    "self-draft views", "views of the target's first N layers (self:N drafters), one per N")
+
+
+def _parts(model, path: list[str], num_layers: int) -> tuple:
+    """What a view of `model` is built from: its config, the modules on the way to its layers and the first
+    `num_layers` layers (compared by identity: a view is rebuilt when any of them was replaced; held, so no
+    replacement can take the id of one)."""
+    parts, node = [model.config], model
+    for name in path[:-1]:
+        parts.extend(node._modules.values())
+        node = node._modules[name]
+    parts.extend(node._modules.values())
+    parts.extend(list(node._modules[path[-1]])[:num_layers])
+    return tuple(parts)
+
+
 def truncated(model, num_layers: int):
-    """A view of `model` that runs only its first `num_layers` decoder layers."""
+    """A view of `model` that runs only its first `num_layers` decoder layers: the same object for the same
+    model and N while the model's config, its modules on the way to its layers and those layers are the
+    same objects."""
     path = _decoder_layers(model)
+    parts = _parts(model, path, num_layers)
+    try:
+        views = _VIEWS.setdefault(model, {})
+    except TypeError:  # a model that cannot be weakly referenced: a new view every call
+        views = {}
+    kept = views.get(num_layers)
+    if kept is not None and len(kept[1]) == len(parts) and all(a is b for a, b in zip(kept[1], parts)):
+        return kept[0]
+    views[num_layers] = (_build(model, path, num_layers), parts)
+    return views[num_layers][0]
+
+
+def _build(model, path: list[str], num_layers: int):
     total = len(model.get_submodule(".".join(path)))
     if not 1 <= num_layers < total:
         raise ValueError(f"self:N needs 1 <= N < {total} (the target has {total} layers), got {num_layers}")
