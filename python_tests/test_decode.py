@@ -636,11 +636,12 @@ def test_self_draft_view_is_kept_per_target():
     view = truncated(target, 2)
     assert truncated(target, 2) is view and truncated(target, 3) is not view
     assert len(view.model.layers) == 2 and view.model.layers[0] is target.model.layers[0]
-    first = specops.decode("hi", target=target, tokenizer=tok, drafter="self:2", method="sd", max_new_tokens=6)
+    sd = dict(tokenizer=tok, drafter="self:2", method="sd", max_new_tokens=6)
+    first = specops.decode("hi", target=target, **sd)
     target.model.layers[1] = tiny_llama(layers=4, seed=4).model.layers[1]
     rebuilt = truncated(target, 2)
     assert rebuilt is not view and rebuilt.model.layers[1] is target.model.layers[1]
-    again = specops.decode("hi", target=target, tokenizer=tok, drafter="self:2", method="sd", max_new_tokens=6)
+    again = specops.decode("hi", target=target, **sd)
     plain = specops.decode("hi", target=target, tokenizer=tok, method="ar", max_new_tokens=6)
     assert again.tokens == plain.tokens and first.tokens
     gone = weakref.ref(target)

@@ -7,8 +7,9 @@ Cost (`StepCost`). A step that carries n tokens in flight for r requests and run
 where target(r, n) = a + b r + c (n - r) + e r (n - r) + g [n > r], slopes >= 0, is fitted by decayed least
 squares to every step's target forward (`CostPlane`; g is what having drafts at all costs), and drafter (one
 drafter forward) and outside (the step's time outside forwards) are moving averages. On a CPU a forward over
-8 tokens costs about 2.4x one over 1, and the fit finds short drafts or none; where a forward reads its weights once for any few tokens (a GPU; a CPU
-through skinny_linear) the fit stays nearly flat and drafts grow. One surface fitted to every step, rather
+8 tokens costs about 2.4x one over 1, and the fit finds short drafts or none; where a forward reads its
+weights once for any few tokens (a GPU; a CPU through skinny_linear) the fit stays nearly flat and drafts
+grow. One surface fitted to every step, rather
 than a point per size, keeps one slow step from shutting a size out for good (step times scatter 10-20 %
 on a CPU) and prices a batch size before any step of it ran.
 
@@ -124,7 +125,7 @@ class CostPlane:
 
     TERMS = 5
     _ORDER = (0, 2, 1, 3, 4)  # 1, drafts, requests, requests x drafts, any drafts
-    _JUMP_FIRST = (0, 4, 2, 1, 3)
+    _JUMP_FIRST = (0, 4, 2, 1, 3)  # 1, any drafts, drafts, requests, requests x drafts
     _APART = 1e-6  # a term's share of its spread that the terms before it must leave unexplained
     _NEAR = math.log(2.0) / 2  # a step's weight falls by e for every factor of this in batch size
 
@@ -132,7 +133,7 @@ class CostPlane:
         self.decay = decay
         # Decayed sums of x x^T and x * seconds over the steps of each batch size.
         self.by_requests: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._fits: dict[tuple, torch.Tensor] = {}  # coefficients() per batch size and order, until the next step
+        self._fits: dict[tuple, torch.Tensor] = {}  # coefficients() per batch size and order, until a step
 
     @staticmethod
     def features(requests: int, tokens: int) -> np.ndarray:
@@ -153,10 +154,10 @@ class CostPlane:
         return new
 
     def coefficients(self, requests: int | None = None, jump_first: bool = False) -> torch.Tensor | None:
-        """(a, b, c, e, g) read at `requests` requests (None: every step alike), or None before any step. A term
-        the steps cannot tell apart from the ones before it is 0 (jump_first: the jump comes before the drafts
-        term); a slope that fits below 0 is noise: 0, the rest refitted. Solved once per observation, batch
-        size and order: a choice prices many sizes."""
+        """(a, b, c, e, g) read at `requests` requests (None: every step alike), or None before any step. A
+        term the steps cannot tell apart from the ones before it is 0 (jump_first: the jump comes before the
+        drafts term); a slope that fits below 0 is noise: 0, the rest refitted. Solved once per observation,
+        batch size and order: a choice prices many sizes."""
         if not self.by_requests:
             return None
         key = (requests, jump_first)
@@ -166,7 +167,8 @@ class CostPlane:
             for size, (size_xx, size_xy) in self.by_requests.items():
                 near = 1.0 if requests is None else math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR)
                 xx, xy = xx + near * size_xx, xy + near * size_xy
-            self._fits[key] = torch.from_numpy(self._solve(xx, xy, self._JUMP_FIRST if jump_first else self._ORDER))
+            order = self._JUMP_FIRST if jump_first else self._ORDER
+            self._fits[key] = torch.from_numpy(self._solve(xx, xy, order))
         return self._fits[key]
 
     def _solve(self, xx: np.ndarray, xy: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
