@@ -1062,6 +1062,24 @@ def test_bigram_cache_key_covers_every_weight(monkeypatch, tmp_path):
     assert torch.equal(in_place, expected), "the in-memory cache returned the table of other weights"
 
 
+def test_bigram_cache_key_ignores_where_the_model_was_loaded(monkeypatch):
+    """One table serves the same weights loaded from another folder or under another transformers version
+    (a config written out records the version: a key that held it built a 10-minute table per environment),
+    and a config entry that changes what the model computes still changes the key."""
+    import transformers.configuration_utils as configuration_utils
+
+    first, second = tiny_llama(layers=1, seed=4), tiny_llama(layers=1, seed=4)
+    key = model_ngrams._fingerprint(first, None, 8)
+    second.config._name_or_path = "/somewhere/else"
+    monkeypatch.setattr(configuration_utils, "__version__", "0.0.1")
+    assert '"0.0.1"' in second.config.to_json_string()  # the version a config is written out with
+    assert model_ngrams._fingerprint(second, None, 8) == key
+    second.config.rope_theta = float(getattr(first.config, "rope_theta", 10000.0) or 10000.0) * 2
+    second.config.rms_norm_eps = first.config.rms_norm_eps * 2
+    assert model_ngrams._fingerprint(first, None, 8) != model_ngrams._fingerprint(second, None, 8)
+    assert model_ngrams._fingerprint(first, None, 8) != model_ngrams._fingerprint(first, 1, 8)
+
+
 @pytest.mark.parametrize("tables", ["bigram", "unigram"])
 def test_ngram_tables_for_model_built_in_inference_mode(monkeypatch, tmp_path, tables):
     """A model created under torch.inference_mode (its weights are inference tensors, which have no

@@ -83,12 +83,35 @@ def _compute_unigram(model, top: int) -> torch.Tensor:
     return torch.topk(distance, min(top, distance.shape[0])).indices
 
 
+# Config entries that record how a model was loaded (the transformers version a config is written out with;
+# its folder, where a config keeps it), not what it computes: a key holding the version made every
+# environment build its own table (10 minutes for gemma-3-270m on two cores).
+_NOT_THE_MODEL = ("transformers_version", "_name_or_path", "_commit_hash", "_attn_implementation",
+                  "_attn_implementation_internal", "_attn_implementation_autoset", "_experts_implementation")
+
+
+def _config_text(config) -> str:
+    """The model's config as text: what differs from its class's defaults (so that a newer transformers adding
+    an entry with its default changes nothing), without the entries in _NOT_THE_MODEL, sub-configs too."""
+    read = getattr(config, "to_diff_dict", None) or getattr(config, "to_dict", None)
+    if read is None:
+        return repr(config)
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in _NOT_THE_MODEL}
+        if isinstance(value, (list, tuple)):
+            return [strip(v) for v in value]
+        return value
+
+    return json.dumps(strip(read()), sort_keys=True, default=repr)
+
+
 def _fingerprint(model, bos: int | None, top: int) -> str:
     """A key that changes when the weights, the architecture or the table settings do."""
     digest = hashlib.sha256()
-    config = getattr(model, "config", None)
-    text = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
-    digest.update(f"{type(model).__name__}|{text}|bos={bos}|top={top}|v1".encode())
+    digest.update(f"{type(model).__name__}|{_config_text(getattr(model, 'config', None))}|bos={bos}|top={top}"
+                  "|v2".encode())
     for name, weight in model.named_parameters():
         flat = weight.detach().flatten()
         sample = flat[:: max(1, flat.numel() // 4096)].float().cpu()
