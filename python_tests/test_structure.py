@@ -137,7 +137,14 @@ def _traced_routes(monkeypatch, method: str) -> set[tuple[str, tuple[str, ...]]]
     from toy_models import byte_tokenizer, tiny_llama
 
     import specops
+    import specops.decoding.cpu_forward as cpu_forward
+    import specops.decoding.llama_forward as llama_forward
 
+    # The row counts that pick a path depend on the CPU (cpu_forward._blas_is_slow_here): the documented
+    # routes are those of a CPU whose BLAS is slow for few rows (skinny_linear for every product, the
+    # few-call path up to 64 rows), so that every machine traces the same ones.
+    monkeypatch.setattr(cpu_forward, "_SKINNY_ROWS", 1 << 30)
+    monkeypatch.setattr(llama_forward, "_FEW_ROWS", 64)
     root = PACKAGE.parent
     routes = set()
     packet_call = torch._ops.OpOverloadPacket.__call__
