@@ -233,8 +233,20 @@ def test_a_tree_forward_equals_the_general_tree_path(arch):
         assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
 
 
-def test_a_pending_compaction_is_applied_before_the_append():
+def test_a_pending_compaction_is_applied_before_the_append(monkeypatch):
+    """Rows that move (they kept different numbers of drafts) are moved straight into the buffers the forward
+    then writes into: one copy of the cache, not a move and then a copy into room behind it."""
+    import specops.decoding.engine as engine
     from specops.decoding.engine import _layers, _moved
+    from specops.decoding.llama_forward import _ROOM
+
+    written = []
+
+    def spy(old, offsets, length, new=None, out=None):
+        written.append(None if out is None else out.data_ptr())
+        return _moved(old, offsets, length, new, out)
+
+    monkeypatch.setattr(engine, "_moved", spy)
 
     model = arch_zoo.llama_gqa()
     lm = CausalLM(model)
@@ -261,6 +273,8 @@ def test_a_pending_compaction_is_applied_before_the_append():
                      **{lm.cache_argument: caches[1]}).logits.float()
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
     assert all(layer.pending is None for layer in _layers(caches[0]))
+    rooms = [getattr(layer, _ROOM) for layer in _layers(caches[0])]
+    assert written == [ptr for kbuf, vbuf, _, _ in rooms for ptr in (kbuf.data_ptr(), vbuf.data_ptr())]
     for a, b in zip(_layers(caches[0]), _layers(caches[1])):
         assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
 

@@ -238,18 +238,23 @@ def _gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], index.shape[1], t.shape[3]))
 
 
-def _moved(old: torch.Tensor, offsets: list[int], length: int, new: torch.Tensor | None = None) -> torch.Tensor:
+def _moved(old: torch.Tensor, offsets: list[int], length: int, new: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """[B, H, length (+ new's slots), D]: row b's slot j is old's slot j + offsets[b] (zeros where that
     is before old's first slot: padding, and never NaN, which masked attention would still multiply),
     then `new` [B, H, n, D] if given. One copy per row; one for all rows when they move alike; none when
     nothing moves and nothing is appended (dropped trailing slots, as after a batch-1 rejection): old's
     leading slots as a view, so a forward that keeps room behind the cache (llama_forward) goes on
-    writing into it."""
+    writing into it. `out` (no `new`): a tensor of at least `length` slots that does not overlap old, written
+    and returned as its first `length` slots (a buffer with room behind them)."""
     batch, heads, _, dim = old.shape
-    if new is None and min(offsets) == max(offsets) == 0:
+    if new is None and out is None and min(offsets) == max(offsets) == 0:
         return old[:, :, :length]
     extra = 0 if new is None else new.shape[2]
-    out = old.new_empty(batch, heads, length + extra, dim)
+    if out is None:
+        out = old.new_empty(batch, heads, length + extra, dim)
+    else:
+        out = out[:, :, :length]
     if min(offsets) == max(offsets) >= 0:
         out[:, :, :length] = old[:, :, offsets[0]:offsets[0] + length]
     else:
@@ -305,14 +310,23 @@ def _compacting_layer():
             if _indexer_keys(self) is not None:
                 self.indexer_keys = _moved(self.indexer_keys.unsqueeze(1), offsets, length).squeeze(1)
 
-        def settle(self) -> None:
-            """Apply a pending compaction now (for a caller that appends to keys and values itself)."""
-            if self.pending is not None:
-                offsets, length = self.pending
-                self.pending = None
-                self.keys = _moved(self.keys, offsets, length)
-                self.values = _moved(self.values, offsets, length)
-                self._move_indexer(offsets, length)
+        def settle(self, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+            """Apply a pending compaction now (for a caller that appends to keys and values itself). With
+            `capacity`, rows that move go straight into new buffers of at least that many slots, returned as
+            (keys, values), the layer's tensors being their first slots: room for the caller's appends at the
+            cost of one copy. None where nothing went into new buffers."""
+            if self.pending is None:
+                return None
+            offsets, length = self.pending
+            self.pending = None
+            buffers = None
+            if capacity is not None and not min(offsets) == max(offsets) == 0:
+                buffers = tuple(t.new_empty(t.shape[0], t.shape[1], max(capacity, length), t.shape[3])
+                                for t in (self.keys, self.values))
+            self.keys = _moved(self.keys, offsets, length, out=None if buffers is None else buffers[0])
+            self.values = _moved(self.values, offsets, length, out=None if buffers is None else buffers[1])
+            self._move_indexer(offsets, length)
+            return buffers
 
     _LAYER.append(CompactingLayer)
     return CompactingLayer
