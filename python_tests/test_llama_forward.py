@@ -279,6 +279,55 @@ def test_a_pending_compaction_is_applied_before_the_append(monkeypatch):
         assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
 
 
+def test_rows_kept_ragged_move_when_the_step_settles_and_decode_on_exactly(monkeypatch):
+    """KVState.settle moves the rows a rollback left ragged at once, into buffers the next forward writes into
+    (so the step that made them ragged is the one timed with the move), and the loop settles after every
+    verification: no forward of the target finds a move pending, and greedy output is the model's own."""
+    from specops.decoding.engine import KVState, _layers
+    from specops.decoding.llama_forward import _ROOM
+
+    model = arch_zoo.gemma3(seed=3)
+    lm = CausalLM(model)
+    assert lm.llama_forward is not None
+    torch.manual_seed(0)
+    prompt = torch.randint(2, 200, (2, 5))
+    drafts = torch.randint(2, 200, (2, 3))
+    with torch.inference_mode():
+        state = KVState(lm, 2)
+        state.prefill(prompt.tolist())
+        state.append(drafts, keep=3)
+        state.rollback(3, torch.tensor([3, 1]))  # row 0 keeps its drafts, row 1 one of them
+        state.settle()
+        assert not bool(state.trim.any())
+        for layer in _layers(state.cache):
+            assert layer.pending is None and layer.keys.data_ptr() == getattr(layer, _ROOM)[0].data_ptr()
+        step = torch.randint(2, 200, (2, 1))
+        got = state.append(step)[:, -1]
+        rows = [torch.cat([prompt[0], drafts[0], step[0]]), torch.cat([prompt[1], drafts[1, :1], step[1]])]
+        want = torch.stack([model(input_ids=r[None]).logits[0, -1].float() for r in rows])
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+    pending = []
+    forward = LlamaForward.__call__
+
+    def spy(self, keep, cache, **kwargs):
+        pending.append(any(getattr(layer, "pending", None) is not None for layer in cache.layers))
+        return forward(self, keep, cache, **kwargs)
+
+    monkeypatch.setattr(LlamaForward, "__call__", spy)
+    tok = _tokenizer()
+    prompts = ["def fib(n):", "hello", "a longer prompt than the others"]
+    kwargs = dict(target=model, tokenizer=tok, method="ngram", max_new_tokens=12, num_draft_tokens=(2, 3))
+    specops.decode(prompts, **kwargs)  # the model's probes (their own caches, rolled back unsettled) run once
+    pending.clear()
+    out = specops.decode(prompts, **kwargs)
+    assert pending and not any(pending)
+    for prompt_text, tokens in zip(prompts, out.tokens):
+        ids = tok(prompt_text, return_tensors="pt").input_ids
+        want = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
+        assert tokens == want[:len(tokens)] and len(tokens) == len(want)
+
+
 def _tokenizer():
     from toy_models import byte_tokenizer
 

@@ -237,6 +237,10 @@ class EnsembleState:
         for member in self.members:
             member.select(rows)
 
+    def settle(self) -> None:
+        for member in self.members:
+            member.state.settle()
+
 
 def member_vocab(lm: CausalLM, tokenizer, first_lm: CausalLM, first_tokenizer, same: bool) -> DraftVocab:
     """How the ensemble's tokens cross into a member's vocabulary: the identity for the first member's

@@ -98,6 +98,7 @@ def _decode(target: CausalLM, batch: Batch, params: SamplingParams, seeds: torch
         stats.draft_seconds += verify_start - step_start
         target_before = target.seconds
         verified = verify(state, last, proposal, params, seeds, step)
+        state.settle()  # rows that kept different numbers of drafts move now: this step's cost, not the next's
         stats.verify_seconds += time.perf_counter() - verify_start
         target_seconds = target.seconds - target_before
         accepted, out = verified.accepted.tolist(), verified.out.tolist()
