@@ -89,6 +89,32 @@ def test_plain_decoding_probes_a_one_node_tree():
     assert [steep.choose() for _ in range(20)] == [()] * 20
 
 
+def test_a_batch_size_never_seen_plain_decodes_a_plain_step_first():
+    """A plain step is priced by extrapolation only where none ran near its batch size: the memory's first
+    steps with 8 requests all drafted, priced plain steps at 88 ms where they took 72, and drafted at a loss.
+    So a chooser asked at such a size decodes one plain step there first, for chains as for n-gram shapes."""
+    from specops.decoding.ngram_shape import DraftShape
+
+    cost = StepCost()
+    for _ in range(4):
+        cost.observe(1, 1, 0.040)  # plain with one request
+        cost.observe(1, 4, 0.050)  # and with drafts
+    assert cost.measured_plain() and cost.measured_plain(1) and cost.measured_plain(2)
+    assert not cost.measured_plain(8) and not cost.measured_plain(3)
+    chooser = DraftLength("auto", max_drafts=4)
+    chooser.cost = cost
+    chooser.cost.drafter = 0.001
+    assert chooser.choose(8) == 0
+    shape = DraftShape("auto", None, "cpu", cost=cost)
+    rows = torch.arange(8 * 8 * 8).view(8, 8, 8)  # eight requests, every row a full draft
+    assert shape.choose(rows, torch.ones(8, dtype=torch.long)) == (0, 0)
+    assert not shape.shapes(rows, torch.ones(8, dtype=torch.long)).any()
+    assert shape.widths(rows[:, :1], torch.ones(8, dtype=torch.long)) == [0] * 8
+    cost.observe(8, 8, 0.072)
+    assert cost.measured_plain(8) and cost.measured_plain(5) and not cost.measured_plain(17)
+    assert shape.choose(rows, torch.ones(8, dtype=torch.long)) != (0, 0)  # one plain step was enough
+
+
 def test_path_from_emitted_tokens():
     # root -> children 1 (token 5), 2 (token 6); node 2 -> child 3 (token 7)
     tokens, parents = [0, 5, 6, 7], [0, 0, 0, 2]

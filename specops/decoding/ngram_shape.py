@@ -157,8 +157,8 @@ class DraftShape:
             return self.fixed
         batch = rows.shape[0]
         plain = self.cost(batch, batch)
-        if plain is None:
-            return 0, 0  # measure plain decoding first
+        if plain is None or not self.cost.measured_plain(batch):
+            return 0, 0  # measure plain decoding (at about this batch size) first
         rows = rows.cpu()
         tokens = self._expected(rows, source.cpu()).sum(0) + batch  # [k_max, w_max]
         sizes = batch * (1 + tree_nodes(rows).amax(0))  # tokens in flight of each shape
@@ -189,8 +189,8 @@ class DraftShape:
             return torch.tensor([self.fixed] * batch, dtype=torch.long).view(batch, 2)
         none = torch.zeros(batch, 2, dtype=torch.long)
         plain = self.cost(batch, batch)
-        if plain is None:
-            return none  # measure plain decoding first
+        if plain is None or not self.cost.measured_plain(batch):
+            return none  # measure plain decoding (at about this batch size) first
         rows = rows.cpu()
         nodes = tree_nodes(rows)  # [B, k, w]
         value = torch.where(nodes > 0, self._expected(rows, source.cpu()), 0.0).flatten(1)  # at most the depth held
@@ -254,8 +254,8 @@ class DraftShape:
         if self.fixed is not None:
             return [self.fixed[1]] * batch
         plain = self.cost(batch, batch)
-        if plain is None:
-            return [0] * batch  # measure plain decoding first
+        if plain is None or not self.cost.measured_plain(batch):
+            return [0] * batch  # measure plain decoding (at about this batch size) first
         source = source.cpu().clamp(max=self.sources - 1)
         expected = self.expected_accepted()[source, 0]  # [B, w_max]
         gain = torch.diff(expected, dim=-1, prepend=torch.zeros(batch, 1, dtype=expected.dtype))
