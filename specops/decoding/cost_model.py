@@ -26,7 +26,8 @@ The choice (`ShapeChooser`): among the candidate shapes, the most expected token
 Steps are priced at most at twice the most tokens in flight any step carried, so sizes never measured are
 explored by doubling (priced at the largest measured cost, specops.vllm's n-gram proposer with 8 requests
 on a CPU once tried 32 and 64 tokens in flight after 16 had cost 1.4 plain steps). The first step drafts
-(to measure the drafter), the second is plain (so the fit has a slope); while plain decoding wins, the
+(to measure the drafter), the second is plain (so the fit has a slope), and so is the first step of a batch
+size no plain step ran near (`StepCost.measured_plain`); while plain decoding wins, the
 smallest drafting shape is probed now and then, at doubling intervals, if it could pay at all (plain
 decoding measures no acceptance, so an unlucky start would otherwise lock drafting out for good).
 
