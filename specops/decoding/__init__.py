@@ -484,6 +484,7 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     if members is None:
         target_lm = CausalLM(target_model, "target")
     target_lm.check_prompts(rows, max_new_tokens, "target")
+    apart = _refuse_cache(target_lm, ids)
     drafter_model = None
     if drafter is not None:
         drafter_model, drafter_tokenizer, unfit = _drafter_model(drafter, drafter_tokenizer, target_model,
@@ -502,8 +503,6 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
         method, same, temperature, members, drafter_lm, False)
     chosen = None if trees_decide else _chosen(method, same, temperature, members, target_lm, drafter_lm,
                                                tokenizer, drafter_tokenizer)
-    # The target's cache is probed (forwards) only once every check that needs none has passed.
-    apart = _refuse_cache(target_lm, ids)
     if drafter_lm is not None and not isinstance(drafter, str):
         _refuse_cache(drafter_lm, ids if same else list(range(min(drafter_lm.vocab_size, 64))), target_lm)
     if apart and len(prompts) > 1:
