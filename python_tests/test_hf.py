@@ -798,6 +798,9 @@ def test_refusals(llama, batch, drafter, hetero, case):
         kwargs["assistant_model"] = drafter
     if kwargs.get("draft_model") == "other":
         kwargs["draft_model"] = hetero["byte"][2]  # over the merged vocabulary, without its tokenizer
+    # The probes of a model's cached decoding run once per model, before its first decode, and decide what
+    # it may be refused for: done here, so that what is checked does not depend on which test ran first.
+    hf(llama, batch, max_new_tokens=1)
     calls = []
     hook = llama.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
