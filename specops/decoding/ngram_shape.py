@@ -156,8 +156,8 @@ class DraftShape:
         if self.fixed is not None:
             return self.fixed
         batch = rows.shape[0]
-        plain = self.cost(batch, batch)
-        if plain is None or not self.cost.measured_plain(batch):
+        plain = self._plain(batch)
+        if plain is None:
             return 0, 0  # measure plain decoding (at about this batch size) first
         rows = rows.cpu()
         tokens = self._expected(rows, source.cpu()).sum(0) + batch  # [k_max, w_max]
@@ -188,8 +188,8 @@ class DraftShape:
         if self.fixed is not None:
             return torch.tensor([self.fixed] * batch, dtype=torch.long).view(batch, 2)
         none = torch.zeros(batch, 2, dtype=torch.long)
-        plain = self.cost(batch, batch)
-        if plain is None or not self.cost.measured_plain(batch):
+        plain = self._plain(batch)
+        if plain is None:
             return none  # measure plain decoding (at about this batch size) first
         rows = rows.cpu()
         nodes = tree_nodes(rows)  # [B, k, w]
@@ -216,6 +216,11 @@ class DraftShape:
         pick = torch.where(fits[size] & (value == top) & (top > 0), rank, rank.max() + 1).argmin(1)
         chosen = torch.stack([pick // w_max + 1, pick % w_max + 1], 1)
         return torch.where((best[size] > 0)[:, None], chosen, 0)
+
+    def _plain(self, batch: int) -> float | None:
+        """A plain step's predicted seconds with `batch` requests; None until a plain step ran near that size
+        (StepCost.measured_plain): then a plain step is what to do."""
+        return self.cost(batch, batch) if self.cost.measured_plain(batch) else None
 
     def _probe(self, batch: int, drafts: float, plain: float) -> bool:
         """Whether this plain step should draft one token per request instead: at once where drafts were never
@@ -253,8 +258,8 @@ class DraftShape:
             raise ValueError(f"DraftShape.widths: one row per request (k_max 1), got {k_max}")
         if self.fixed is not None:
             return [self.fixed[1]] * batch
-        plain = self.cost(batch, batch)
-        if plain is None or not self.cost.measured_plain(batch):
+        plain = self._plain(batch)
+        if plain is None:
             return [0] * batch  # measure plain decoding (at about this batch size) first
         source = source.cpu().clamp(max=self.sources - 1)
         expected = self.expected_accepted()[source, 0]  # [B, w_max]
