@@ -530,8 +530,10 @@ class KVState:
         and keep it pending."""
         if not isinstance(self.lm._llama_forward, LlamaForward) or not bool(self.trim.any()):
             return
+        start = time.perf_counter()
         self._compact()
         settle_layers(self.cache)
+        self.lm.seconds += time.perf_counter() - start  # the model's work: chains price steps by it
 
     def _cut(self, end: int) -> None:
         self.mask, self.tokens = self.mask[:, :end], self.tokens[:, :end]
