@@ -27,7 +27,15 @@ def _extension():
     sources = _sources("csrc/registration.cpp") + _sources("csrc/cpu/*.cpp")
     # -g0: Python's own CFLAGS ask for debug information, which doubles the compile time and makes the
     # objects 20x larger (take it out here for a build to debug).
-    cxx_flags = ["-O3", "-g0", "-fopenmp", "-Wno-psabi"]
+    # -std=c++20: the kernels use it (std::bit_cast, std::popcount); torch 2.11 compiles extensions as C++17
+    # unless told (2.13 as C++20).
+    # _GLIBCXX_USE_CXX11_ABI as torch was built: torch's extension builder does not pass it, and a compiler
+    # whose default differs (toolchains made for an old glibc keep the pre-C++11 std::string) builds every
+    # std::string handed to torch, an error's message first, as an object torch reads differently. On the
+    # lent H200 machine (/opt/gcc/bin/g++, torch 2.11, 2026-12-04) every error a C++ kernel raised crashed
+    # the process while correct calls ran; this define is the suspected fix, still to be seen there.
+    cxx_flags = ["-std=c++20", "-O3", "-g0", "-fopenmp", "-Wno-psabi",
+                 f"-D_GLIBCXX_USE_CXX11_ABI={int(_torch_cxx11_abi())}"]
     cuda_sources = _sources("csrc/cuda/*.cu")
     use_cuda = bool(cuda_sources) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
     if use_cuda:
@@ -37,6 +45,12 @@ def _extension():
             extra_link_args=["-fopenmp"])
     return cpp_extension.CppExtension("specops._C", sources, extra_compile_args=cxx_flags,
                                       extra_link_args=["-fopenmp"])
+
+
+def _torch_cxx11_abi() -> bool:
+    import torch
+
+    return bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
 def _torch_has_cuda() -> bool:
