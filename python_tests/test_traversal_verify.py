@@ -24,6 +24,7 @@ in the layers of test_tree_verify.py, plus bad inputs.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import math
 
@@ -354,3 +355,23 @@ def test_an_unknown_scheme_raises(device):
         specops.ops.tree_verify(logits, tokens, parents, probs, scheme="bogus")
     with pytest.raises(ValueError, match="tree_verify: scheme must be 'recursive' or 'traversal'"):
         torch.ops.specops.tree_verify(*small_case(), 0, True, "bogus")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="specops.kernels needs triton")
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_the_cuda_kernel_runs_traversal_on_the_cpp_kernel_until_the_triton_one_is_verified(monkeypatch,
+                                                                                           with_probs):
+    # specops.kernels.tree_verify.TRAVERSAL_KERNEL_VERIFIED: the Triton traversal walk differed from the
+    # reference on an H200. What the CUDA kernel runs, on CPU tensors here: the C++ kernel's result, the
+    # Triton walk never launched; the recursive scheme still launches it.
+    from specops.kernels import tree_verify as kernel
+
+    launched = []
+    monkeypatch.setattr(kernel, "tree_verify_triton", lambda *a, **k: launched.append(a[-1]) or "triton")
+    args = random_case(torch.Generator().manual_seed(31), 5, 6, 20, torch.float32, with_probs)
+    got = kernel.tree_verify_cuda(*args, 7, True, "traversal")
+    assert_same(got, run_impl("cpp", args, 7, scheme="traversal"))
+    assert launched == []
+    assert kernel.tree_verify_cuda(*args, 7, True, "recursive") == "triton" and launched == ["recursive"]
+    monkeypatch.setattr(kernel, "TRAVERSAL_KERNEL_VERIFIED", True)
+    assert kernel.tree_verify_cuda(*args, 7, True, "traversal") == "triton" and launched[-1] == "traversal"
