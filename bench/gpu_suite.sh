@@ -118,6 +118,17 @@ print(f"- ops: {', '.join(n for n in specops.ops.__all__ if hasattr(torch.ops.sp
 EOF
 grep '^- ' "$report_dir/environment.log" >>"$report"
 "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && cuda=1
+# The compiler the extension was built with, and its default std::string ABI against torch's: on the first
+# GPU run every error a C++ kernel raised crashed the process (setup.py says why that may be).
+cxx="${CXX:-c++}"
+md "- compiler: \`$cxx\` = $(command -v "$cxx"), $("$cxx" --version 2>/dev/null | head -n 1)" \
+   "- its default _GLIBCXX_USE_CXX11_ABI: $(echo '#include <string>' | "$cxx" -x c++ -E -dM - 2>/dev/null |
+      grep -o '_GLIBCXX_USE_CXX11_ABI [0-9]*' | head -n 1); torch's: $("$python" -c \
+      'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>&1 | tail -n 1)"
+# The C++ kernels' errors, raised on CPU tensors: the contract tests compare each with the Python check's.
+run_step "C++ errors" 60 "$report_dir/cpp_errors.log" "$python" -m pytest -q -x -p no:cacheprovider \
+    python_tests/test_validation.py -k "contract_matches_cpp"
+md "" "\`$(tail -n 1 "$report_dir/cpp_errors.log")\`"
 
 # ---- 3. the ops' tests on CUDA ----
 md "" "## 3. The ops' tests on CUDA"
@@ -142,7 +153,8 @@ if [ "$cuda" -eq 1 ]; then
     for file in "${op_tests[@]}"; do
         counts=""
         for outcome in PASSED FAILED ERROR SKIPPED; do
-            counts="$counts | $(grep -c -E "(^| )$outcome $file::" "$report_dir/op_tests.log")"
+            # the progress lines ("[gw3] [ 41%] PASSED file::test"), not the -rf summary's repeats
+            counts="$counts | $(grep -c -E "\] $outcome $file::" "$report_dir/op_tests.log")"
         done
         md "| $(basename "$file" .py)$counts |"
     done
@@ -157,6 +169,14 @@ else
     selected=$("$python" -m pytest -q --collect-only -p no:cacheprovider -k "$selection" "${op_tests[@]}" 2>&1 |
                tail -n 1)
     md "" "Selection check without a GPU: \`$selected\`"
+fi
+
+# The traversal walk differed from the reference on the first GPU run (2026-12-04): where, by warp count.
+if [ "$cuda" -eq 1 ]; then
+    md "" "#### Traversal walk against the C++ kernel (bench/gpu_traversal_check.py)"
+    run_step "traversal check" 60 "$report_dir/traversal_check.log" "$python" bench/gpu_traversal_check.py \
+        --csv "$report_dir/traversal_check.csv"
+    tail_block "$report_dir/traversal_check.log" 12
 fi
 
 # ---- 4. kernel benchmarks ----
