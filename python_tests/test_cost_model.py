@@ -8,6 +8,8 @@ test_decode_ngram.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -281,6 +283,21 @@ def test_cost_plane_reads_near_batch_sizes():
 
 
 # ---- the choosers ----
+
+def test_a_timed_read_prices_the_first_catch_up():
+    """CatchUp.time_read: reads twice and prices reads by the second (the first warms the drafter up, here
+    ten times slower), so the first real catch-up is priced."""
+    calls = []
+
+    def read(tokens):
+        time.sleep((0.01 if not calls else 0.001) * tokens)
+        calls.append(tokens)
+
+    catch_up = CatchUp()
+    catch_up.time_read(read)
+    assert calls == [64, 64]
+    assert 1e-3 <= catch_up.per_token < 5e-3
+
 
 def test_catching_up_pays_only_within_the_tokens_left():
     """CatchUp.pays: drafting that saves s seconds a token on n requests with L tokens left each repays a read

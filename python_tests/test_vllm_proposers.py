@@ -468,6 +468,19 @@ def test_slem_with_the_target_as_drafter_has_every_draft_accepted(saved, monkeyp
     assert not proposer.order and not proposer.pending  # every request left the drafter's batch
 
 
+@pytest.mark.parametrize("length", ["auto", "3"])
+def test_slem_prices_the_drafters_reads_at_start_up(saved, monkeypatch, length):
+    """With the draft length chosen, the proposer times a read of the drafter at start-up, so that the first
+    requests' prompts are priced before it reads them (cost_model.CatchUp.time_read); a fixed length never
+    asks the price."""
+    folder, _target = saved
+    monkeypatch.setenv("SPECOPS_DRAFTER", str(folder))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", length)
+    proposer = SlemProposer(_config(4, tokenizer=str(folder)))
+    per_token = proposer.length.catch_up.per_token
+    assert (per_token is not None and per_token > 0) if length == "auto" else per_token is None
+
+
 @pytest.mark.parametrize("per_token, joins", [(1.0, False), (0.0, True)])
 def test_slem_reads_a_prompt_only_where_drafting_repays_it(saved, monkeypatch, per_token, joins):
     """Requests join the drafter only at a step that drafts, and a step drafts only if the drafter's reading

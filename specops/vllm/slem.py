@@ -110,6 +110,13 @@ class SlemProposer:
         self.k = 0  # drafter tokens drafted at the last step
         self.propose_seconds = 0.0
         self.draft_seconds: float | None = None  # per drafter forward, at the last drafting step
+        if self.length.fixed is None:
+            self.length.catch_up.time_read(self._read_alone)
+
+    @torch.inference_mode()
+    def _read_alone(self, tokens: int) -> None:
+        """One request's read of `tokens` drafter tokens, in a state of its own (pricing reads at start-up)."""
+        KVState(self.lm, 1).prefill([[self.text.stand_in] * tokens])
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing more to load: the drafter was loaded with the proposer, so a bad SPECOPS_DRAFTER fails at
