@@ -284,6 +284,26 @@ def test_cost_plane_reads_near_batch_sizes():
 
 # ---- the choosers ----
 
+def test_drafts_at_a_batch_size_never_drafted_cost_a_plain_share_per_token():
+    """ShapeChooser.rates: where no step drafted near the batch size, a step is priced at least at a plain
+    step's share per token in flight (the fit only extrapolates there); once one does, the fit prices it."""
+    chooser = DraftLength("auto", max_drafts=4)
+    for _ in range(20):  # one request: drafts cost nearly nothing, and all are accepted
+        chooser.observe(2, 0.10, 0.001, 0.0, [2], [2])
+        chooser.observe(0, 0.10, None, 0.0, [], [])
+    chooser.observe(0, 0.10, None, 0.0, [], [])  # a plain step of 4 requests (requests from the paths below)
+    chooser.cost.observe(4, 4, 0.10)
+    assert chooser.cost.measured_plain(4) and not chooser.cost.measured_drafts(4)
+    rates = chooser.rates(4)
+    plain = float(rates[0])
+    for k in (1, 2):  # (1 + k) plain shares and k drafter forwards
+        expected = 4 * chooser.expected_tokens((1,) * k)
+        assert float(rates[k]) <= expected / ((1 + k) * 4 / plain + k * 0.001) * 1.0001
+    assert chooser.choose(4) == 0  # plain
+    chooser.cost.observe(4, 12, 0.11, 0.001)  # a step of 4 requests with 2 drafts each, measured
+    assert chooser.cost.measured_drafts(4) and float(chooser.rates(4)[2]) > 1.5 * plain
+
+
 def test_a_timed_read_prices_the_first_catch_up():
     """CatchUp.time_read: reads twice and prices reads by the second (the first warms the drafter up, here
     ten times slower), so the first real catch-up is priced."""

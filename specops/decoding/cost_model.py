@@ -27,9 +27,10 @@ Steps are priced at most at twice the most tokens in flight any step carried, so
 explored by doubling (priced at the largest measured cost, specops.vllm's n-gram proposer with 8 requests
 on a CPU once tried 32 and 64 tokens in flight after 16 had cost 1.4 plain steps). The first step drafts
 (to measure the drafter), the second is plain (so the fit has a slope), and so is the first step of a batch
-size no plain step ran near (`StepCost.measured_plain`); while plain decoding wins, the
-smallest drafting shape is probed now and then, at doubling intervals, if it could pay at all (plain
-decoding measures no acceptance, so an unlucky start would otherwise lock drafting out for good).
+size no plain step ran near (`StepCost.measured_plain`). Drafts at a batch size no drafting step ran near
+cost at least a plain step's share per token in flight until one does (`ShapeChooser.rates`). While plain
+decoding wins, the smallest drafting shape is probed now and then, at doubling intervals, if it could pay at
+all (plain decoding measures no acceptance, so an unlucky start would otherwise lock drafting out for good).
 
 Who asks: chains (`DraftLength`: sd, tli, slem, slrs and specops.vllm's slem proposer), trees (`TreeShape`:
 rsd-c, rsd-s, specinfer), and n-gram drafting (ngram_shape.py), which scores its own acceptance per rows x
@@ -392,6 +393,13 @@ class ShapeChooser:
         seconds = self.cost.at(requests, tokens, self._forwards)
         if seconds is None:
             return None
+        if not self.cost.measured_drafts(requests):
+            # No step drafted near this batch size, so the fit only extrapolates what drafts cost here: priced
+            # from one request's steps, one drafter token for each of 4 requests in vLLM looked 1.5x as fast
+            # as plain decoding and was 0.85x (docs/vllm.md). Until a step measures them, every token in flight
+            # costs at least a plain step's share per request (a CPU's worst case); probes measure them.
+            plain = self.cost.at(requests, torch.tensor(requests))
+            seconds = torch.maximum(seconds, plain * tokens / requests + self._forwards * (self.cost.drafter or 0.0))
         expected = torch.tensor([self.expected_tokens(s) for s in self.candidates], dtype=torch.float64)
         reachable = tokens <= max(self.cost.reach(), requests)
         return torch.where(reachable, requests * expected / seconds, float("-inf"))
