@@ -481,6 +481,34 @@ def test_slem_prices_the_drafters_reads_at_start_up(saved, monkeypatch, length):
     assert (per_token is not None and per_token > 0) if length == "auto" else per_token is None
 
 
+def test_slem_reads_no_request_on_its_first_step(saved, monkeypatch):
+    """A request joins the drafter at the earliest on its second step (vLLM admits a group over its first
+    steps: the first request alone looked like one request decoding, and its prompt was read for drafts the
+    whole group did not take); the requests already joined draft meanwhile."""
+    folder, target = saved
+    monkeypatch.setenv("SPECOPS_DRAFTER", str(folder))
+    monkeypatch.setenv("SPECOPS_DRAFT_LENGTH", "3")
+    proposer = SlemProposer(_config(3, tokenizer=str(folder)))
+    loop = _Loop(target, seed=2)
+    prompts, lengths = [[72, 101, 108], [40, 41, 42, 43], [60, 61, 62]], [16, 16, 10]
+    requests = [loop.join(prompts[0], lengths[0]), loop.join(prompts[1], lengths[1])]
+    loop.step(proposer)
+    assert loop.drafted == 0 and not proposer.order  # both on their first step
+    loop.step(proposer)
+    first = set(proposer.order)
+    assert len(first) == 2 and loop.drafted > 0
+    requests.append(loop.join(prompts[2], lengths[2]))
+    drafted = loop.drafted
+    loop.step(proposer)
+    assert set(proposer.order) == first and loop.drafted > drafted  # the newcomer waits, the others draft
+    loop.step(proposer)
+    assert len(proposer.order) == 3
+    while loop.running:
+        loop.step(proposer)
+    for request, prompt, n in zip(requests, prompts, lengths):
+        assert request["tokens"] == _greedy_alone(target, prompt, n)
+
+
 @pytest.mark.parametrize("per_token, joins", [(1.0, False), (0.0, True)])
 def test_slem_reads_a_prompt_only_where_drafting_repays_it(saved, monkeypatch, per_token, joins):
     """Requests join the drafter only at a step that drafts, and a step drafts only if the drafter's reading
