@@ -61,8 +61,8 @@ from pathlib import Path
 from _timing import bandwidth_gbs, load_prompts, machine_info, markdown_table, shuffled_rounds
 
 BENCH = Path(__file__).resolve().parent
-CONFIGS = ["ar", "ngram", "ngram-memory", "ngram-memory-d0", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix", "vllm-specops", "llama",
-           "llama-ngram-simple", "llama-ngram-mod", "llama-ngram-cache"]
+CONFIGS = ["ar", "ngram", "ngram-memory", "ngram-memory-d0", "hf-lookup", "vllm", "vllm-ngram", "vllm-suffix",
+           "vllm-specops", "llama", "llama-ngram-simple", "llama-ngram-mod", "llama-ngram-cache"]
 WORKLOADS = ["unrelated", "refine", "again", "passk"]
 # (workload, mode) -> first HumanEval problem of its 8 prompts
 PROMPTS = {("unrelated", "alone"): 24, ("unrelated", "together8"): 32, ("refine", "alone"): 8,

@@ -7,9 +7,10 @@
 
 Configurations: `ngram`; `memory` (the defaults); `memory-w8` (the memory's rows at most 8 tokens, as without one,
 instead of 16); `memory-s1` (draft-shape sources: matched or not, split by agreement, instead of three match-length
-buckets); `memory-w8s1` (both); `memory-d2`, `memory-d4` (the memory's rows rank as if their match were 2 or 4
-tokens shorter than the context's, `ngram._MEMORY_DISCOUNT`). Per run: the call's seconds, its prefill, draft time, steps, drafted and accepted
-tokens. bench_memory.py's "unrelated, 8 together" cell is one round of the first two.
+buckets); `memory-w8s1` (both); `memory-d0`, `memory-d2`, `memory-d4` (the memory's rows rank as if their
+match were 0, 2 or 4 tokens shorter than the context's, `ngram._MEMORY_DISCOUNT`, 4 by default). Per run: the
+call's seconds, its prefill, draft time, steps, drafted and accepted tokens. bench_memory.py's "unrelated, 8
+together" cell is one round of the first two.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-CONFIGS = ["ngram", "memory", "memory-w8", "memory-s1", "memory-w8s1", "memory-d2", "memory-d4"]
+CONFIGS = ["ngram", "memory", "memory-w8", "memory-s1", "memory-w8s1", "memory-d0", "memory-d2", "memory-d4"]
 
 
 def worker(config: str, first: int) -> None:

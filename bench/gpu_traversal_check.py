@@ -1,4 +1,4 @@
-"""Where the Triton traversal walk (`tree_verify(..., scheme="traversal")`) departs from the C++ kernel on a GPU.
+"""Where the Triton traversal walk (`tree_verify(..., scheme="traversal")`) departs from the C++ kernel.
 
     python bench/gpu_traversal_check.py [--device cuda] [--cases 40] [--csv PATH]
 

@@ -1043,8 +1043,8 @@ def test_guarded_cuda_kernel_raises_as_cpp(case):
     assert outcome(guarded, arguments(case)) == want
 
 
-# Cases where a CUDA kernel's outcome is its own, with what it is: it takes inputs the C++ kernel does not, and
-# says so (seen on an H200, 2026-12-04).
+# Cases where a CUDA kernel's outcome is its own, with what it is: it takes inputs the C++ kernel does not,
+# and says so (seen on an H200, 2026-12-04).
 CUDA_OWN = {("quantized_linear", "input_1d"):
             (ValueError, "quantized_linear: input must be float32, bfloat16 or float16 [M, K]")}
 

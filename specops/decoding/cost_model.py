@@ -396,10 +396,11 @@ class ShapeChooser:
         if not self.cost.measured_drafts(requests):
             # No step drafted near this batch size, so the fit only extrapolates what drafts cost here: priced
             # from one request's steps, one drafter token for each of 4 requests in vLLM looked 1.5x as fast
-            # as plain decoding and was 0.85x (docs/vllm.md). Until a step measures them, every token in flight
-            # costs at least a plain step's share per request (a CPU's worst case); probes measure them.
+            # as plain decoding and was 0.85x (docs/vllm.md). Until a step measures them, every token in
+            # flight costs at least a plain step's share per request (a CPU's worst case); probes measure.
             plain = self.cost.at(requests, torch.tensor(requests))
-            seconds = torch.maximum(seconds, plain * tokens / requests + self._forwards * (self.cost.drafter or 0.0))
+            drafter = self._forwards * (self.cost.drafter or 0.0)
+            seconds = torch.maximum(seconds, plain * tokens / requests + drafter)
         expected = torch.tensor([self.expected_tokens(s) for s in self.candidates], dtype=torch.float64)
         reachable = tokens <= max(self.cost.reach(), requests)
         return torch.where(reachable, requests * expected / seconds, float("-inf"))

@@ -684,8 +684,8 @@ def tree_verify_triton(target_logits: torch.Tensor, tokens: torch.Tensor, parent
 TRAVERSAL_KERNEL_VERIFIED = False
 
 
-def _tree_verify_device(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature, top_k,
-                        top_p, seed, offset, validate=True, scheme="recursive"):
+def _tree_verify_device(target_logits, tokens, parents, draft_probs, num_nodes, replacement, temperature,
+                        top_k, top_p, seed, offset, validate=True, scheme="recursive"):
     """The CUDA kernel of `specops::tree_verify`: the Triton walk, or for an unverified traversal kernel the
     C++ one on host copies (values already checked by the contract)."""
     if scheme != "traversal" or TRAVERSAL_KERNEL_VERIFIED:
@@ -695,8 +695,8 @@ def _tree_verify_device(target_logits, tokens, parents, draft_probs, num_nodes, 
     host = [None if t is None else t.cpu() for t in (target_logits, tokens, parents, draft_probs, num_nodes,
                                                       temperature, top_k, top_p, seed)]
     logits, tokens_h, parents_h, probs_h, num_h, temperature_h, top_k_h, top_p_h, seed_h = host
-    out = torch.ops.specops.tree_verify(logits, tokens_h, parents_h, probs_h, num_h, replacement, temperature_h,
-                                        top_k_h, top_p_h, seed_h, offset, validate, scheme)
+    out = torch.ops.specops.tree_verify(logits, tokens_h, parents_h, probs_h, num_h, replacement,
+                                        temperature_h, top_k_h, top_p_h, seed_h, offset, validate, scheme)
     return tuple(t.to(device) for t in out)
 
 

@@ -116,7 +116,7 @@ class SlemProposer:
 
     @torch.inference_mode()
     def _read_alone(self, tokens: int) -> None:
-        """One request's read of `tokens` drafter tokens, in a state of its own (pricing reads at start-up)."""
+        """One request's read of `tokens` drafter tokens, in a state of its own (prices reads at start-up)."""
         KVState(self.lm, 1).prefill([[self.text.stand_in] * tokens])
 
     def load_model(self, *args, **kwargs) -> None:
