@@ -14,11 +14,12 @@ follows every request across steps: one batched cache for all running requests, 
 (one `DraftLength` for every batch size, its step costs read at the batch size they price, as
 `specops.decode` has it): none where drafting cannot pay, with the decoder's probes to come back.
 
-A request joins the drafter only at a step that drafts, and a step drafts only if what drafting saves on the
-tokens the requests have left (the mean output of the requests that finished so far; 64 before any did)
-repays reading what the drafter has not read yet: the prompts of requests it never drafted for, and what
-every request emitted since the drafter last ran (`cost_model.CatchUp`; a probe may catch up for an eighth
-of the plain steps since the last probe; a fixed SPECOPS_DRAFT_LENGTH drafts every step). Joining every
+A request joins the drafter only at a step that drafts, never on its own first step (`_join`), and a step
+drafts only if what drafting saves on the tokens the requests have left (the mean output of the requests that
+finished so far; 64 before any did) repays reading what the drafter has not read yet: the prompts of
+requests it never drafted for, and what every request emitted since the drafter last ran
+(`cost_model.CatchUp`, priced from a timed read at start-up; a probe may catch up for an eighth of the plain
+steps since the last probe; a fixed SPECOPS_DRAFT_LENGTH drafts every step). Joining every
 request as it arrived made the drafter read 8 prompts submitted together before the first draft: 1.4 s on
 two cores of a 5 s run, where vLLM decoded plain at 7.8 tokens a step anyway (0.42x plain vLLM,
 docs/vllm.md).
