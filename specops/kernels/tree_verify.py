@@ -691,13 +691,10 @@ def _tree_verify_device(target_logits, tokens, parents, draft_probs, num_nodes, 
     if scheme != "traversal" or TRAVERSAL_KERNEL_VERIFIED:
         return tree_verify_triton(target_logits, tokens, parents, draft_probs, num_nodes, replacement,
                                   temperature, top_k, top_p, seed, offset, validate, scheme)
-    device = target_logits.device
-    host = [None if t is None else t.cpu() for t in (target_logits, tokens, parents, draft_probs, num_nodes,
-                                                      temperature, top_k, top_p, seed)]
-    logits, tokens_h, parents_h, probs_h, num_h, temperature_h, top_k_h, top_p_h, seed_h = host
-    out = torch.ops.specops.tree_verify(logits, tokens_h, parents_h, probs_h, num_h, replacement,
-                                        temperature_h, top_k_h, top_p_h, seed_h, offset, validate, scheme)
-    return tuple(t.to(device) for t in out)
+    tree = [None if t is None else t.cpu() for t in (target_logits, tokens, parents, draft_probs, num_nodes)]
+    sampling = [t.cpu() for t in (temperature, top_k, top_p, seed)]
+    out = torch.ops.specops.tree_verify(*tree, replacement, *sampling, offset, validate, scheme)
+    return tuple(t.to(target_logits.device) for t in out)
 
 
 # What CUDA calls run, through the wrapper or torch.ops directly: the op's contract (the C++ kernel's checks,
