@@ -8,7 +8,7 @@ test_decode_ngram.py."""
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -304,19 +304,24 @@ def test_drafts_at_a_batch_size_never_drafted_cost_a_plain_share_per_token():
     assert chooser.cost.measured_drafts(4) and float(chooser.rates(4)[2]) > 1.5 * plain
 
 
-def test_a_timed_read_prices_the_first_catch_up():
+def test_a_timed_read_prices_the_first_catch_up(monkeypatch):
     """CatchUp.time_read: reads twice and prices reads by the second (the first warms the drafter up, here
-    ten times slower), so the first real catch-up is priced."""
+    ten times slower), so the first real catch-up is priced. A clock the reads advance, so that no load on
+    the machine can move the figure."""
+    from specops.decoding import cost_model
+
+    clock = [0.0]
+    monkeypatch.setattr(cost_model, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     calls = []
 
     def read(tokens):
-        time.sleep((0.01 if not calls else 0.001) * tokens)
+        clock[0] += (0.01 if not calls else 0.001) * tokens
         calls.append(tokens)
 
     catch_up = CatchUp()
     catch_up.time_read(read)
     assert calls == [64, 64]
-    assert 1e-3 <= catch_up.per_token < 5e-3
+    assert catch_up.per_token == pytest.approx(1e-3)
 
 
 def test_catching_up_pays_only_within_the_tokens_left():
