@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import torch
 
 from specops._kept import per_object
@@ -261,42 +262,47 @@ class DraftShape:
         plain = self._plain(batch)
         if plain is None:
             return [0] * batch  # measure plain decoding (at about this batch size) first
-        source = source.cpu().clamp(max=self.sources - 1)
-        expected = self.expected_accepted()[source, 0]  # [B, w_max]
-        gain = torch.diff(expected, dim=-1, prepend=torch.zeros(batch, 1, dtype=expected.dtype))
-        gain = gain.cummin(-1).values.clamp(min=0.0)
-        drafted = (rows[:, 0].cpu() >= 0).long().cumprod(-1).sum(-1)  # tokens each row holds
-        position = torch.arange(w_max)
-        gain = torch.where(position[None] < drafted[:, None], gain, 0.0)
-        lead = torch.full((batch,), -1, dtype=torch.long) if lead is None else lead.cpu().long()
+        # NumPy from here: a vLLM proposer asks once per engine step, and torch's per-call overhead on these
+        # [B, w_max] arrays cost it 1.8 ms of its 4.4 ms a step (0.9 ms in NumPy; 8 requests, 2-vCPU Xeon).
+        source = source.cpu().clamp(max=self.sources - 1).numpy()
+        expected = self.expected_accepted()[:, 0].numpy()[source]  # [B, w_max]
+        gain = np.minimum.accumulate(np.diff(expected, axis=-1, prepend=0.0), axis=-1).clip(min=0.0)
+        drafted = np.cumprod(rows[:, 0].cpu().numpy() >= 0, axis=-1).sum(-1)  # tokens each row holds
+        position = np.arange(w_max)
+        gain = np.where(position[None] < drafted[:, None], gain, 0.0)
+        lead = np.full(batch, -1) if lead is None else lead.cpu().numpy().astype(np.int64)
         member = lead >= 0
         if int(member.sum()) < 2:
             member[:] = False
-        worth = torch.where(member, _AHEAD_WORTH, 1.0)[:, None].double()  # of each request's own gains
+        worth = np.where(member, _AHEAD_WORTH, 1.0)[:, None]  # of each request's own gains
+        valued = (gain * worth).ravel()
         budget = max(self.cost.reach() - batch, 0)
+        costs = self.cost.at(batch, torch.arange(batch, batch + budget + 1)).numpy()  # by drafts in flight
         best_rate, best_widths = batch / plain, [0] * batch
         group_depths = int(w_max + lead[member].max()) if member.any() else 0
         for depth in range(group_depths + 1):
-            base = torch.where(member, torch.minimum((depth - lead).clamp(min=0), drafted), 0)
-            tokens = batch + float((gain * worth * (position[None] < base[:, None])).sum())
+            base = np.where(member, np.minimum(np.clip(depth - lead, 0, None), drafted), 0)
+            below = (position[None] < base[:, None]).ravel()
+            tokens = batch + float(valued[below].sum())
             if member.any():
-                steps = torch.arange(1, depth + 1)[:, None] - lead[member][None]  # [depth, m]
-                held = gain[member].gather(1, (steps.T - 1).clamp(0, w_max - 1)).T
-                reach = torch.where(steps <= 0, 1.0, torch.where(steps > w_max, 0.0, held)).prod(1)
+                steps = np.arange(1, depth + 1)[:, None] - lead[member][None]  # [depth, m]
+                held = np.take_along_axis(gain[member], (steps.T - 1).clip(0, w_max - 1), 1).T
+                reach = np.where(steps <= 0, 1.0, np.where(steps > w_max, 0.0, held)).prod(1)
                 if depth and not float(reach[-1]) > 0:
                     break  # the group's slowest cannot get this far: deeper only costs more
                 tokens += (1 - _AHEAD_WORTH) * int(member.sum()) * float(reach.sum())
             spent = int(base.sum())
             if spent > budget:
                 break
-            extra = torch.where(position[None] >= base[:, None], gain * worth, 0.0)
-            order = torch.sort(extra.flatten(), descending=True, stable=True)
-            usable = min(int((order.values > 0).sum()), budget - spent)
-            total = tokens + torch.cat([torch.zeros(1, dtype=torch.float64), order.values[:usable].cumsum(0)])
-            rate = total / self.cost.at(batch, batch + spent + torch.arange(usable + 1))
+            extra = np.where(below, 0.0, valued)
+            order = np.argsort(-extra, kind="stable")  # largest first, ties in request order
+            values = extra[order]
+            usable = min(int((values > 0).sum()), budget - spent)
+            total = tokens + np.concatenate([[0.0], np.cumsum(values[:usable])])
+            rate = total / costs[spent:spent + usable + 1]
             pick = int(rate.argmax())  # the first best: the fewest tokens in flight
             if float(rate[pick]) > best_rate:
-                widths = base + torch.bincount(order.indices[:pick] // w_max, minlength=batch)
+                widths = base + np.bincount(order[:pick] // w_max, minlength=batch)
                 best_rate, best_widths = float(rate[pick]), widths.tolist()
         return best_widths
 
