@@ -243,13 +243,19 @@ class DraftShape:
         P(its first w drafts are accepted) = e(w) - e(w - 1) for its source, made non-increasing along the
         row. Requests with lead[b] >= 0 decode as a group that is done when its slowest member is (a batch
         submitted together, `LLM.generate(prompts)`); lead[b] is how many tokens member b has emitted beyond
-        the group's slowest. A group drafted to depth t (member b gets t - lead[b] tokens) advances its
-        slowest member by 1 + sum over s <= t of P(every member reaches s), b reaching s for sure when
-        s <= lead[b] and with its gain at s - lead[b] otherwise; that advance counts once per member, and
-        every other token a member is expected to emit counts _AHEAD_WORTH. (Valued token by token, the
-        drafts went to the requests on long context matches, those finished first, and the rest decoded in
-        a tail of steps costing nearly a full batch's on a CPU: 0.90x plain vLLM with 8 requests submitted
-        together.) Tokens beyond the group depth go where they are worth most, as for requests alone.
+        the group's slowest. A group drafted to depth t (member b gets t - lead[b] tokens) advances at the
+        pace of its weakest prospect: 1 + sum over s <= t of the least P(member b reaches s) among the
+        members, b reaching s for sure when s <= lead[b] and with its gain at s - lead[b] otherwise; that
+        advance counts once per member, and every other token a member is expected to emit counts
+        _AHEAD_WORTH. The least, not the product of the members' chances: leads carry over, so a member
+        that falls behind in one step drafts more in the next, and the group keeps the pace of the member
+        whose drafts hold least. (The product, the chance that every member reaches s in this one step,
+        priced 7 requests accepting 92 % of their first draft tokens at 0.56 a step, and kept them on one
+        draft token for a dozen steps of self-refinement where vLLM's suffix drafted 8: docs/memory.md.)
+        (Valued token by token, the drafts went to the requests on long context matches, those finished
+        first, and the rest decoded in a tail of steps costing nearly a full batch's on a CPU: 0.90x plain
+        vLLM with 8 requests submitted together.) Tokens beyond the group depth go where they are worth
+        most, as for requests alone.
 
         Every group depth is tried; for each, the extra tokens are spent best first (a request's gains are
         non-increasing, so its chosen tokens stay a prefix of its chain), over every total the exploration
@@ -287,7 +293,7 @@ class DraftShape:
             if member.any():
                 steps = np.arange(1, depth + 1)[:, None] - lead[member][None]  # [depth, m]
                 held = np.take_along_axis(gain[member], (steps.T - 1).clip(0, w_max - 1), 1).T
-                reach = np.where(steps <= 0, 1.0, np.where(steps > w_max, 0.0, held)).prod(1)
+                reach = np.where(steps <= 0, 1.0, np.where(steps > w_max, 0.0, held)).min(1, initial=1.0)
                 if depth and not float(reach[-1]) > 0:
                     break  # the group's slowest cannot get this far: deeper only costs more
                 tokens += (1 - _AHEAD_WORTH) * int(member.sum()) * float(reach.sum())
