@@ -140,12 +140,12 @@ def _decode_run(config: str, prompts: dict[int, list[str]], new_tokens: int, bat
 def _worker(config: str, args) -> None:
     # Each batch size decodes prompts of its own: an engine that keeps what it decoded (NgramProposer's
     # memory, vLLM's suffix tree) would otherwise draft the second size's outputs from the first size's.
-    prompts = {size: load_prompts(args.first + i * args.prompts, args.prompts)
-               for i, size in enumerate(_batches(args.batches))}
+    batches = _batches(args.batches)
+    prompts = {size: load_prompts(args.first + i * args.prompts, args.prompts) for i, size in enumerate(batches)}
     sampling = {"temperature": args.temperature, "top_p": args.top_p}
     try:
         run = _decode_run if config.startswith("decode-") else _vllm_run
-        result = {"ok": True, **run(config, prompts, args.new_tokens, _batches(args.batches), sampling)}
+        result = {"ok": True, **run(config, prompts, args.new_tokens, batches, sampling)}
     except Exception as error:  # a configuration this machine cannot run (vLLM's suffix without its package)
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
     Path(args.worker[1]).write_text(json.dumps(result))
