@@ -265,9 +265,11 @@ class DraftShape:
             raise ValueError(f"DraftShape.widths: one row per request (k_max 1), got {k_max}")
         if self.fixed is not None:
             return [self.fixed[1]] * batch
-        plain = self._plain(batch)
-        if plain is None:
+        if not self.cost.measured_plain(batch):
             return [0] * batch  # measure plain decoding (at about this batch size) first
+        budget = max(self.cost.reach() - batch, 0)
+        costs = self.cost.at(batch, torch.arange(batch, batch + budget + 1)).numpy()  # by drafts in flight
+        plain = float(costs[0])
         # NumPy from here: a vLLM proposer asks once per engine step, and torch's per-call overhead on these
         # [B, w_max] arrays cost it 1.8 ms of its 4.4 ms a step (0.9 ms in NumPy; 8 requests, 2-vCPU Xeon).
         source = source.cpu().clamp(max=self.sources - 1).numpy()
@@ -282,8 +284,6 @@ class DraftShape:
             member[:] = False
         worth = np.where(member, _AHEAD_WORTH, 1.0)[:, None]  # of each request's own gains
         valued = (gain * worth).ravel()
-        budget = max(self.cost.reach() - batch, 0)
-        costs = self.cost.at(batch, torch.arange(batch, batch + budget + 1)).numpy()  # by drafts in flight
         best_rate, best_widths = batch / plain, [0] * batch
         group_depths = int(w_max + lead[member].max()) if member.any() else 0
         for depth in range(group_depths + 1):
