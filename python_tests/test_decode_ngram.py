@@ -1053,6 +1053,37 @@ def test_bigram_cached(monkeypatch, tmp_path):
     assert not list((tmp_path / "ngrams").glob("*.checkpoint"))
 
 
+def test_bigram_successors_kept_with_the_model(monkeypatch, tmp_path):
+    """The extended bigram's successor table is computed once per model and settings: equal to successors() of
+    the model's bigram, the same object on the next call, and decode calls after the first build none; its
+    first columns serve narrower drafts (DraftTables slices it), so drafts equal those of a table built at
+    their own width."""
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    tok = byte_tokenizer()
+    model = tiny_llama(layers=1, seed=4)
+    table = model_ngrams.bigram(model, tok, top=8, progress=False)
+    deep = model_ngrams.bigram_successors(model, tok, 7, top=8)
+    assert torch.equal(deep, model_ngrams.successors(table, 7))
+    assert model_ngrams.bigram_successors(model, tok, 7, top=8) is deep
+    prompts = [list(tok("abcab")["input_ids"]), list(tok("dd")["input_ids"])]
+    for w in (1, 3, 8):
+        built, sliced = _drafter(prompts, bigram=table), _drafter(prompts, bigram=table)
+        sliced.tables.follow = deep
+        for a, b in zip(built.propose(4, w), sliced.propose(4, w)):
+            assert torch.equal(a, b)
+    built = []
+    real = model_ngrams.successors
+    monkeypatch.setattr(model_ngrams, "successors", lambda *args: built.append(args) or real(*args))
+    specops.decode(["abcab", "dd"], target=model, tokenizer=tok, method="ngram", max_new_tokens=6,
+                   options={"tables": "bigram"})
+    assert not built  # this model's table, kept from above
+    fresh = tiny_llama(layers=1, seed=5)
+    for _ in range(2):
+        specops.decode(["abcab", "dd"], target=fresh, tokenizer=tok, method="ngram", max_new_tokens=6,
+                       options={"tables": "bigram"})
+    assert len(built) == 1
+
+
 def _scaled_layer(model):
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.mul_(50.0)

@@ -31,12 +31,12 @@ from specops._kept import per_object
 from specops._files import cache_root, write_atomically
 from specops.decoding.hf_compat import cache_argument
 
-__all__ = ["unigram", "bigram", "bigram_ready", "folder_bigram", "successors", "extend", "cache_dir"]
+__all__ = ["unigram", "bigram", "bigram_successors", "bigram_ready", "folder_bigram", "successors", "extend", "cache_dir"]
 
 
 # Tables already computed or loaded in this process, per model object.
 _IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = per_object(
-    "n-gram tables", "the model's bigram and unigram tables, loaded or computed")
+    "n-gram tables", "the model's bigram and unigram tables, loaded or computed, and the bigram's successors")
 
 
 def _versioned(model, key) -> tuple:
@@ -251,6 +251,15 @@ def bigram(model, tokenizer, top: int = 8, chunk: int = 512, progress: bool = Tr
         raise ValueError(f"bigram: top must be an int >= 1, got {top!r}")
     top, bos = _settings(model, tokenizer, top, bos)
     return _remembered(model, ("bigram", top, bos, cache), lambda: _load_or_build(model, bos, top, chunk, progress, cache))
+
+
+def bigram_successors(model, tokenizer, depth: int, top: int = 8, *, bos: int | None = None) -> torch.Tensor:
+    """successors(bigram(model, tokenizer, top, bos=bos), depth), computed once per model and settings: each
+    decode call would otherwise redo it (25 ms at depth 15 for Gemma-3's 262,144 words on a 2-vCPU Xeon:
+    its gathers read the vocabulary in random order)."""
+    table = bigram(model, tokenizer, top=top, bos=bos)
+    top, bos = _settings(model, tokenizer, top, bos)
+    return _remembered(model, ("successors", top, bos, depth), lambda: successors(table, depth))
 
 
 # "auto" loads a model folder to look for (or quickly build) its table only up to this many bytes of weights.

@@ -52,16 +52,19 @@ class DraftTables:
     every caller that holds contexts of its own (this method, specops.vllm.NgramProposer)."""
 
     def __init__(self, bigram: torch.Tensor | None, unigram: torch.Tensor | None, device,
-                 min_ngram: int = 1, max_ngram: int = 4):
+                 min_ngram: int = 1, max_ngram: int = 4, follow: torch.Tensor | None = None):
+        """follow: successors(bigram, depth) computed before (model_ngrams.bigram_successors), else built here on
+        first use."""
         self.bigram = None if bigram is None else bigram.to(device=device, dtype=torch.int64)
         self.unigram = None if unigram is None else unigram.to(device=device, dtype=torch.int64)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        self.follow: torch.Tensor | None = None  # successors(bigram, w - 1), built on first use
+        self.follow = None if follow is None else follow.to(device)
 
     def _follow(self, w: int) -> torch.Tensor:
-        if self.follow is None or self.follow.shape[1] != w - 1:
+        """successors(bigram, w - 1): the first w - 1 columns of a deeper table are the same."""
+        if self.follow is None or self.follow.shape[1] < w - 1:
             self.follow = successors(self.bigram, w - 1)
-        return self.follow
+        return self.follow[:, :w - 1]
 
     def propose(self, contexts: torch.Tensor, lengths: torch.Tensor, k: int, w: int, memory=None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,7 +149,7 @@ class NgramDrafter:
     contexts [B, C] int64 hold each request's prompt and generated tokens, right-padded; lengths [B]."""
 
     def __init__(self, batch: Batch, bigram: torch.Tensor | None, unigram: torch.Tensor | None, device,
-                 min_ngram: int = 1, max_ngram: int = 4):
+                 min_ngram: int = 1, max_ngram: int = 4, follow: torch.Tensor | None = None):
         prompts = batch.prompt_rows
         self.prompt_lengths = [len(p) for p in prompts]
         self.contexts = torch.zeros(batch.rows, max(self.prompt_lengths) + batch.max_new_tokens + 1,
@@ -154,7 +157,7 @@ class NgramDrafter:
         for b, p in enumerate(prompts):
             self.contexts[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
         self.lengths = torch.tensor(self.prompt_lengths, dtype=torch.int64, device=device)
-        self.tables = DraftTables(bigram, unigram, device, min_ngram, max_ngram)
+        self.tables = DraftTables(bigram, unigram, device, min_ngram, max_ngram, follow)
 
     def extend_contexts(self, new_tokens: list[list[int]]) -> None:
         width = max(len(t) for t in new_tokens)
@@ -186,9 +189,10 @@ class NgramProposer(Proposer):
 
     verifier = "tree"
 
-    def __init__(self, setup: Setup, bigram: torch.Tensor | None, unigram: torch.Tensor | None, shape: DraftShape):
+    def __init__(self, setup: Setup, bigram: torch.Tensor | None, unigram: torch.Tensor | None, shape: DraftShape,
+                 follow: torch.Tensor | None = None):
         self.batch = setup.batch
-        self.contexts = NgramDrafter(setup.batch, bigram, unigram, setup.target.device)
+        self.contexts = NgramDrafter(setup.batch, bigram, unigram, setup.target.device, follow=follow)
         self.shape = shape
         self.scheme = resolve_scheme(setup.options, seeded=setup.seeded, carries_q=False)
         self.memory = setup.memory
@@ -321,7 +325,10 @@ def _make(setup: Setup) -> Proposer:
     else:  # longer rows for long matches, sources by match length
         shape = DraftShape(setup.num_draft_tokens, model, setup.target.device, w_max=_MEMORY_WIDTH,
                            sources=2 * len(MEMORY_SOURCES) + 1, memory=learned)
-    return NgramProposer(setup, bigram, unigram, shape)
+    follow = None
+    if bigram is not None and shape.w_max > 1:  # the extended bigram's table, kept with the model's tables
+        follow = model_ngrams.bigram_successors(model, setup.tokenizer, shape.w_max - 1, top=top, bos=bos)
+    return NgramProposer(setup, bigram, unigram, shape, follow)
 
 
 METHODS = [Method("ngram", "drafts from the context, the model's own n-grams and a memory of earlier requests "
