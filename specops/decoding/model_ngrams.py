@@ -31,7 +31,8 @@ from specops._kept import per_object
 from specops._files import cache_root, write_atomically
 from specops.decoding.hf_compat import cache_argument
 
-__all__ = ["unigram", "bigram", "bigram_successors", "bigram_ready", "folder_bigram", "successors", "extend", "cache_dir"]
+__all__ = ["unigram", "bigram", "bigram_successors", "bigram_ready", "folder_bigram", "successors", "extend",
+           "cache_dir"]
 
 
 # Tables already computed or loaded in this process, per model object.
