@@ -22,8 +22,8 @@ against its first, which checks the rewinding). "graphs" and "breaks" count what
 (more than one graph means the step runs partly eager, between graph breaks).
 
 The floor is what a step must read, every weight once (a tied embedding once), over the machine's streaming
-read bandwidth, measured at the start and the end of the run (_timing.read_bandwidth_gbs); the lower of the
-two is used. "others" is how many cores other processes kept busy while a size was timed (_timing.CpuLoad):
+read bandwidth, measured at the start and the end of the run (_timing.read_bandwidth_gbs); the higher of the
+two (the lower floor) is used. "others" is how many cores other processes kept busy while a size was timed (_timing.CpuLoad):
 on two cores, anything above a few tenths makes the times meaningless. Inductor's on-disk cache is a fresh
 temporary folder unless --inductor-cache names one, so the compile times are those of a first run.
 `--model zoo:gemma3` runs a tiny random model from python_tests/arch_zoo.py instead (its 6-token window is
@@ -198,7 +198,7 @@ def print_report(rows: list[dict], before: float, after: float, floor_ms: float,
     moved = abs(after - before) > _MOVED * min(before, after)
     print(f"streaming read bandwidth {before:.1f} GB/s at the start, {after:.1f} at the end"
           + (" (it moved: the floor uses the lower)" if moved else ""))
-    print(f"{name}: floor {floor_ms:.3g} ms per step (every weight once / {min(before, after):.1f} GB/s)")
+    print(f"{name}: floor {floor_ms:.3g} ms per step (every weight once / {max(before, after):.1f} GB/s)")
     columns = ["config", "tokens", "ms", "x_eager", "x_floor", "compile_s", "graphs", "breaks",
                "max_rel_diff", "argmax_equal", "others", "path"]
     print("| " + " | ".join(columns) + " |")
@@ -228,7 +228,7 @@ def main() -> None:
         model = load_model(args.model)
         rows = run(model, sizes, args.context, args.repeats, args.mode)
     after = read_bandwidth_gbs()
-    floor_ms = 1e3 * weight_bytes(model) / (min(before, after) * 1e9)
+    floor_ms = 1e3 * weight_bytes(model) / (max(before, after) * 1e9)
     info = machine_info("cpu")
     for row in rows:
         row.update(model=args.model, context=args.context, x_floor=row["ms"] / floor_ms, floor_ms=floor_ms,

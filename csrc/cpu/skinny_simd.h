@@ -99,14 +99,19 @@ SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const f
 }
 
 // A panel of 16 weight rows w against all m input rows x: out[r * ldo + j] for r < m, j < 16. The rows
-// go in G = ceil(m / kGroupRows) groups of near-equal size (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in tiles as
-// wide as 16 accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1), the panel re-read from L1/L2 by
-// every group after the first. The weight is read
-// from memory once. Group g prefetches its share of the next panel (`ahead`, nullptr: none): k steps
+// go in G = ceil(m / kGroupRows) groups (one more where that is even) of near-equal size (AVX-512: 4 rows
+// in 4 x 4 tiles, 1-3 in tiles as wide as 16 accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1),
+// the panel re-read from L1/L2 by every group after the first. The weight is read from memory once. Group g prefetches its share of the next panel (`ahead`, nullptr: none): k steps
 // g, g + G, ..., so that requests to memory are spread over the panel's whole arithmetic.
 void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float* ahead, float* out,
            int64_t ldo) {
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
+  int64_t groups = (m + kGroupRows - 1) / kGroupRows;
+  // An odd number of groups: on the 2-vCPU Xeon of 2026-12-05 (AVX-512), 2 and 4 groups ran slower than 3
+  // and 5 with more rows (the 671 MB head: 36 ms for 8 rows, 29 for 9; 48 for 16, 37 for 17), and 3 and 5
+  // groups of fewer rows each took the 8 and 16 rows to 28 and 39 ms; the AVX2 copy's 2 groups alike (3-4
+  // rows: 34 ms, 5 rows: 28). Why is not pinned down (the groups split the next panel's prefetches by k step).
+  // Each output is the same dot product in any group, so the bits do not change.
+  if (groups % 2 == 0 && groups < m) ++groups;
   const int64_t base = m / groups, extra = m % groups;
   const int phases = static_cast<int>(std::min<int64_t>(groups, 16));
   int64_t r = 0;
