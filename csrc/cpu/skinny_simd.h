@@ -14,8 +14,12 @@ namespace SPECOPS_ISA {
 // explicit fused multiply-add per term (left to the compiler, a term's multiply and add were contracted in
 // one tile and not in another: quantized_linear's tail, vectorized across its accumulators, rounded twice).
 // The same rows of `ahead` (the next panel: the hardware prefetcher ramps up too slowly on streams 2.5 KB
-// long; nullptr: none) are prefetched into L2 at k steps phase, phase + phases, ...: prefetching into L1,
-// or every line in a burst, fills the core's miss queue and stalls the arithmetic behind it.
+// long; nullptr: none) are prefetched into L2 by pairs of k steps (128 bytes of a row): pairs phase,
+// phase + phases, ...: prefetching into L1, or every line in a burst, fills the core's miss queue and
+// stalls the arithmetic behind it. By pairs, because the L2 fetches a line's 128-byte buddy with it: with
+// single k steps dealt out in turn, the groups of a panel after the first found their lines already there
+// whenever their count was even, the memory then sat idle for half of the panel's arithmetic, and 8 rows
+// (2 groups) cost 35-36 ms of Gemma-3's 671 MB head where 9 rows (3 groups) cost 29 (2-vCPU Xeon).
 template <int JB, int RB>
 SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const float* ahead, int phase, int phases,
                          float* out, int64_t ldo) {
@@ -23,15 +27,15 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
   f32x16 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = f32x16{};
   int64_t k = 0;
-  int turn = phase;
+  int turn = phase == 0 ? 0 : 2 * (phases - phase);  // k step i is prefetched where (i / 2) % phases == phase
 #ifdef SPECOPS_ISA_AVX512
   for (; k + kLanes <= k_dim; k += kLanes) {
     f32x16 wv[JB], xv[RB];
     for (int a = 0; a < JB; ++a) wv[a] = load16(w + a * k_dim + k);
-    if (ahead != nullptr && turn == 0) {
+    if (ahead != nullptr && turn < 2) {
       for (int a = 0; a < JB; ++a) __builtin_prefetch(ahead + a * k_dim + k, 0, 1);
     }
-    turn = turn + 1 == phases ? 0 : turn + 1;
+    turn = turn + 1 == 2 * phases ? 0 : turn + 1;
     for (int b = 0; b < RB; ++b) xv[b] = load16(x + b * k_dim + k);
     for (int b = 0; b < RB; ++b) {
       for (int a = 0; a < JB; ++a) acc[b * JB + a] += wv[a] * xv[b];
@@ -50,10 +54,10 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
       std::memcpy(&wl[a], w + a * k_dim + k, sizeof(f32x8));
       std::memcpy(&wh[a], w + a * k_dim + k + 8, sizeof(f32x8));
     }
-    if (ahead != nullptr && turn == 0) {
+    if (ahead != nullptr && turn < 2) {
       for (int a = 0; a < JB; ++a) __builtin_prefetch(ahead + a * k_dim + k, 0, 1);
     }
-    turn = turn + 1 == phases ? 0 : turn + 1;
+    turn = turn + 1 == 2 * phases ? 0 : turn + 1;
     for (int b = 0; b < RB; ++b) {
       std::memcpy(&xl[b], x + b * k_dim + k, sizeof(f32x8));
       std::memcpy(&xh[b], x + b * k_dim + k + 8, sizeof(f32x8));
@@ -99,19 +103,21 @@ SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const f
 }
 
 // A panel of 16 weight rows w against all m input rows x: out[r * ldo + j] for r < m, j < 16. The rows
-// go in G = ceil(m / kGroupRows) groups (one more where that is even) of near-equal size (AVX-512: 4 rows
-// in 4 x 4 tiles, 1-3 in tiles as wide as 16 accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1),
-// the panel re-read from L1/L2 by every group after the first. The weight is read from memory once. Group g prefetches its share of the next panel (`ahead`, nullptr: none): k steps
+// go in G = ceil(m / kGroupRows) groups (AVX-512: one more where that is even) of near-equal size
+// (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in tiles as wide as 16 accumulators allow; AVX2 and the baseline:
+// 2 x 2 and 2 x 1), the panel re-read from L1/L2 by every group after the first. The weight is read from
+// memory once. Group g prefetches its share of the next panel (`ahead`, nullptr: none): pairs of k steps
 // g, g + G, ..., so that requests to memory are spread over the panel's whole arithmetic.
 void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float* ahead, float* out,
            int64_t ldo) {
   int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  // An odd number of groups: on the 2-vCPU Xeon of 2026-12-05 (AVX-512), 2 and 4 groups ran slower than 3
-  // and 5 with more rows (the 671 MB head: 36 ms for 8 rows, 29 for 9; 48 for 16, 37 for 17), and 3 and 5
-  // groups of fewer rows each took the 8 and 16 rows to 28 and 39 ms; the AVX2 copy's 2 groups alike (3-4
-  // rows: 34 ms, 5 rows: 28). Why is not pinned down (the groups split the next panel's prefetches by k step).
-  // Each output is the same dot product in any group, so the bits do not change.
+#ifdef SPECOPS_ISA_AVX512
+  // An odd number of groups: 3 groups of 2-3 rows took 8 rows in 30.2-30.6 ms where 2 groups of 4 took
+  // 31.8-31.9 (the 671 MB head; 16 rows: 37.1-38.4 against 38.2-38.6); the AVX2 copy's groups of 2 went
+  // the other way (16 rows: 61.5-63.2 ms against 57.5-57.6), so it keeps ceil(m / 2). 2-vCPU Xeon,
+  // 2026-12-05. Each output is the same dot product in any group, so the bits do not change.
   if (groups % 2 == 0 && groups < m) ++groups;
+#endif
   const int64_t base = m / groups, extra = m % groups;
   const int phases = static_cast<int>(std::min<int64_t>(groups, 16));
   int64_t r = 0;
