@@ -23,8 +23,8 @@ against its first, which checks the rewinding). "graphs" and "breaks" count what
 
 The floor is what a step must read, every weight once (a tied embedding once), over the machine's streaming
 read bandwidth, measured at the start and the end of the run (_timing.read_bandwidth_gbs); the higher of the
-two (the lower floor) is used. "others" is how many cores other processes kept busy while a size was timed (_timing.CpuLoad):
-on two cores, anything above a few tenths makes the times meaningless. Inductor's on-disk cache is a fresh
+two (the lower floor) is used. "others" is how many cores other processes kept busy while a size was timed
+(_timing.CpuLoad): on two cores, anything above a few tenths makes the times meaningless. Inductor's on-disk cache is a fresh
 temporary folder unless --inductor-cache names one, so the compile times are those of a first run.
 `--model zoo:gemma3` runs a tiny random model from python_tests/arch_zoo.py instead (its 6-token window is
 widened to cover the cache, which must be rewindable).
@@ -197,7 +197,7 @@ def _cell(value) -> str:
 def print_report(rows: list[dict], before: float, after: float, floor_ms: float, name: str) -> None:
     moved = abs(after - before) > _MOVED * min(before, after)
     print(f"streaming read bandwidth {before:.1f} GB/s at the start, {after:.1f} at the end"
-          + (" (it moved: the floor uses the lower)" if moved else ""))
+          + (" (it moved: the floor uses the higher)" if moved else ""))
     print(f"{name}: floor {floor_ms:.3g} ms per step (every weight once / {max(before, after):.1f} GB/s)")
     columns = ["config", "tokens", "ms", "x_eager", "x_floor", "compile_s", "graphs", "breaks",
                "max_rel_diff", "argmax_equal", "others", "path"]
