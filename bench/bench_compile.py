@@ -24,8 +24,9 @@ against its first, which checks the rewinding). "graphs" and "breaks" count what
 The floor is what a step must read, every weight once (a tied embedding once), over the machine's streaming
 read bandwidth, measured at the start and the end of the run (_timing.read_bandwidth_gbs); the higher of the
 two (the lower floor) is used. "others" is how many cores other processes kept busy while a size was timed
-(_timing.CpuLoad): on two cores, anything above a few tenths makes the times meaningless. Inductor's on-disk cache is a fresh
-temporary folder unless --inductor-cache names one, so the compile times are those of a first run.
+(_timing.CpuLoad): on two cores, anything above a few tenths makes the times meaningless. Inductor's on-disk
+cache is a fresh temporary folder unless --inductor-cache names one, so the compile times are those of a
+first run.
 `--model zoo:gemma3` runs a tiny random model from python_tests/arch_zoo.py instead (its 6-token window is
 widened to cover the cache, which must be rewindable).
 """
