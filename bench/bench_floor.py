@@ -5,9 +5,9 @@
                                 [--csv docs/floor_cpu.csv] [--plot docs/floor_cpu.png]
 
 A step of a float32 model must read every weight once: the floor of a step is those bytes over the machine's
-streaming read bandwidth, measured here at the start and at the end of the run (2 threads, the faster of a sum and
-a BLAS matrix-vector product over a 512 MiB tensor, the best of five: _timing.read_bandwidth_gbs; the host's
-bandwidth can move under a run: the report says so when the two differ by more than 10 %).
+streaming read bandwidth, measured here at the start and at the end of the run (2 threads, the faster of a sum
+and a BLAS matrix-vector product over a 512 MiB tensor, the best of five: _timing.read_bandwidth_gbs; the
+host's bandwidth can move under a run: the report says so when the two differ by more than 10 %).
 For each model, each step size n (tokens in flight for one request) is timed as a chain (n tokens appended
 to a cache of --context tokens, as a verification of n - 1 drafts) and as a tree (n nodes: rows of four
 under the root's last token, as n-gram trees are), through specops' own forward (the one decoding uses), the
