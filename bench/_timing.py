@@ -268,9 +268,9 @@ def bandwidth_gbs() -> float:
 def read_bandwidth_gbs() -> float:
     """Streaming read bandwidth with 2 threads (GB/s read): the best of 5 passes of two read kernels over one
     512 MiB float32 tensor, torch's sum and BLAS's matrix-vector product (the tensor as 131,072 rows of
-    1,024), whichever streams faster here: what a decoding step does with its weights. The sum alone read 25.0 GB/s
-    on the 2-vCPU Xeon of 2026-12-05 where the product read 31.6 and a one-token Gemma-3-270M step 27.8, so a
-    floor from it put steps below the floor."""
+    1,024), whichever streams faster here: what a decoding step does with its weights. The sum alone read
+    25.0 GB/s on the 2-vCPU Xeon of 2026-12-05 where the product read 31.6 and a one-token Gemma-3-270M step
+    27.8, so a floor from it put steps below the floor."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     a = torch.ones(128 << 20)
