@@ -9,6 +9,16 @@ namespace SPECOPS_ISA {
 #include "simd_math.h"
 #include "lane_tree.h"
 
+// Where it is this group's turn, prefetches k step k of the next panel's JB rows (`ahead`) into L2; then
+// moves the turn on by one k step (the turns of `tile` below).
+template <int JB>
+SPECOPS_INLINE void prefetch_turn(const float* ahead, int64_t k_dim, int64_t k, int phases, int& turn) {
+  if (ahead != nullptr && turn < 2) {
+    for (int a = 0; a < JB; ++a) __builtin_prefetch(ahead + a * k_dim + k, 0, 1);
+  }
+  turn = turn + 1 == 2 * phases ? 0 : turn + 1;
+}
+
 // out[b * ldo + a] = dot(x row b, w row a) for a < JB weight rows and b < RB input rows (JB * RB <= 16
 // accumulators). Each dot runs 16 lanes over k, then the lane tree, then the k % 16 tail in order, one
 // explicit fused multiply-add per term (left to the compiler, a term's multiply and add were contracted in
@@ -32,10 +42,7 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
   for (; k + kLanes <= k_dim; k += kLanes) {
     f32x16 wv[JB], xv[RB];
     for (int a = 0; a < JB; ++a) wv[a] = load16(w + a * k_dim + k);
-    if (ahead != nullptr && turn < 2) {
-      for (int a = 0; a < JB; ++a) __builtin_prefetch(ahead + a * k_dim + k, 0, 1);
-    }
-    turn = turn + 1 == 2 * phases ? 0 : turn + 1;
+    prefetch_turn<JB>(ahead, k_dim, k, phases, turn);
     for (int b = 0; b < RB; ++b) xv[b] = load16(x + b * k_dim + k);
     for (int b = 0; b < RB; ++b) {
       for (int a = 0; a < JB; ++a) acc[b * JB + a] += wv[a] * xv[b];
@@ -54,10 +61,7 @@ SPECOPS_INLINE void tile(const float* x, const float* w, int64_t k_dim, const fl
       std::memcpy(&wl[a], w + a * k_dim + k, sizeof(f32x8));
       std::memcpy(&wh[a], w + a * k_dim + k + 8, sizeof(f32x8));
     }
-    if (ahead != nullptr && turn < 2) {
-      for (int a = 0; a < JB; ++a) __builtin_prefetch(ahead + a * k_dim + k, 0, 1);
-    }
-    turn = turn + 1 == 2 * phases ? 0 : turn + 1;
+    prefetch_turn<JB>(ahead, k_dim, k, phases, turn);
     for (int b = 0; b < RB; ++b) {
       std::memcpy(&xl[b], x + b * k_dim + k, sizeof(f32x8));
       std::memcpy(&xh[b], x + b * k_dim + k + 8, sizeof(f32x8));
