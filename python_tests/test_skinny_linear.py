@@ -274,7 +274,7 @@ def test_row_bits_do_not_depend_on_leading_dims():
 
 
 def test_thread_count_does_not_change_the_bits():
-    """N = 1029, K = 647: 64 panels in tasks of 25 (the 1 MB grain) and 5 tail rows."""
+    """N = 1029, K = 647: 64 panels in tasks of 6 (the 256 KB grain) and 5 tail rows."""
     x, w, b = random_case(7, 1029, 647, seed=4)
     threads = torch.get_num_threads()
     try:
