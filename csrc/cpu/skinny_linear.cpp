@@ -74,8 +74,8 @@ at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, 
     const int64_t panels = n / kPanel;
     // At least 256 KB of weight per task (quantized_linear's grain): smaller layers run on fewer threads.
     // With 1 MB per task Gemma-3-270M's k and v weights (655 KB each) ran on one thread of two, and every
-    // Gemma step took 1.5-4 % longer (chains and trees of 1-16 tokens, three alternating runs each way,
-    // 2-vCPU Xeon, 2026-12-05).
+    // Gemma step took 1-5 % longer (chains and trees of 1-16 tokens, medians of three alternating runs each
+    // way, 2-vCPU Xeon, 2026-12-05).
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kPanel * k_dim));
     at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
