@@ -115,7 +115,13 @@ SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const f
 // the panel's whole arithmetic.
 void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float* ahead, float* out,
            int64_t ldo) {
+  int64_t groups = (m + kGroupRows - 1) / kGroupRows;
 #ifdef SPECOPS_ISA_AVX512
+  // An odd number of groups: 3 groups of 2-3 rows took 8 rows in 30.2-30.6 ms where 2 groups of 4 took
+  // 31.8-31.9 (the 671 MB head; 16 rows: 37.1-38.4 against 38.2-38.6); the AVX2 copy's groups of 2 went
+  // the other way (16 rows: 61.5-63.2 ms against 57.5-57.6), so it keeps ceil(m / 2). 2-vCPU Xeon,
+  // 2026-12-05. Each output is the same dot product in any group, so the bits do not change.
+  //
   // 5 or 6 rows: one group in 2 x m tiles rather than three groups of 1-2 rows (8 x 2 and 16 x 1 tiles),
   // so the panel is read once, from memory, and not twice more from L2 while the next panel's prefetches
   // arrive there. The arithmetic costs about the same either way (5 rows on a weight held in L2: 11.4 ms
@@ -124,21 +130,10 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
   // 7 and 8 rows took the same time either way, and 12 rows in two such groups 10 % longer (2-vCPU Xeon,
   // 2026-12-05).
   if (m == 5 || m == 6) {
-    if (m == 6) {
-      tiles<2, 6>(x, w, k_dim, ahead, 0, 1, out, ldo);
-    } else {
-      tiles<2, 5>(x, w, k_dim, ahead, 0, 1, out, ldo);
-    }
-    return;
+    groups = 1;
+  } else if (groups % 2 == 0 && groups < m) {
+    ++groups;
   }
-#endif
-  int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-#ifdef SPECOPS_ISA_AVX512
-  // An odd number of groups: 3 groups of 2-3 rows took 8 rows in 30.2-30.6 ms where 2 groups of 4 took
-  // 31.8-31.9 (the 671 MB head; 16 rows: 37.1-38.4 against 38.2-38.6); the AVX2 copy's groups of 2 went
-  // the other way (16 rows: 61.5-63.2 ms against 57.5-57.6), so it keeps ceil(m / 2). 2-vCPU Xeon,
-  // 2026-12-05. Each output is the same dot product in any group, so the bits do not change.
-  if (groups % 2 == 0 && groups < m) ++groups;
 #endif
   const int64_t base = m / groups, extra = m % groups;
   const int phases = static_cast<int>(std::min<int64_t>(groups, 16));
@@ -151,6 +146,8 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
     const int phase = static_cast<int>(g);
 #ifdef SPECOPS_ISA_AVX512
     switch (rows) {
+      case 6: tiles<2, 6>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
+      case 5: tiles<2, 5>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 4: tiles<4, 4>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 3: tiles<4, 3>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 2: tiles<8, 2>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
