@@ -2,7 +2,8 @@
 without noise.
 
     python bench/sim_vllm_groups.py [--workloads refine,again,unrelated] [--policies plain,auto,8,4]
-                                    [--cost 62,2.75,3.45] [--csv PATH] [--verbose]
+                                    [--cost 62,2.75,3.45] [--seeds 8] [--jitter 0.05]
+                                    [--csv PATH] [--verbose]
 
 Greedy outputs do not depend on the drafts, so a batch of requests decoded together can be replayed: the
 target's greedy tokens are fixed once (specops.decode's `ar`, Gemma-3-270M, 96 new tokens, 8 HumanEval prompts
@@ -11,8 +12,11 @@ proposer sees. Each step every running request's row holds its prompt and the to
 proposer drafts; a draft is accepted up to its first token that differs from the fixed output, and the request
 emits the accepted tokens plus one (vLLM's rejection sampler, greedy); the step then takes a modelled time,
 a + b * requests + c * draft tokens ms, and the proposer reads that clock where it reads the wall clock. A
-request leaves when its output is all emitted. Same inputs, same choices: two policies compare exactly, where
-vLLM runs of the same cell scatter by 5-20 % (docs/vllm.md).
+request leaves when its output is all emitted. Same inputs, same choices, where vLLM runs of the same cell
+scatter by 5-20 % (docs/vllm.md). But a choice that changes one step sends the rest of the batch down another
+path, so one replay of a policy is one sample of it: with --seeds N each step's modelled time is jittered by a
+seeded draw (--jitter, relative), the N replays of every cell see the same draws, and the report gives their
+median, least and most.
 
 Workloads: refine (8 prompts, then 8 requests quoting their outputs: the second batch is timed), again (8
 prompts twice: the second time is timed), unrelated (8 prompts, nothing before them). Policies: auto
@@ -28,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -158,26 +164,43 @@ def main() -> None:
                         help="a,b,c: a step's ms = a + b * requests + c * drafts")
     parser.add_argument("--outputs", default=str(BENCH / "results" / "sim_vllm_groups_outputs.json"),
                         help="where the fixed greedy outputs are kept (computed on the first run)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="replays per cell, each step's modelled time jittered by a seeded draw "
+                             "(--jitter)")
+    parser.add_argument("--jitter", type=float, default=0.05,
+                        help="relative spread (one standard deviation) of a step's time when --seeds > 1")
     parser.add_argument("--csv", default=None)
     parser.add_argument("--verbose", action="store_true",
                         help="every step's draft lengths and accepted tokens")
     args = parser.parse_args()
     a, b, c = (float(x) / 1e3 for x in args.cost.split(","))
+    jitter = args.jitter if args.seeds > 1 else 0.0
     outputs = fixed_outputs(Path(args.outputs))
     rows = []
     for workload in args.workloads.split(","):
         for policy in args.policies.split(","):
-            row = simulate(outputs, workload, policy, lambda requests, drafts: a + b * requests + c * drafts,
-                           args.verbose)
+            runs = []
+            for seed in range(args.seeds):
+                draw = random.Random(seed)
+
+                def cost(requests: int, drafts: int) -> float:
+                    return (a + b * requests + c * drafts) * max(0.5, 1.0 + jitter * draw.gauss(0.0, 1.0))
+
+                runs.append(simulate(outputs, workload, policy, cost, args.verbose))
+            row = {"workload": workload, "policy": policy, "seeds": args.seeds,
+                   **{key: statistics.median(r[key] for r in runs) for key in ("seconds", "steps", "drafted",
+                                                                              "accepted", "tok_s")},
+                   "min_s": min(r["seconds"] for r in runs), "max_s": max(r["seconds"] for r in runs)}
             plain = next((r for r in rows if r["workload"] == workload and r["policy"] == "plain"), None)
             row["vs_plain"] = plain["seconds"] / row["seconds"] if plain else None
             rows.append(row)
-            print(f"{workload} {policy}: {row['seconds']:.3f} s, {row['steps']} steps, "
-                  f"{row['drafted']} drafted, {row['accepted']} accepted", flush=True)
-    columns = ["workload", "policy", "seconds", "steps", "drafted", "accepted", "tok_s", "vs_plain"]
+            print(f"{workload} {policy}: {row['seconds']:.3f} s ({row['min_s']:.3f}-{row['max_s']:.3f}), "
+                  f"{row['steps']} steps, {row['drafted']} drafted, {row['accepted']} accepted", flush=True)
+    columns = ["workload", "policy", "seeds", "seconds", "min_s", "max_s", "steps", "drafted", "accepted",
+               "tok_s", "vs_plain"]
     print(markdown_table(rows, columns))
     if args.csv:
-        write_csv_columns(args.csv, rows, columns, {"cost_ms": args.cost})
+        write_csv_columns(args.csv, rows, columns, {"cost_ms": args.cost, "jitter": jitter})
 
 
 if __name__ == "__main__":
