@@ -120,36 +120,47 @@ def replay(proposer, clock: Clock, batch: list, cost, verbose: bool = False) -> 
     return {"seconds": clock.now - start, "steps": steps, "drafted": drafted, "accepted": accepted}
 
 
-def simulate(outputs: dict, workload: str, policy: str, cost, verbose: bool = False) -> dict:
-    import specops.vllm._requests as requests_module
+def new_proposer(policy: str):
+    """NgramProposer as vLLM builds it for Gemma-3-270M, with SPECOPS_DRAFT_LENGTH=policy while it reads its
+    settings (the environment is put back after); None for plain decoding."""
     from specops import models
     from specops.vllm.ngram import NgramProposer
 
+    if policy == "plain":
+        return None
+    folder = str(models.path("gemma-3-270m"))
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=8),
+        model_config=SimpleNamespace(max_model_len=2048, model=folder, tokenizer=folder,
+                                     trust_remote_code=False, get_vocab_size=lambda: 262144))
+    setting = os.environ.get("SPECOPS_DRAFT_LENGTH")
+    os.environ["SPECOPS_DRAFT_LENGTH"] = policy
+    try:
+        return NgramProposer(config)
+    finally:
+        os.environ.pop("SPECOPS_DRAFT_LENGTH")
+        if setting is not None:
+            os.environ["SPECOPS_DRAFT_LENGTH"] = setting
+
+
+def simulate(outputs: dict, workload: str, policy: str, cost, verbose: bool = False) -> dict:
+    import specops.vllm._requests as requests_module
+
     clock = Clock()
+    proposer = new_proposer(policy)
     wall = requests_module.time
     requests_module.time = clock  # the proposer's step times come from the modelled clock
-    setting = os.environ.get("SPECOPS_DRAFT_LENGTH")
-    os.environ["SPECOPS_DRAFT_LENGTH"] = "8" if policy == "plain" else policy
     try:
-        folder = str(models.path("gemma-3-270m"))
-        config = SimpleNamespace(
-            speculative_config=SimpleNamespace(num_speculative_tokens=8),
-            model_config=SimpleNamespace(max_model_len=2048, model=folder, tokenizer=folder,
-                                         trust_remote_code=False, get_vocab_size=lambda: 262144))
-        proposer = None if policy == "plain" else NgramProposer(config)
         first, timed = outputs[workload]
         if first is not None:
             replay(proposer, clock, first, cost)
         result = replay(proposer, clock, timed, cost, verbose)
-        if proposer is not None and not clock.reads:
-            raise RuntimeError("the proposer never read the modelled clock: specops.vllm._requests no longer "
-                               "times steps through its module's `time`; this replay must follow it")
     finally:
         requests_module.time = wall
-        os.environ.pop("SPECOPS_DRAFT_LENGTH", None)
-        if setting is not None:
-            os.environ["SPECOPS_DRAFT_LENGTH"] = setting
-    tokens = sum(len(o) for _, o in outputs[workload][1])
+    if proposer is not None and not clock.reads:
+        raise RuntimeError("the proposer never read the modelled clock: specops.vllm._requests no longer "
+                           "times steps through its module's `time`; this replay must follow it")
+    tokens = sum(len(o) for _, o in timed)
     return {"workload": workload, "policy": policy, **result, "tokens": tokens,
             "tok_s": tokens / result["seconds"]}
 
