@@ -143,6 +143,40 @@ def test_the_comparison_can_fail():
     assert not _close(flipped, want)
 
 
+@pytest.mark.parametrize("batch,n,past", [(1, 1, 7), (2, 3, 5), (1, 8, 4)])
+def test_float32_slots_one_per_weight_or_fused_give_the_same_bits(batch, n, past):
+    """A layer's float32 q, k and v (and gate and up) go through skinny_linear's products in one call, their
+    outputs side by side: each weight's outputs are the bits it gives alone, its bias added in its own
+    columns. So the same weights one per slot and fused into the first slot give the same bits, also where
+    a weight's rows are not a multiple of the 16-row panels (gate and up of 40 rows: 8 tail rows each, the
+    second weight's after the first's columns), with biases on q, k, v and up."""
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, inter = 3, 1, 40
+    q_out, kv_out = heads * HEAD_DIM, kv_heads * HEAD_DIM
+
+    def w(out, inp):
+        return torch.randn(out, inp, generator=gen) / inp ** 0.5
+
+    norms, apart, fused = [], [], []
+    for _ in range(LAYERS):
+        norms += [torch.rand(D_MODEL, generator=gen) + 0.5, torch.rand(D_MODEL, generator=gen) + 0.5]
+        q, k, v, o = w(q_out, D_MODEL), w(kv_out, D_MODEL), w(kv_out, D_MODEL), w(D_MODEL, q_out)
+        gate, up, down = w(inter, D_MODEL), w(inter, D_MODEL), w(D_MODEL, inter)
+        qb, kb, vb, ub = (torch.randn(size, generator=gen) * 0.1 for size in (q_out, kv_out, kv_out, inter))
+        apart += [q, None, None, qb, k, None, None, kb, v, None, None, vb, o, None, None, None,
+                  gate, None, None, None, up, None, None, ub, down, None, None, None]
+        fused += [torch.cat([q, k, v]), None, None, torch.cat([qb, kb, vb])] + [None] * 8 + \
+            [o, None, None, None, torch.cat([gate, up]), None, None, torch.cat([torch.zeros(inter), ub])] + \
+            [None] * 4 + [down, None, None, None]
+    args = _inputs(batch, n, past, kv_heads, masked=batch > 1)
+    (x, keys, values), (want, _, _) = _both(args, norms, apart, heads, kv_heads)
+    (fx, fkeys, fvalues), _ = _both(args, norms, fused, heads, kv_heads)
+    assert _close(x, want)
+    assert torch.equal(x, fx)
+    for layer in range(LAYERS):
+        assert torch.equal(keys[layer], fkeys[layer]) and torch.equal(values[layer], fvalues[layer])
+
+
 def test_strided_norm_weights_give_the_same_bits():
     """Norm weights that are views with a stride (a column of a larger tensor) are read as their values."""
     norms, linears = _layers("float32", 4, 2, bias=False)

@@ -11,7 +11,9 @@
 // that way, arithmetic and memory overlap: the 671 MB head takes 1.0-1.2x the time of summing it for 1-8 rows
 // (1.3-1.7x when the whole next panel was prefetched into L1 by the first group; AMD EPYC, 2 threads). Each
 // output is a 16-lane dot product over k, summed by one fixed lane tree, then the k % 16 tail: a row's result
-// is the same bits whatever M is and wherever the row sits.
+// is the same bits whatever M is and wherever the row sits. llama_layers runs a layer's q, k and v (or gate
+// and up) through skinny_products (skinny_linear.h): the same panels of several weights in one parallel
+// region, written side by side.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -27,10 +29,13 @@
 #include "per_isa.h"
 #undef SPECOPS_ISA_HEADER
 
+#include "skinny_linear.h"
+
 namespace specops {
 namespace {
 
 constexpr int64_t kPanel = 16;  // weight rows per panel
+constexpr int64_t kMaxWeights = 8;  // weights in one skinny_products call
 
 struct Tiles {
   void (*panel)(const float*, int64_t, int64_t, const float*, const float*, float*, int64_t);
@@ -63,33 +68,61 @@ at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, 
   const at::Tensor x = input.contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor out = at::empty({m, n}, input.options());
-  if (m == 0 || n == 0) return out;
-  if (k_dim == 0) {
-    out.zero_();
-  } else {
-    const float* xp = x.data_ptr<float>();
-    const float* wp = w.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    const Tiles& t = tiles();
-    const int64_t panels = n / kPanel;
-    // At least 256 KB of weight per task (quantized_linear's grain): smaller layers run on fewer threads.
-    // With 1 MB per task Gemma-3-270M's k and v weights (655 KB each) ran on one thread of two, and every
-    // Gemma step took 1-5 % longer (chains and trees of 1-16 tokens, medians of three alternating runs each
-    // way, 2-vCPU Xeon, 2026-12-05).
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kPanel * k_dim));
-    at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const float* panel_w = wp + p * kPanel * k_dim;
-        const float* ahead = p + 1 < end ? panel_w + kPanel * k_dim : nullptr;
-        t.panel(xp, m, k_dim, panel_w, ahead, op + p * kPanel, n);
-      }
-    });
-    const int64_t done = panels * kPanel;
-    if (done < n) t.tail_rows(xp, m, k_dim, wp + done * k_dim, n - done, op + done, n);
-  }
+  const SkinnyWeight one{w.data_ptr<float>(), n};
+  skinny_products(x.data_ptr<float>(), m, k_dim, &one, 1, out.data_ptr<float>(), n);
   if (has_bias) out.add_(*bias);
   return out;
 }
+
+}  // namespace
+
+void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count,
+                     float* out, int64_t ldo) {
+  if (m == 0) return;
+  if (k_dim == 0) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < count; ++i) total += weights[i].rows;
+    for (int64_t r = 0; r < m; ++r) std::fill(out + r * ldo, out + r * ldo + total, 0.0f);
+    return;
+  }
+  // The weights' full panels numbered as one sequence: weight i's from first[i].
+  int64_t first[kMaxWeights + 1], column[kMaxWeights];
+  TORCH_CHECK(count >= 1 && count <= kMaxWeights, "skinny_products: 1 to ", kMaxWeights, " weights, got ", count);
+  first[0] = 0;
+  for (int64_t i = 0, col = 0; i < count; ++i) {
+    column[i] = col;
+    col += weights[i].rows;
+    first[i + 1] = first[i] + weights[i].rows / kPanel;
+  }
+  const int64_t panels = first[count];
+  const auto panel_at = [&](int64_t p, int64_t& i) {  // panel p's weight rows; i: its weight, from a guess below
+    while (p >= first[i + 1]) ++i;
+    return weights[i].data + (p - first[i]) * kPanel * k_dim;
+  };
+  const Tiles& t = tiles();
+  // At least 256 KB of weight per task (quantized_linear's grain): smaller layers run on fewer threads.
+  // With 1 MB per task Gemma-3-270M's k and v weights (655 KB each) ran on one thread of two, and every
+  // Gemma step took 1-5 % longer (chains and trees of 1-16 tokens, medians of three alternating runs each
+  // way, 2-vCPU Xeon, 2026-12-05).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (kPanel * k_dim));
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+    int64_t i = 0, next = 0;
+    for (int64_t p = begin; p < end; ++p) {
+      const float* panel_w = panel_at(p, i);
+      next = i;
+      const float* ahead = p + 1 < end ? panel_at(p + 1, next) : nullptr;
+      t.panel(x, m, k_dim, panel_w, ahead, out + column[i] + (p - first[i]) * kPanel, ldo);
+    }
+  });
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t done = (first[i + 1] - first[i]) * kPanel;
+    if (done < weights[i].rows) {
+      t.tail_rows(x, m, k_dim, weights[i].data + done * k_dim, weights[i].rows - done, out + column[i] + done, ldo);
+    }
+  }
+}
+
+namespace {
 
 }  // namespace
 
