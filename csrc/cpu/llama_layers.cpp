@@ -105,7 +105,9 @@ constexpr const char* kSlotNames[kSlots] = {"q", "k", "v", "o", "gate", "up", "d
 // `buffer`, [rows, width] floats: the products' outputs and the MLP's gate take their room from buffers
 // allocated once per call (again only where a layer's widths differ), not one tensor per product and layer.
 const at::Tensor& room(at::Tensor& buffer, int64_t rows, int64_t width, const at::TensorOptions& options) {
-  if (!buffer.defined() || buffer.size(0) != rows || buffer.size(1) != width) buffer = at::empty({rows, width}, options);
+  if (!buffer.defined() || buffer.size(0) != rows || buffer.size(1) != width) {
+    buffer = at::empty({rows, width}, options);
+  }
   return buffer;
 }
 

@@ -78,6 +78,7 @@ at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, 
 
 void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count,
                      float* out, int64_t ldo) {
+  TORCH_CHECK(count >= 1 && count <= kMaxWeights, "skinny_products: 1 to ", kMaxWeights, " weights, got ", count);
   if (m == 0) return;
   if (k_dim == 0) {
     int64_t total = 0;
@@ -87,7 +88,6 @@ void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeigh
   }
   // The weights' full panels numbered as one sequence: weight i's from first[i].
   int64_t first[kMaxWeights + 1], column[kMaxWeights];
-  TORCH_CHECK(count >= 1 && count <= kMaxWeights, "skinny_products: 1 to ", kMaxWeights, " weights, got ", count);
   first[0] = 0;
   for (int64_t i = 0, col = 0; i < count; ++i) {
     column[i] = col;
@@ -121,10 +121,6 @@ void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeigh
     }
   }
 }
-
-namespace {
-
-}  // namespace
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("skinny_linear", &skinny_linear_cpu); }
 
