@@ -117,8 +117,8 @@ const at::Tensor& room(at::Tensor& buffer, int64_t rows, int64_t width, const at
 // each slot's output features; a present weight must give those of its slot and the absent ones after
 // it, so that a wrong width is an error rather than a different split of the concatenation. Where every
 // present weight is float32 the product is one call of skinny_linear's products, straight into `buffer`
-// (skinny_linear.h: the bits skinny_linear gives each weight alone, then each bias added as skinny_linear
-// adds it); otherwise one quantized_linear call per present weight, concatenated.
+// with its bias (skinny_linear.h: the bits skinny_linear gives each weight alone); otherwise one
+// quantized_linear call per present weight, concatenated.
 at::Tensor product(const c10::List<OptTensor>& linears, int64_t base, int64_t first, int64_t count,
                    const at::Tensor& x, std::initializer_list<int64_t> widths, at::Tensor& buffer) {
   struct Slot {
@@ -154,33 +154,22 @@ at::Tensor product(const c10::List<OptTensor>& linears, int64_t base, int64_t fi
     }
     return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
   }
-  std::vector<at::Tensor> held;  // the weights as dense tensors, alive through the products
+  std::vector<at::Tensor> held;  // the weights and biases as dense tensors, alive through the products
+  held.reserve(2 * slots.size());  // no reallocation: `w` below refers into it
   std::vector<SkinnyWeight> weights;
   for (const Slot& slot : slots) {
-    held.push_back(linears.get(slot.index)->contiguous());
-    check_width(slot, held.back().size(0));
-    TORCH_CHECK_VALUE(held.back().size(1) == x.size(1), "llama_layers: layer ", base / kPerLayer, "'s ",
-                      kSlotNames[slot.slot], " weight (linears[", slot.index, "]) takes ", held.back().size(1),
-                      " inputs, not ", x.size(1));
-    weights.push_back({held.back().data_ptr<float>(), slot.width});
+    const at::Tensor& w = held.emplace_back(linears.get(slot.index)->contiguous());
+    check_width(slot, w.size(0));
+    TORCH_CHECK_VALUE(w.size(1) == x.size(1), "llama_layers: layer ", base / kPerLayer, "'s ", kSlotNames[slot.slot],
+                      " weight (linears[", slot.index, "]) takes ", w.size(1), " inputs, not ", x.size(1));
+    const OptTensor bias = linears.get(slot.index + 3);
+    const float* bp = present(bias) ? held.emplace_back(bias->contiguous()).data_ptr<float>() : nullptr;
+    weights.push_back({w.data_ptr<float>(), slot.width, bp});
   }
   const at::Tensor out = room(buffer, rows, total, x.options());
   const at::Tensor xc = x.contiguous();
-  float* op = out.data_ptr<float>();
-  skinny_products(xc.data_ptr<float>(), rows, x.size(1), weights.data(), static_cast<int64_t>(weights.size()), op,
-                  total);
-  int64_t column = 0;
-  for (const Slot& slot : slots) {
-    const OptTensor bias = linears.get(slot.index + 3);
-    if (present(bias)) {
-      const at::Tensor b = bias->contiguous();
-      const float* bp = b.data_ptr<float>();
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < slot.width; ++c) op[r * total + column + c] += bp[c];
-      }
-    }
-    column += slot.width;
-  }
+  skinny_products(xc.data_ptr<float>(), rows, x.size(1), weights.data(), static_cast<int64_t>(weights.size()),
+                  out.data_ptr<float>(), total);
   return out;
 }
 

@@ -55,37 +55,9 @@ const Tiles& tiles() {
   return selected;
 }
 
-at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(input.dim() == 2 && weight.dim() == 2, "skinny_linear: input must be [M, K] and weight [N, K]");
-  TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-                   "skinny_linear: the CPU kernel takes float32 input and weight");
-  const int64_t m = input.size(0), k_dim = input.size(1), n = weight.size(0);
-  TORCH_CHECK_VALUE(weight.size(1) == k_dim, "skinny_linear: weight must be [N, K] with K = ", k_dim, ", got [", n, ", ",
-                    weight.size(1), "]");
-  const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK_VALUE(!has_bias || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat),
-                    "skinny_linear: bias must be float32 [N] with N = ", n);
-  const at::Tensor x = input.contiguous();
-  const at::Tensor w = weight.contiguous();
-  at::Tensor out = at::empty({m, n}, input.options());
-  const SkinnyWeight one{w.data_ptr<float>(), n};
-  skinny_products(x.data_ptr<float>(), m, k_dim, &one, 1, out.data_ptr<float>(), n);
-  if (has_bias) out.add_(*bias);
-  return out;
-}
-
-}  // namespace
-
-void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count,
-                     float* out, int64_t ldo) {
-  TORCH_CHECK(count >= 1 && count <= kMaxWeights, "skinny_products: 1 to ", kMaxWeights, " weights, got ", count);
-  if (m == 0) return;
-  if (k_dim == 0) {
-    int64_t total = 0;
-    for (int64_t i = 0; i < count; ++i) total += weights[i].rows;
-    for (int64_t r = 0; r < m; ++r) std::fill(out + r * ldo, out + r * ldo + total, 0.0f);
-    return;
-  }
+// skinny_products' dot products (k_dim > 0, m > 0, 1 <= count <= kMaxWeights).
+void products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count, float* out,
+              int64_t ldo) {
   // The weights' full panels numbered as one sequence: weight i's from first[i].
   int64_t first[kMaxWeights + 1], column[kMaxWeights];
   first[0] = 0;
@@ -118,6 +90,48 @@ void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeigh
     const int64_t done = (first[i + 1] - first[i]) * kPanel;
     if (done < weights[i].rows) {
       t.tail_rows(x, m, k_dim, weights[i].data + done * k_dim, weights[i].rows - done, out + column[i] + done, ldo);
+    }
+  }
+}
+
+at::Tensor skinny_linear_cpu(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(input.dim() == 2 && weight.dim() == 2, "skinny_linear: input must be [M, K] and weight [N, K]");
+  TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
+                   "skinny_linear: the CPU kernel takes float32 input and weight");
+  const int64_t m = input.size(0), k_dim = input.size(1), n = weight.size(0);
+  TORCH_CHECK_VALUE(weight.size(1) == k_dim, "skinny_linear: weight must be [N, K] with K = ", k_dim, ", got [", n, ", ",
+                    weight.size(1), "]");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK_VALUE(!has_bias || (bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat),
+                    "skinny_linear: bias must be float32 [N] with N = ", n);
+  const at::Tensor x = input.contiguous();
+  const at::Tensor w = weight.contiguous();
+  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({m, n}, input.options());
+  const SkinnyWeight one{w.data_ptr<float>(), n, has_bias ? b.data_ptr<float>() : nullptr};
+  skinny_products(x.data_ptr<float>(), m, k_dim, &one, 1, out.data_ptr<float>(), n);
+  return out;
+}
+
+}  // namespace
+
+void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count,
+                     float* out, int64_t ldo) {
+  TORCH_CHECK(count >= 1 && count <= kMaxWeights, "skinny_products: 1 to ", kMaxWeights, " weights, got ", count);
+  if (m == 0) return;
+  if (k_dim == 0) {  // empty dot products: zeros, then the biases
+    int64_t total = 0;
+    for (int64_t i = 0; i < count; ++i) total += weights[i].rows;
+    for (int64_t r = 0; r < m; ++r) std::fill(out + r * ldo, out + r * ldo + total, 0.0f);
+  } else {
+    products(x, m, k_dim, weights, count, out, ldo);
+  }
+  for (int64_t i = 0, column = 0; i < count; column += weights[i].rows, ++i) {
+    const float* bias = weights[i].bias;
+    if (bias == nullptr) continue;
+    for (int64_t r = 0; r < m; ++r) {
+      float* o = out + r * ldo + column;
+      for (int64_t c = 0; c < weights[i].rows; ++c) o[c] += bias[c];
     }
   }
 }
