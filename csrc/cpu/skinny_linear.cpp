@@ -55,17 +55,14 @@ const Tiles& tiles() {
   return selected;
 }
 
-// skinny_products' dot products (k_dim > 0, m > 0, 1 <= count <= kMaxWeights).
-void products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count, float* out,
-              int64_t ldo) {
+// skinny_products' dot products (k_dim > 0, m > 0, 1 <= count <= kMaxWeights); weight i's outputs from
+// column[i].
+void products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeight* weights, int64_t count,
+              const int64_t* column, float* out, int64_t ldo) {
   // The weights' full panels numbered as one sequence: weight i's from first[i].
-  int64_t first[kMaxWeights + 1], column[kMaxWeights];
+  int64_t first[kMaxWeights + 1];
   first[0] = 0;
-  for (int64_t i = 0, col = 0; i < count; ++i) {
-    column[i] = col;
-    col += weights[i].rows;
-    first[i + 1] = first[i] + weights[i].rows / kPanel;
-  }
+  for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + weights[i].rows / kPanel;
   const int64_t panels = first[count];
   const auto panel_at = [&](int64_t p, int64_t& i) {  // panel p's weight rows; i: its weight, from a guess below
     while (p >= first[i + 1]) ++i;
@@ -119,18 +116,19 @@ void skinny_products(const float* x, int64_t m, int64_t k_dim, const SkinnyWeigh
                      float* out, int64_t ldo) {
   TORCH_CHECK(count >= 1 && count <= kMaxWeights, "skinny_products: 1 to ", kMaxWeights, " weights, got ", count);
   if (m == 0) return;
+  int64_t column[kMaxWeights + 1];  // weight i's outputs from column[i]; column[count]: all of them
+  column[0] = 0;
+  for (int64_t i = 0; i < count; ++i) column[i + 1] = column[i] + weights[i].rows;
   if (k_dim == 0) {  // empty dot products: zeros, then the biases
-    int64_t total = 0;
-    for (int64_t i = 0; i < count; ++i) total += weights[i].rows;
-    for (int64_t r = 0; r < m; ++r) std::fill(out + r * ldo, out + r * ldo + total, 0.0f);
+    for (int64_t r = 0; r < m; ++r) std::fill(out + r * ldo, out + r * ldo + column[count], 0.0f);
   } else {
-    products(x, m, k_dim, weights, count, out, ldo);
+    products(x, m, k_dim, weights, count, column, out, ldo);
   }
-  for (int64_t i = 0, column = 0; i < count; column += weights[i].rows, ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     const float* bias = weights[i].bias;
     if (bias == nullptr) continue;
     for (int64_t r = 0; r < m; ++r) {
-      float* o = out + r * ldo + column;
+      float* o = out + r * ldo + column[i];
       for (int64_t c = 0; c < weights[i].rows; ++c) o[c] += bias[c];
     }
   }
