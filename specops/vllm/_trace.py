@@ -1,9 +1,11 @@
 """What a vLLM process's specops proposer computed, for seeing what each rank of a parallel engine does.
 
 With SPECOPS_VLLM_TRACE=DIR, every process that builds a specops proposer writes DIR/<Proposer>-<pid>.json
-when it exits: its rank in vLLM's process group (torch.distributed's, where it is initialized), and the
+after each proposer call and when it exits: its rank in vLLM's process group (torch.distributed's, where it is initialized), and the
 proposer calls, the request rows they were given, the draft tokens they returned and the seconds they took.
-The rank is read while the proposer runs: vLLM destroys its process group before the process exits.
+The rank is read while the proposer runs: vLLM destroys its process group before the process exits. The file
+is rewritten after every call because exit handlers do not always run: vLLM's shutdown can end a worker before
+them (at tensor_parallel_size=2 one CI run found no file from either rank of SlemProposer's engine).
 Unset (the default), nothing is counted or written.
 """
 
@@ -40,6 +42,7 @@ class Trace:
         self.rows += sum(1 for tokens in sampled if tokens)
         self.drafts += sum(len(d) for d in drafts)
         self.seconds += time.perf_counter() - start
+        self.write()
         return drafts
 
     def write(self) -> None:
