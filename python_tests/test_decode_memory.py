@@ -69,14 +69,18 @@ def test_memory_lets_later_calls_draft_longer(targets, greedy):
     memory = specops.NgramMemory()
     model = targets["llama"]
     first = specops.decode(PROMPTS, target=model, tokenizer=byte_tokenizer(), max_new_tokens=MAX_NEW, memory=memory)
-    calls = []
+    calls, lengths = [], []
     for _ in range(4):
         again = specops.decode(PROMPTS, target=model, tokenizer=byte_tokenizer(), max_new_tokens=MAX_NEW,
                                memory=memory)
         assert again.tokens == greedy["llama"].tokens and again.stats.method == "ngram"
         calls.append(again.stats.target_calls)
+        lengths += again.stats.draft_lengths
     assert min(calls) < first.stats.target_calls / 2
-    assert max(again.stats.draft_lengths) > 8  # rows longer than the 8 tokens ngram drafts without a memory
+    # Rows longer than the 8 tokens ngram drafts without a memory, in some call of the four: how a call splits
+    # its 15 tokens into steps is the cost model's choice from measured step times (one CI run under load took
+    # the last call in steps of 7 and 6).
+    assert max(lengths) > 8
 
 
 def test_requests_of_one_call_draft_from_each_other(targets):
