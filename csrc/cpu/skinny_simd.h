@@ -107,8 +107,8 @@ SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const f
 }
 
 // A panel of 16 weight rows w against all m input rows x: out[r * ldo + j] for r < m, j < 16. The rows
-// go in G = ceil(m / kGroupRows) groups (AVX-512: one more where that is even, and 5 or 6 rows in one
-// group of 2 x m tiles) of near-equal size (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in tiles as wide as 16
+// go in G = ceil(m / kGroupRows) groups (AVX-512: 5 to 8 rows in one group of 2 x m tiles, and from 9 rows on
+// Intel CPUs one more group where G is even) of near-equal size (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in tiles as wide as 16
 // accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1), the panel re-read from L1/L2 by every
 // group after the first. The weight is read from memory once. Group g prefetches its share of the next
 // panel (`ahead`, nullptr: none): pairs of k steps g, g + G, ..., so that requests to memory are spread over
@@ -117,21 +117,25 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
            int64_t ldo) {
   int64_t groups = (m + kGroupRows - 1) / kGroupRows;
 #ifdef SPECOPS_ISA_AVX512
-  // An odd number of groups: 3 groups of 2-3 rows took 8 rows in 30.2-30.6 ms where 2 groups of 4 took
-  // 31.8-31.9 (the 671 MB head; 16 rows: 37.1-38.4 against 38.2-38.6); the AVX2 copy's groups of 2 went
-  // the other way (16 rows: 61.5-63.2 ms against 57.5-57.6), so it keeps ceil(m / 2). 2-vCPU Xeon,
-  // 2026-12-05. Each output is the same dot product in any group, so the bits do not change.
+  // 5 to 8 rows: one group in 2 x m tiles rather than two or three groups of 1-4 rows, so the panel is read
+  // once, from memory, and not again from L2 while the next panel's prefetches arrive there. The arithmetic
+  // costs about the same either way (5 rows on a weight held in L2: 11.4 ms for the 671 MB head's products
+  // both ways), but the stream hides it better: on the 2-vCPU Xeon Gemma-3's head took 5 rows in 26.1-27.5 ms
+  // against 26.9-28.2, 6 rows in 27.2-27.6 against 27.7-28.8 (four runs each way, alternating), 7 and 8 rows
+  // the same time either way, and 12 rows in two such groups 10 % longer (2026-12-05). On a 2-vCPU AMD EPYC
+  // (Zen 4) 7 rows took 21.0-23.3 ms against 27.6-29.7 in three groups, 8 rows 23.2-24.9 against 28.8-29.3,
+  // and 9 to 16 rows in groups of 5 to 8 took 10-15 % longer than in groups of 3 and 4 (2026-12-05).
   //
-  // 5 or 6 rows: one group in 2 x m tiles rather than three groups of 1-2 rows (8 x 2 and 16 x 1 tiles),
-  // so the panel is read once, from memory, and not twice more from L2 while the next panel's prefetches
-  // arrive there. The arithmetic costs about the same either way (5 rows on a weight held in L2: 11.4 ms
-  // for the 671 MB head's products both ways), but the stream hides it better: Gemma-3's head took 5 rows in
-  // 26.1-27.5 ms against 26.9-28.2, 6 rows in 27.2-27.6 against 27.7-28.8 (four runs each way, alternating);
-  // 7 and 8 rows took the same time either way, and 12 rows in two such groups 10 % longer (2-vCPU Xeon,
-  // 2026-12-05).
-  if (m == 5 || m == 6) {
+  // From 9 rows, on Intel CPUs, an odd number of groups: 16 rows in 5 groups took 37.1-38.4 ms where 4 groups
+  // of 4 took 38.2-38.6 (and 8 rows in 3 groups 30.2-30.6 against 31.8-31.9 in 2, before the rule above; the
+  // 2-vCPU Xeon), which the L2's fetches of a line's 128-byte buddy explain (`tile`). The Zen 4 EPYC went the
+  // other way: 13 rows in 5 groups 36.5-38.6 ms against 29.9-31.5 in 4, 14 rows 37.0-38.1 against 32.1-32.3,
+  // 16 rows 35.1-36.4 against 34.3-35.0, so other CPUs keep ceil(m / 4). The AVX2 copy's groups of 2 went
+  // the other way on the Xeon too (16 rows: 61.5-63.2 ms against 57.5-57.6), so it keeps ceil(m / 2). Each
+  // output is the same dot product in any group, so the bits do not change.
+  if (m >= 5 && m <= 8) {
     groups = 1;
-  } else if (groups % 2 == 0 && groups < m) {
+  } else if (groups % 2 == 0 && groups < m && cpu_is_intel()) {
     ++groups;
   }
 #endif
@@ -146,6 +150,8 @@ void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float
     const int phase = static_cast<int>(g);
 #ifdef SPECOPS_ISA_AVX512
     switch (rows) {
+      case 8: tiles<2, 8>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
+      case 7: tiles<2, 7>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 6: tiles<2, 6>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 5: tiles<2, 5>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
       case 4: tiles<4, 4>(xr, w, k_dim, pf, phase, phases, o, ldo); break;
