@@ -5,7 +5,7 @@
 // (Gemma-3-270M's 671 MB output head: 31 ms for 1-3 rows, 62 ms for 4, 101 ms for 8, 145 ms for 12) and on
 // AMD EPYC about once per row. This kernel streams the weight once for any M: threads split the weight into
 // panels of 16 rows; a panel meets every input row in groups of up to 4 rows (4 x 4 register tiles: 16
-// accumulators, 8 loads per 16 FMAs; 5 or 6 rows in one group of 2 x 5 or 2 x 6 tiles; with AVX2, whose 16
+// accumulators, 8 loads per 16 FMAs; 5 to 8 rows in one group of 2 x m tiles; with AVX2, whose 16
 // ymm registers hold 8 such vectors, groups of 2 in 2 x 2 tiles, skinny_simd.h), re-read from cache after the
 // first group, while every group prefetches its share of the next panel into L2. With the prefetches spread
 // that way, arithmetic and memory overlap: the 671 MB head takes 1.0-1.2x the time of summing it for 1-8 rows
