@@ -28,7 +28,7 @@ from specops import ops
 from specops.decoding import model_ngrams
 from specops.decoding.tree_forward import is_transformers_model
 from specops.decoding.batch import Batch
-from specops.decoding.ngram_shape import DraftShape
+from specops.decoding.ngram_shape import DraftShape, earlier
 from specops.decoding.model_ngrams import extend, successors
 from specops.decoding.protocol import Method, Proposal, Proposer, Setup, StepResult, TreeDraft
 from specops.decoding.tree import build_tree
@@ -134,8 +134,7 @@ def merge_candidates(first: tuple[torch.Tensor, ...], second: tuple[torch.Tensor
     candidates = candidates.gather(1, order[:, :, None].expand_as(candidates))
     counts, level = counts.gather(1, order), level.gather(1, order)
     same = (candidates[:, :, None, :] == candidates[:, None, :, :]).all(-1)  # [B, r, s]
-    earlier = torch.ones(rows, rows, dtype=torch.bool, device=candidates.device).tril(-1)
-    repeated = (same & earlier & (counts > 0)[:, None, :]).any(2) | (counts == 0)
+    repeated = (same & earlier(rows, candidates.device) & (counts > 0)[:, None, :]).any(2) | (counts == 0)
     keep = torch.sort(repeated.long(), dim=1, stable=True).indices[:, :k]  # kept rows first, in rank order
     take = ~repeated.gather(1, keep)
     width = candidates.shape[2]
