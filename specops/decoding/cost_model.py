@@ -11,7 +11,9 @@ drafter forward) and outside (the step's time outside forwards) are moving avera
 weights once for any few tokens (a GPU; a CPU through skinny_linear) the fit stays nearly flat and drafts
 grow. One surface fitted to every step, rather
 than a point per size, keeps one slow step from shutting a size out for good (step times scatter 10-20 %
-on a CPU) and prices a batch size before any step of it ran.
+on a CPU) and prices a batch size before any step of it ran. Where the engine's step time is no plane in the
+tokens in flight (vLLM's CPU engine: 3 draft tokens cheaper than none), specops.vllm's n-gram proposer also
+prices each size measured lately by its own decayed mean (`StepCost(per_size=True)`).
 
 Acceptance (`Acceptance`), of a draft-tree node by how many children it had: a(b) = P(one of its first b
 children is accepted | the node was reached), pooled over depths. Recursive rejection sampling tries a
@@ -65,6 +67,7 @@ __all__ = ["Acceptance", "CatchUp", "CostPlane", "DraftLength", "Probe", "ShapeC
 
 _EMA = 0.3  # weight of a new measurement
 _EXPLORE = 2  # a step is priced at most at this many times the most tokens in flight measured
+_SIZE_TRUSTED = 2.0  # decayed steps of a size for StepCost(per_size=True) to price it by its own mean
 _PROBE_EVERY = 8  # plain steps before the first probe of drafting
 _PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
 _LONG_READ = 32  # tokens a drafter's read must have for CatchUp to price reads by it
@@ -221,11 +224,21 @@ class StepCost:
     forwards (module docstring). Shared: a decode call's chooser, n-gram shapes per model and device, and a
     vLLM proposer's own steps."""
 
-    def __init__(self, decay: float = 0.97):
+    def __init__(self, decay: float = 0.97, per_size: bool = False):
+        """per_size: also keep each size's own mean, decayed as the fit's sums are, and price a size by it while
+        its weight is at least _SIZE_TRUSTED steps. For engines whose step time is no plane in the tokens in
+        flight: vLLM's CPU engine on a 2-vCPU AMD EPYC (Zen 4), Gemma-3-270M, one request, took a plain step in
+        81-82 ms, one with one draft token in 99-100, with 3 in 71 and with 7-8 in 94-96 (medians, 2026-12-05);
+        the fit through them priced 8 drafts at 95 and 3 at 85, and specops.vllm's NgramProposer drafted 8 where
+        4 made its tokens/s 1.2x. A size no step measured lately falls back to the fit (its weight decays by
+        the fit's factor every step: four steps of a size are forgotten after 23 steps of others), so one slow
+        spell cannot shut a size out for good."""
         self.target = CostPlane(decay)
         self.drafter: float | None = None  # seconds per drafter forward
         self.outside: float | None = None  # seconds per step outside forwards
         self.sizes: set[tuple[int, int]] = set()  # (requests, tokens in flight) of the steps measured
+        # (requests, tokens in flight) -> [decayed mean target seconds, decayed weight in steps]
+        self.per_size: dict[tuple[int, int], list] | None = {} if per_size else None
 
     def observe(self, requests: int, tokens: int, target_seconds: float, drafter_seconds: float | None = None,
                 outside_seconds: float | None = None) -> None:
@@ -233,6 +246,12 @@ class StepCost:
         the seconds of one drafter forward and of the step outside forwards."""
         self.target.observe(requests, tokens, target_seconds)
         self.sizes.add((requests, tokens))
+        if self.per_size is not None:
+            for entry in self.per_size.values():
+                entry[1] *= self.target.decay
+            entry = self.per_size.setdefault((requests, tokens), [0.0, 0.0])
+            entry[1] += 1.0
+            entry[0] += (target_seconds - entry[0]) / entry[1]
         if drafter_seconds is not None:
             self.drafter = ema(self.drafter, drafter_seconds)
         if outside_seconds is not None:
@@ -272,6 +291,13 @@ class StepCost:
             a, b, c, e, g = self.target.coefficients(requests, jump_first).numpy().tolist()
             readings.append(a + b * requests + (c + e * requests) * drafts + g * (drafts > 0))
         seconds = np.maximum(np.minimum(*readings), 1e-9)
+        if self.per_size:
+            seconds = np.array(seconds, dtype=np.float64)  # a writable copy, the shape of tokens
+            flat, sizes = seconds.reshape(-1), np.asarray(tokens).reshape(-1)
+            for i, size in enumerate(sizes.tolist()):
+                entry = self.per_size.get((requests, int(size)))
+                if entry is not None and entry[1] >= _SIZE_TRUSTED:
+                    flat[i] = entry[0]
         seconds = seconds + np.asarray(forwards, dtype=np.float64) * (self.drafter or 0.0) + (self.outside or 0.0)
         return torch.from_numpy(np.asarray(seconds, dtype=np.float64))
 
@@ -283,6 +309,8 @@ class StepCost:
         new = StepCost(self.target.decay)
         new.target = self.target.copy()
         new.drafter, new.outside, new.sizes = self.drafter, self.outside, set(self.sizes)
+        if self.per_size is not None:
+            new.per_size = {size: list(entry) for size, entry in self.per_size.items()}
         return new
 
 

@@ -149,7 +149,9 @@ class NgramProposer:
         self.finished = 0  # requests finished since the memory was last saved
         # One row of drafts per request (vLLM verifies chains); costs are this proposer's own steps.
         # Acceptance kept per source: the match length (bucketed with a memory), 0 for the bigram.
-        self.costs = StepCost()  # seconds per step from its requests and tokens in flight
+        # seconds per step from its requests and tokens in flight; each size measured priced by its own mean
+        # where that is below the fit (vLLM's step time is no plane in the tokens in flight: StepCost)
+        self.costs = StepCost(per_size=True)
         sources = MAX_NGRAM + 1 if self.memory is None else 2 * len(_SOURCES) + 1
         self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts,
                                 sources=sources, cost=self.costs)
