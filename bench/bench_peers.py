@@ -464,7 +464,9 @@ def measure_run(args) -> None:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise SystemExit(f"unknown configurations {unknown}; known: {','.join(CONFIGS)}")
-    out = Path(args.csv).with_suffix("")  # the workers' results and logs
+    # the workers' results and logs, under bench/results (ignored by git: beside a CSV in docs/ they were
+    # committed with it twice)
+    out = BENCH / "results" / Path(args.csv).stem
     out.mkdir(parents=True, exist_ok=True)
     before = bandwidth()
     print(f"streaming bandwidth at the start: {before['copy']:.1f} GB/s copy, {before['read']:.1f} GB/s read",
