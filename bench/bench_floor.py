@@ -9,9 +9,9 @@ streaming read bandwidth, measured here at the start and at the end of the run (
 and a BLAS matrix-vector product over a 512 MiB tensor, the best of five: _timing.read_bandwidth_gbs; the
 host's bandwidth can move under a run: the report says so when the two differ by more than 10 %).
 Because it moves within minutes (on a 2-vCPU AMD EPYC on 2026-12-05 a one-token step took 24.8 ms in one
-run and 37.5 in the next), every cell also measures it right before and right after its own steps: `cell
-ratio` is the step over the floor at the faster of those two, and `vs 1 token` the step over the one-token
-chain step of the same process, which no probe enters.
+run and 37.5 in one two minutes later), every cell also measures it right before and right after its own
+steps: `cell ratio` is the step over the floor at the faster of those two, and `vs 1 token` the step over
+the one-token chain step of the same process, which no probe enters.
 For each model, each step size n (tokens in flight for one request) is timed as a chain (n tokens appended
 to a cache of --context tokens, as a verification of n - 1 drafts) and as a tree (n nodes: rows of four
 under the root's last token, as n-gram trees are), through specops' own forward (the one decoding uses), the
