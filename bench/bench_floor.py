@@ -120,7 +120,8 @@ def worker(name: str, sizes: list[int], repeats: int, context: int) -> list[dict
                     start = time.perf_counter()
                     step()
                     times.append(time.perf_counter() - start)
-                bandwidth = max(bandwidth, read_bandwidth_gbs())  # the lower of the two floors: never flattered
+                # the lower of the two floors: never flattered
+                bandwidth = max(bandwidth, read_bandwidth_gbs())
                 rows.append({"model": name, "isa": _C.cpu_isa(), "kind": kind, "tokens": n,
                              "ms": 1e3 * statistics.median(times), "bytes": weight_bytes(model),
                              "cell_gbs": bandwidth,
@@ -144,7 +145,8 @@ def run(models: list[str], isas: list[str], sizes: list[int], repeats: int, cont
     for row in runs:
         cells.setdefault((row["setting"], row["model"], row["kind"], row["tokens"]), []).append(row)
     return [dict(found[0], ms=statistics.median(r["ms"] for r in found), ms_runs=";".join(f"{r['ms']:.1f}" for r in found),
-                 **{key: statistics.median(r[key] for r in found) for key in ("cell_gbs", "cell_ratio", "vs_one")})
+                 **{key: statistics.median(r[key] for r in found)
+                    for key in ("cell_gbs", "cell_ratio", "vs_one")})
             for found in cells.values()]
 
 
@@ -174,7 +176,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
     for key in sorted({(r["model"], r["setting"], r["kind"]) for r in rows}):
-        points = sorted((r["tokens"], r["cell_ratio"]) for r in rows if (r["model"], r["setting"], r["kind"]) == key)
+        points = sorted((r["tokens"], r["cell_ratio"]) for r in rows
+                        if (r["model"], r["setting"], r["kind"]) == key)
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o" if key[2] == "chain" else "s",
                   linestyle="-" if key[1] == "native" else "--", label=f"{key[0]}, {key[2]}, {key[1]}")
     axes.axhline(1.0, color="black", linewidth=0.8)
@@ -225,7 +228,8 @@ def main() -> None:
           + (" (it moved: the floor uses the higher)" if moved else ""))
     if any(r["ratio"] < 1 or r["cell_ratio"] < 1 for r in rows):
         print("some steps ran faster than the floor: this host streams faster than the bandwidth probe reads")
-    print("| model | path | ISA | kind | tokens | ms | floor ms | ratio | cell GB/s | cell ratio | vs 1 token |")
+    print("| model | path | ISA | kind | tokens | ms | floor ms | ratio | cell GB/s | cell ratio "
+          "| vs 1 token |")
     print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['model']} | {r['path']} | {r['isa']} | {r['kind']} | {r['tokens']} | {r['ms']:.1f} | "
