@@ -68,6 +68,7 @@ __all__ = ["Acceptance", "CatchUp", "CostPlane", "DraftLength", "Probe", "ShapeC
 _EMA = 0.3  # weight of a new measurement
 _EXPLORE = 2  # a step is priced at most at this many times the most tokens in flight measured
 _SIZE_TRUSTED = 2.0  # decayed steps of a size for StepCost(per_size=True) to price it by its own mean
+_SIZE_FORGOTTEN = 0.01  # ... and below which its mean is dropped (one step, after 152 steps of other sizes)
 _PROBE_EVERY = 8  # plain steps before the first probe of drafting
 _PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
 _LONG_READ = 32  # tokens a drafter's read must have for CatchUp to price reads by it
@@ -232,7 +233,7 @@ class StepCost:
         the fit through them priced 8 drafts at 95 and 3 at 85, and specops.vllm's NgramProposer drafted 8 where
         4 made its tokens/s 1.2x. A size no step measured lately falls back to the fit (its weight decays by
         the fit's factor every step: four steps of a size are forgotten after 23 steps of others), so one slow
-        spell cannot shut a size out for good."""
+        spell cannot shut a size out for good; its mean is dropped once its weight is below _SIZE_FORGOTTEN."""
         self.target = CostPlane(decay)
         self.drafter: float | None = None  # seconds per drafter forward
         self.outside: float | None = None  # seconds per step outside forwards
@@ -247,8 +248,10 @@ class StepCost:
         self.target.observe(requests, tokens, target_seconds)
         self.sizes.add((requests, tokens))
         if self.per_size is not None:
-            for entry in self.per_size.values():
+            for size, entry in list(self.per_size.items()):
                 entry[1] *= self.target.decay
+                if entry[1] < _SIZE_FORGOTTEN:  # a serving process meets ever more sizes: keep the recent ones
+                    del self.per_size[size]
             entry = self.per_size.setdefault((requests, tokens), [0.0, 0.0])
             entry[1] += 1.0
             entry[0] += (target_seconds - entry[0]) / entry[1]
