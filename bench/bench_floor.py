@@ -144,7 +144,8 @@ def run(models: list[str], isas: list[str], sizes: list[int], repeats: int, cont
     cells: dict[tuple, list[dict]] = {}
     for row in runs:
         cells.setdefault((row["setting"], row["model"], row["kind"], row["tokens"]), []).append(row)
-    return [dict(found[0], ms=statistics.median(r["ms"] for r in found), ms_runs=";".join(f"{r['ms']:.1f}" for r in found),
+    return [dict(found[0], ms=statistics.median(r["ms"] for r in found),
+                 ms_runs=";".join(f"{r['ms']:.1f}" for r in found),
                  **{key: statistics.median(r[key] for r in found)
                     for key in ("cell_gbs", "cell_ratio", "vs_one")})
             for found in cells.values()]

@@ -311,11 +311,11 @@ def test_cost_plane_prices_having_drafts_at_all():
 
 
 def test_step_cost_per_size_prices_measured_sizes_by_their_means():
-    """StepCost(per_size=True): a size measured lately (a decayed weight of at least two steps) is priced at its
-    own mean (vLLM's CPU engine, one request: 82 ms plain, 99 ms with one draft, 71-72 with 3-4, 94 with 7-8),
-    a size measured once, or never, at the fit; a size no step measured lately falls back to the fit, so a dear
-    spell does not shut it out for good, and one not measured for long is dropped; off by default; the means
-    follow the machine and survive a copy."""
+    """StepCost(per_size=True): a size measured lately (a decayed weight of at least two steps) is priced at
+    its own mean (vLLM's CPU engine, one request: 82 ms plain, 99 ms with one draft, 71-72 with 3-4, 94 with
+    7-8), a size measured once, or never, at the fit; a size no step measured lately falls back to the fit, so
+    a dear spell does not shut it out for good, and one not measured for long is dropped; off by default; the
+    means follow the machine and survive a copy."""
     measured = {0: 0.082, 1: 0.099, 3: 0.072, 4: 0.071, 7: 0.094, 8: 0.094}
     fitted, per_size = StepCost(), StepCost(per_size=True)
     for _ in range(6):

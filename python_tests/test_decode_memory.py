@@ -67,10 +67,10 @@ def test_greedy_with_memory_equals_ar(targets, greedy, name, shape):
 def test_memory_lets_later_calls_draft_longer(greedy):
     """The same prompts again: the memory holds what follows every context, so auto drafts long chains and
     the call takes far fewer target forwards than the first. Step times are a fixed function of the step's
-    size here (a step of n tokens in flight costs 10 ms + 0.1 ms per token, as a forward that reads its weights
-    once would), so the cost model's choices, and so the test, do not follow this machine's load: a CI run
-    under load once took the last call's 15 tokens in steps of 7 and 6. A fresh model object (the same weights
-    as the fixture's) starts with no costs or acceptance learned by other tests."""
+    size here (a step of n tokens in flight costs 10 ms + 0.1 ms per token, as a forward that reads its
+    weights once would), so the cost model's choices, and so the test, do not follow this machine's load: a
+    CI run under load once took the last call's 15 tokens in steps of 7 and 6. A fresh model object (the same
+    weights as the fixture's) starts with no costs or acceptance learned by other tests."""
     real = StepCost.observe
 
     def fixed(self, requests, tokens, target_seconds, drafter_seconds=None, outside_seconds=None):

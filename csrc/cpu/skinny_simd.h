@@ -107,12 +107,12 @@ SPECOPS_INLINE void tiles(const float* x, const float* w, int64_t k_dim, const f
 }
 
 // A panel of 16 weight rows w against all m input rows x: out[r * ldo + j] for r < m, j < 16. The rows
-// go in G = ceil(m / kGroupRows) groups (AVX-512: 5 to 8 rows in one group of 2 x m tiles, and from 9 rows on
-// Intel CPUs one more group where G is even) of near-equal size (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in tiles as wide as 16
-// accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1), the panel re-read from L1/L2 by every
-// group after the first. The weight is read from memory once. Group g prefetches its share of the next
-// panel (`ahead`, nullptr: none): pairs of k steps g, g + G, ..., so that requests to memory are spread over
-// the panel's whole arithmetic.
+// go in G = ceil(m / kGroupRows) groups (AVX-512: 5 to 8 rows in one group of 2 x m tiles, and from 9 rows
+// on Intel CPUs one more group where G is even) of near-equal size (AVX-512: 4 rows in 4 x 4 tiles, 1-3 in
+// tiles as wide as 16 accumulators allow; AVX2 and the baseline: 2 x 2 and 2 x 1), the panel re-read from
+// L1/L2 by every group after the first. The weight is read from memory once. Group g prefetches its share of
+// the next panel (`ahead`, nullptr: none): pairs of k steps g, g + G, ..., so that requests to memory are
+// spread over the panel's whole arithmetic.
 void panel(const float* x, int64_t m, int64_t k_dim, const float* w, const float* ahead, float* out,
            int64_t ldo) {
   int64_t groups = (m + kGroupRows - 1) / kGroupRows;

@@ -226,14 +226,15 @@ class StepCost:
     vLLM proposer's own steps."""
 
     def __init__(self, decay: float = 0.97, per_size: bool = False):
-        """per_size: also keep each size's own mean, decayed as the fit's sums are, and price a size by it while
-        its weight is at least _SIZE_TRUSTED steps. For engines whose step time is no plane in the tokens in
-        flight: vLLM's CPU engine on a 2-vCPU AMD EPYC (Zen 4), Gemma-3-270M, one request, took a plain step in
-        81-82 ms, one with one draft token in 99-100, with 3 in 71 and with 7-8 in 94-96 (medians, 2026-12-05);
-        the fit through them priced 8 drafts at 95 and 3 at 85, and specops.vllm's NgramProposer drafted 8 where
-        4 made its tokens/s 1.2x. A size no step measured lately falls back to the fit (its weight decays by
-        the fit's factor every step: four steps of a size are forgotten after 23 steps of others), so one slow
-        spell cannot shut a size out for good; its mean is dropped once its weight is below _SIZE_FORGOTTEN."""
+        """per_size: also keep each size's own mean, decayed as the fit's sums are, and price a size by it
+        while its weight is at least _SIZE_TRUSTED steps. For engines whose step time is no plane in the
+        tokens in flight: vLLM's CPU engine on a 2-vCPU AMD EPYC (Zen 4), Gemma-3-270M, one request, took a
+        plain step in 81-82 ms, one with one draft token in 99-100, with 3 in 71 and with 7-8 in 94-96
+        (medians, 2026-12-05); the fit through them priced 8 drafts at 95 and 3 at 85, and specops.vllm's
+        NgramProposer drafted 8 where 4 made its tokens/s 1.2x. A size no step measured lately falls back to
+        the fit (its weight decays by the fit's factor every step: four steps of a size are forgotten after 23
+        steps of others), so one slow spell cannot shut a size out for good; its mean is dropped once its
+        weight is below _SIZE_FORGOTTEN."""
         self.target = CostPlane(decay)
         self.drafter: float | None = None  # seconds per drafter forward
         self.outside: float | None = None  # seconds per step outside forwards
@@ -250,7 +251,8 @@ class StepCost:
         if self.per_size is not None:
             for size, entry in list(self.per_size.items()):
                 entry[1] *= self.target.decay
-                if entry[1] < _SIZE_FORGOTTEN:  # a serving process meets ever more sizes: keep the recent ones
+                # a serving process meets ever more sizes: keep the recent ones
+                if entry[1] < _SIZE_FORGOTTEN:
                     del self.per_size[size]
             entry = self.per_size.setdefault((requests, tokens), [0.0, 0.0])
             entry[1] += 1.0

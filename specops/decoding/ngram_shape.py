@@ -70,10 +70,11 @@ def _shared_cost(model, device) -> StepCost:
 
 
 def earlier(n: int, device) -> torch.Tensor:
-    """[n, n] bool, [r, s] True where s < r. Not `torch.ones(n, n).tril(-1)`: torch's CPU tril enters a parallel
-    region at any size, and with the other core of a 2-vCPU host busy (a compiler there) a 2 x 2 tril waited
-    about 3 ms for its second thread (2.7 us on one thread). A replay of vLLM NgramProposer's calls then took
-    5.4 ms a call with the tril and 1.3 ms without; on the quiet host 0.96 ms either way (AMD EPYC, 2026-12-05)."""
+    """[n, n] bool, [r, s] True where s < r. Not `torch.ones(n, n).tril(-1)`: torch's CPU tril enters a
+    parallel region at any size, and with the other core of a 2-vCPU host busy (a compiler there) a 2 x 2
+    tril waited about 3 ms for its second thread (2.7 us on one thread). A replay of vLLM NgramProposer's
+    calls then took 5.4 ms a call with the tril and 1.3 ms without; on the quiet host 0.96 ms either way (AMD
+    EPYC, 2026-12-05)."""
     index = torch.arange(n, device=device)
     return index[None, :] < index[:, None]
 
