@@ -20,6 +20,7 @@ Threads: every test here runs torch on one thread. Tiny models gain nothing from
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -1024,6 +1025,32 @@ def test_auto_tables_build_a_bigram_only_when_cached_or_quick(monkeypatch, tmp_p
         model.lm_head.weight.mul_(1.0)
     with pytest.raises(pytest.fail.Exception, match="hashed"):
         model_ngrams.bigram_ready(model, tok, 8)
+
+
+def test_table_name_hashed_once_per_model_and_weights(monkeypatch, tmp_path):
+    """Where the table is not cached and too slow to build, every ngram call asks again whether it is: the
+    weights are hashed for its file name once per model object, again after an in-place update of a weight or
+    a change of the configuration, and a table cached meanwhile under that name is found."""
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    monkeypatch.setattr(model_ngrams, "BUILD_BUDGET_S", 0.0)
+    tok = byte_tokenizer()
+    model = tiny_llama(layers=1, seed=4)
+    hashed = []
+    real = model_ngrams._fingerprint
+    monkeypatch.setattr(model_ngrams, "_fingerprint", lambda *a: hashed.append(1) or real(*a))
+    assert not model_ngrams.bigram_ready(model, tok, 8)
+    assert not model_ngrams.bigram_ready(model, tok, 8)
+    assert len(hashed) == 1
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)
+    assert not model_ngrams.bigram_ready(model, tok, 8)
+    assert len(hashed) == 2
+    model.config.rms_norm_eps *= 2
+    assert not model_ngrams.bigram_ready(model, tok, 8)
+    assert len(hashed) == 3
+    twin = copy.deepcopy(model)  # another object: its own name, the same file
+    model_ngrams.bigram(twin, tok, top=8, progress=False)
+    assert model_ngrams.bigram_ready(model, tok, 8) and len(hashed) == 4
 
 
 def test_bigram_cached(monkeypatch, tmp_path):

@@ -314,7 +314,11 @@ def _settings(model, tokenizer, top: int, bos: int | None) -> tuple[int, int | N
 
 
 def _table_path(model, bos: int | None, top: int) -> Path:
-    return cache_dir() / f"bigram-{_fingerprint(model, bos, top)}.pt"
+    """The table's file. Its name hashes a sample of every weight: 8 ms for Gemma-3-270M on a 2-vCPU AMD EPYC,
+    paid by every `ngram` call that asks whether the table is cached (it is not, on a CPU that never built
+    it), so the name is kept per model object while its weights and configuration are unchanged."""
+    key = ("fingerprint", bos, top, _config_text(getattr(model, "config", None)))
+    return cache_dir() / f"bigram-{_remembered(model, key, lambda: _fingerprint(model, bos, top))}.pt"
 
 
 def _load_or_build(model, bos: int | None, top: int, chunk: int, progress: bool, cache: bool) -> torch.Tensor:
