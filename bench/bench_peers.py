@@ -3,7 +3,8 @@ cache with torch.compile) and llama.cpp's server (F32 and Q8_0 GGUFs, plain and 
 one interleaved run (issue 48, "Measure").
 
     python bench/bench_peers.py [--rounds 2] [--prompts 8] [--first 0] [--new-tokens 48]
-                                [--configs ar,ngram,slem,tli,rsd-s,ar-int8,ngram-int8,hf,hf-compiled,
+                                [--configs ar,ngram,ngram-context,slem,tli,rsd-s,ar-int8,ngram-int8,
+                                 hf,hf-compiled,
                                  llama-f32,llama-f32-ngram-simple,llama-f32-ngram-mod,
                                  llama-q8,llama-q8-ngram-simple,llama-q8-ngram-mod]
                                 [--modes alone,together8] [--gguf F32.gguf] [--gguf-q8 Q8_0.gguf]
@@ -21,6 +22,9 @@ Configurations:
   rsd-s                   n-gram drafting, and the embedded drafter SmolLM2-135M (its default int8 weights)
                           with another vocabulary: text re-encoded (slem), shared tokens (tli), draft trees
                           of Stochastic Beam Search (rsd-s)
+  ngram-context           ngram drafting from the context alone (options={"tables": "none"}); `ngram`
+                          also drafts from the model's bigram table where it is cached (`specops models
+                          bigram gemma-3-270m` builds it)
   ar-int8, ngram-int8     the same with target="gemma-3-270m:int8"
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
@@ -69,9 +73,11 @@ BENCH = Path(__file__).resolve().parent
 TARGET = "gemma-3-270m"
 DRAFTER = "smollm2-135m"
 # config -> (target, method, drafter) of specops.decode
-SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None), "slem": (TARGET, "slem", DRAFTER),
+SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None),
+           "ngram-context": (TARGET, "ngram", None), "slem": (TARGET, "slem", DRAFTER),
            "tli": (TARGET, "tli", DRAFTER), "rsd-s": (TARGET, "rsd-s", DRAFTER),
            "ar-int8": (f"{TARGET}:int8", "ar", None), "ngram-int8": (f"{TARGET}:int8", "ngram", None)}
+OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
 LLAMA = {f"llama-{weights}{suffix}": (weights, setting) for weights in ("f32", "q8")
@@ -107,11 +113,12 @@ class Specops:
         torch.set_num_threads(2)
         self.decode = specops.decode
         self.target, self.method, self.drafter = SPECOPS[config]
+        self.options = OPTIONS.get(config)
         self.new_tokens = new_tokens
 
     def run(self, prompts: list[str]) -> list[list[int]]:
         result = self.decode(prompts, target=self.target, drafter=self.drafter, method=self.method,
-                             max_new_tokens=self.new_tokens)
+                             max_new_tokens=self.new_tokens, options=self.options)
         return result.tokens
 
 
