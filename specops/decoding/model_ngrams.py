@@ -37,7 +37,8 @@ __all__ = ["unigram", "bigram", "bigram_successors", "bigram_ready", "folder_big
 
 # Tables already computed or loaded in this process, per model object.
 _IN_MEMORY: "weakref.WeakKeyDictionary[object, dict]" = per_object(
-    "n-gram tables", "the model's bigram and unigram tables, loaded or computed, and the bigram's successors")
+    "n-gram tables", "the model's bigram and unigram tables, loaded or computed, the bigram's successors, and "
+    "the name of the bigram's file")
 
 
 def _versioned(model, key) -> tuple:
