@@ -313,34 +313,56 @@ def test_cost_plane_prices_having_drafts_at_all():
 def test_step_cost_per_size_prices_measured_sizes_by_their_means():
     """StepCost(per_size=True): a size measured lately (a decayed weight of at least two steps) is priced at
     its own mean (vLLM's CPU engine, one request: 82 ms plain, 99 ms with one draft, 71-72 with 3-4, 94 with
-    7-8), a size measured once, or never, at the fit; a size no step measured lately falls back to the fit, so
-    a dear spell does not shut it out for good, and one not measured for long is dropped; off by default; the
-    means follow the machine and survive a copy."""
+    7-8); a size between two of those, measured once or never, at most at the cheaper neighbour's mean (so it
+    gets measured), or at its own once-measured mean where that is dearer; a size outside them at the fit.
+    Weights decay slowly (three steps stay trusted for 80 steps of other sizes), yet the means follow the
+    machine; a size no step measured for long falls back to the fit, so a dear spell does not shut it out for
+    good, and one not measured for longer is dropped; off by default; the means survive a copy."""
     measured = {0: 0.082, 1: 0.099, 3: 0.072, 4: 0.071, 7: 0.094, 8: 0.094}
     fitted, per_size = StepCost(), StepCost(per_size=True)
     for _ in range(6):
         for drafts, seconds in measured.items():
             fitted.observe(1, 1 + drafts, seconds)
             per_size.observe(1, 1 + drafts, seconds)
-    per_size.observe(1, 6, 0.050)  # five drafts, once: not trusted
-    fitted.observe(1, 6, 0.050)
+    per_size.observe(1, 7, 0.050)  # six drafts, once: not trusted, and cheaper than its neighbours
+    per_size.observe(1, 6, 0.090)  # five drafts, once: not trusted, and dearer than its cheaper neighbour
+    fitted.observe(1, 7, 0.050)
+    fitted.observe(1, 6, 0.090)
     sizes = torch.arange(1, 10)
     plane, priced = fitted.at(1, sizes).tolist(), per_size.at(1, sizes).tolist()
     for drafts in range(9):
-        expected = measured[drafts] if drafts in measured else plane[drafts]
+        if drafts in measured:
+            expected = measured[drafts]
+        elif drafts == 5:
+            expected = min(plane[drafts], 0.090)
+        else:  # two drafts between 0.099 and 0.072, six between 0.071 and 0.094
+            expected = min(plane[drafts], 0.072 if drafts == 2 else 0.071)
         assert priced[drafts] == pytest.approx(expected, rel=1e-9), drafts
     assert priced[3] < plane[3] and priced[1] > plane[1]  # the fit through them is off both ways
+    assert priced[2] < plane[2]  # unmeasured between cheap sizes: optimism
     assert per_size.copy()(1, 5) == pytest.approx(0.071) and StepCost().per_size is None
+    outside = StepCost(per_size=True)
+    for _ in range(3):
+        outside.observe(1, 1, 0.080)
+        outside.observe(1, 4, 0.070)
+    assert outside(1, 6) == pytest.approx(_fit_of(outside)(1, 6))  # past the largest measured: the fit
     for _ in range(40):  # the machine drifts: the mean follows
         per_size.observe(1, 5, 0.080)
     assert per_size(1, 5) == pytest.approx(0.080, abs=1e-3)
-    # 40 steps of one size: every other size's weight has decayed below two, and the fit prices it again
-    fit_now = StepCost()
-    fit_now.target = per_size.target
-    assert per_size(1, 2) == pytest.approx(fit_now(1, 2), rel=1e-9)
-    for _ in range(200):  # a size not measured for 200 steps is dropped: the table stays bounded
+    assert per_size(1, 2) == pytest.approx(0.099)  # 40 steps later, still trusted
+    for _ in range(250):  # 290 steps of one size: every other size's weight has decayed below two
+        per_size.observe(1, 5, 0.080)
+    assert per_size(1, 2) == pytest.approx(_fit_of(per_size)(1, 2), rel=1e-9)
+    for _ in range(1100):  # a size not measured for 1,390 steps is dropped: the table stays bounded
         per_size.observe(1, 5, 0.080)
     assert list(per_size.per_size) == [(1, 5)]
+
+
+def _fit_of(cost: StepCost) -> StepCost:
+    """A StepCost with `cost`'s fit and no means per size."""
+    fit = StepCost()
+    fit.target = cost.target
+    return fit
 
 
 def test_cost_plane_reads_near_batch_sizes():

@@ -13,7 +13,8 @@ grow. One surface fitted to every step, rather
 than a point per size, keeps one slow step from shutting a size out for good (step times scatter 10-20 %
 on a CPU) and prices a batch size before any step of it ran. Where the engine's step time is no plane in the
 tokens in flight (vLLM's CPU engine: 3 draft tokens cheaper than none), specops.vllm's n-gram proposer also
-prices each size measured lately by its own decayed mean (`StepCost(per_size=True)`).
+prices each size measured lately by its own decayed mean (`StepCost(per_size=True)`), and pads a step with
+filler draft tokens where a larger size measured cheaper (ngram_shape._padded).
 
 Acceptance (`Acceptance`), of a draft-tree node by how many children it had: a(b) = P(one of its first b
 children is accepted | the node was reached), pooled over depths. Recursive rejection sampling tries a
@@ -52,6 +53,7 @@ requests together: reading their prompts cost its drafter 1.4-2.8 s of a 5 s run
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
@@ -68,7 +70,9 @@ __all__ = ["Acceptance", "CatchUp", "CostPlane", "DraftLength", "Probe", "ShapeC
 _EMA = 0.3  # weight of a new measurement
 _EXPLORE = 2  # a step is priced at most at this many times the most tokens in flight measured
 _SIZE_TRUSTED = 2.0  # decayed steps of a size for StepCost(per_size=True) to price it by its own mean
-_SIZE_FORGOTTEN = 0.01  # ... and below which its mean is dropped (one step, after 152 steps of other sizes)
+_SIZE_FORGOTTEN = 0.01  # ... and below which its mean is dropped (one step, after 919 steps of other sizes)
+_SIZE_DECAY = 0.995  # per step, of a size's weight: three steps of a size stay trusted for 80 steps of others
+_SIZE_FOLLOW = 1 / 8  # the least weight of a new step in its size's mean: the mean follows a drifting host
 _PROBE_EVERY = 8  # plain steps before the first probe of drafting
 _PROBE_MAX = 64  # the interval doubles after each probe that does not bring drafting back
 _LONG_READ = 32  # tokens a drafter's read must have for CatchUp to price reads by it
@@ -231,9 +235,14 @@ class StepCost:
         tokens in flight: vLLM's CPU engine on a 2-vCPU AMD EPYC (Zen 4), Gemma-3-270M, one request, took a
         plain step in 81-82 ms, one with one draft token in 99-100, with 3 in 71 and with 7-8 in 94-96
         (medians, 2026-12-05); the fit through them priced 8 drafts at 95 and 3 at 85, and specops.vllm's
-        NgramProposer drafted 8 where 4 made its tokens/s 1.2x. A size no step measured lately falls back to
-        the fit (its weight decays by the fit's factor every step: four steps of a size are forgotten after 23
-        steps of others), so one slow spell cannot shut a size out for good; its mean is dropped once its
+        NgramProposer drafted 8 where 4 made its tokens/s 1.2x. The shape is the engine's (its products pick
+        their kernel by rows) and holds while the host's speed drifts, so a size's weight decays slowly
+        (_SIZE_DECAY: three steps of a size stay trusted for 80 steps of others; at the fit's 0.97 they were
+        forgotten after 12, and sizes the chooser visits now and then, 4 drafts among them, were priced by the
+        fit again) while its mean follows each new step by at least _SIZE_FOLLOW. A size between two trusted
+        ones that no step measured lately is priced at most at the cheaper neighbour's mean (at least at its
+        own single step's, where it has one): optimism that gets it measured. A size no step measured for long
+        falls back to the fit, so one slow spell cannot shut it out for good; its mean is dropped once its
         weight is below _SIZE_FORGOTTEN."""
         self.target = CostPlane(decay)
         self.drafter: float | None = None  # seconds per drafter forward
@@ -250,13 +259,13 @@ class StepCost:
         self.sizes.add((requests, tokens))
         if self.per_size is not None:
             for size, entry in list(self.per_size.items()):
-                entry[1] *= self.target.decay
+                entry[1] *= _SIZE_DECAY
                 # a serving process meets ever more sizes: keep the recent ones
                 if entry[1] < _SIZE_FORGOTTEN:
                     del self.per_size[size]
             entry = self.per_size.setdefault((requests, tokens), [0.0, 0.0])
             entry[1] += 1.0
-            entry[0] += (target_seconds - entry[0]) / entry[1]
+            entry[0] += (target_seconds - entry[0]) * max(1 / entry[1], _SIZE_FOLLOW)
         if drafter_seconds is not None:
             self.drafter = ema(self.drafter, drafter_seconds)
         if outside_seconds is not None:
@@ -299,10 +308,17 @@ class StepCost:
         if self.per_size:
             seconds = np.array(seconds, dtype=np.float64)  # a writable copy, the shape of tokens
             flat, sizes = seconds.reshape(-1), np.asarray(tokens).reshape(-1)
+            trusted = sorted((size, mean) for (r, size), (mean, weight) in self.per_size.items()
+                             if r == requests and weight >= _SIZE_TRUSTED)
             for i, size in enumerate(sizes.tolist()):
                 entry = self.per_size.get((requests, int(size)))
                 if entry is not None and entry[1] >= _SIZE_TRUSTED:
                     flat[i] = entry[0]
+                    continue
+                at = bisect.bisect_left(trusted, (size,))
+                if 0 < at < len(trusted):  # between two trusted sizes: optimism, so that it gets measured
+                    guess = min(trusted[at - 1][1], trusted[at][1])
+                    flat[i] = min(flat[i], guess if entry is None else max(guess, entry[0]))
         seconds = seconds + np.asarray(forwards, dtype=np.float64) * (self.drafter or 0.0) + (self.outside or 0.0)
         return torch.from_numpy(np.asarray(seconds, dtype=np.float64))
 

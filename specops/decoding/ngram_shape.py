@@ -51,6 +51,9 @@ _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying w
 # beyond the group then cannot pay; where drafting is nearly free (a GPU at small batches) they still do.
 _AHEAD_WORTH = 0.25
 
+# A step is padded with filler draft tokens up to a larger size measured to cost at most this share of its
+# own (DraftShape.widths): below a 3 % difference two sizes' step times are not told apart on a CPU.
+_PAD_SHARE = 0.97
 _PROBE_GAIN = 1.01  # a probe where drafts were measured must be able to beat plain decoding by this much
 _CARRIED = 16.0  # draft lists' worth of acceptance per source carried into the next decode call
 # target model -> {(device and settings, "ngram"): the DraftShape of the last call}
@@ -67,6 +70,33 @@ def _shared_cost(model, device) -> StepCost:
     except TypeError:  # not weak-referenceable: measure per call
         return StepCost()
     return per_model.setdefault(str(device), StepCost())
+
+
+def _padded(costs: np.ndarray) -> np.ndarray:
+    """Per count of draft tokens in flight (costs[n]: a step's predicted seconds with n), the count a step
+    should send instead: the cheapest count at or above it where that costs at most _PAD_SHARE of costs[n],
+    else n. A plane fitted to step times never falls with more tokens; an engine's measured step times can:
+    vLLM's CPU engine on a 2-vCPU AMD EPYC (Zen 4), Gemma-3-270M, one request, took 80 ms for a plain
+    step, 97-101 ms with one draft token and 65-69 with three or four (its oneDNN products pick another kernel
+    by rows; 2026-12-05), so a step with three filler tokens beats one with none or one."""
+    best = np.arange(len(costs))
+    for n in range(len(costs) - 2, -1, -1):
+        if costs[best[n + 1]] < costs[best[n]]:
+            best[n] = best[n + 1]
+    return np.where(costs[best] <= _PAD_SHARE * costs, best, np.arange(len(costs)))
+
+
+def _pad(widths: list[int], extra: int, w_max: int) -> list[int]:
+    """`extra` more tokens spread over the requests, the shortest widths first, none past w_max."""
+    widths = list(widths)
+    while extra > 0:
+        room = [b for b, w in enumerate(widths) if w < w_max]
+        if not room:
+            break
+        b = min(room, key=lambda b: widths[b])
+        widths[b] += 1
+        extra -= 1
+    return widths
 
 
 def earlier(n: int, device) -> torch.Tensor:
@@ -268,7 +298,12 @@ class DraftShape:
 
         Every group depth is tried; for each, the extra tokens are spent best first (a request's gains are
         non-increasing, so its chosen tokens stay a prefix of its chain), over every total the exploration
-        rule allows (at most twice the largest measured step size)."""
+        rule allows (at most twice the largest measured step size).
+
+        Where the step cost says a step with more tokens in flight is cheaper (per-size means of an engine
+        whose products pick their kernel by rows: `_padded`), a total is priced at that cheaper size and the
+        widths grow to it (the shortest first); the caller fills a width past its row's tokens with filler
+        (vLLM verifies whatever it is sent: output unchanged, the step cheaper)."""
         batch, k_max, w_max = rows.shape
         if k_max != 1:
             raise ValueError(f"DraftShape.widths: one row per request (k_max 1), got {k_max}")
@@ -278,6 +313,8 @@ class DraftShape:
             return [0] * batch  # measure plain decoding (at about this batch size) first
         budget = max(self.cost.reach() - batch, 0)
         costs = self.cost.at(batch, torch.arange(batch, batch + budget + 1)).numpy()  # by drafts in flight
+        padded = _padded(costs)  # by drafts in flight worth something: the count a step sends
+        costs = costs[padded]
         plain = float(costs[0])
         # NumPy from here: a vLLM proposer asks once per engine step, and torch's per-call overhead on these
         # [B, w_max] arrays cost it 1.8 ms of its 4.4 ms a step (0.9 ms in NumPy; 8 requests, 2-vCPU Xeon).
@@ -319,7 +356,7 @@ class DraftShape:
             if float(rate[pick]) > best_rate:
                 widths = base + np.bincount(order[:pick] // w_max, minlength=batch)
                 best_rate, best_widths = float(rate[pick]), widths.tolist()
-        return best_widths
+        return _pad(best_widths, int(padded[sum(best_widths)]) - sum(best_widths), w_max)
 
     def observe_cost(self, requests: int, tokens: int, seconds: float) -> None:
         """A step's wall time with `requests` requests and `tokens` in flight."""
