@@ -11,7 +11,8 @@ Run it in an environment with vLLM and specops (README, "Serving with vLLM"). Ta
 (float32), as specops caches it (`specops models path gemma-3-270m`); prompts HumanEval/0.. (code); greedy, or
 sampled with --temperature above 0 (and --top-p): vLLM's requests then go unseeded (the engine's seed 0; a seeded
 request whose prefill vLLM splits stops its CPU engine, docs/memory.md), specops.decode's with seed 0, so the
-texts differ between configurations and only the rates compare.
+texts differ between configurations and only the rates compare; vLLM's sampled requests ignore their
+end-of-text token, so that each emits --new-tokens in every configuration (specops.decode's stop there).
 Each configuration runs in a process of its own (vLLM's engine holds processes and memory), `--rounds`
 times, the order of configurations reversed every other round; after a warm-up prompt, each run decodes
 the prompts in groups of each `--batches` size (1: one request at a time; one `generate` call per group,
@@ -39,8 +40,8 @@ together, greedy, where on prompts of its own it made 0.96x; 2026-12-04).
 Reported per configuration and batch size: tokens/s (new tokens over the wall time of the generate calls,
 the median over rounds), tokens per target step (new tokens over the decoding steps of the target: vLLM's
 engine iterations, specops.decode's target forwards, less the prefills and the first token each gives;
-at batch sizes above one a step serves several requests) and how many prompts' greedy tokens equal plain vLLM's
-(greedy runs only).
+at batch sizes above one a step serves several requests), how many prompts' greedy tokens equal plain vLLM's
+(greedy runs only), and in the CSV each round's tokens/s.
 """
 
 from __future__ import annotations
@@ -98,7 +99,11 @@ def _vllm_run(config: str, prompts: dict[int, list[str]], new_tokens: int, batch
     llm = LLM(model=str(models.path("gemma-3-270m")), dtype="float32", enforce_eager=True, max_model_len=2048,
               seed=0, kv_cache_memory_bytes=1 << 30, disable_log_stats=False, speculative_config=spec,
               **({"async_scheduling": False} if config == "vllm-sync" else {}))
-    params = SamplingParams(max_tokens=new_tokens, **sampling)
+    # Sampled, every request runs to max_tokens: the configurations draw different texts, and where some of
+    # a batch's requests stopped early at their end-of-text token, the batch's last steps carried fewer
+    # requests and its tokens/s fell for that alone (a run of 4 together made 18.0 tokens/s with requests
+    # ending at 15-41 tokens where plain vLLM's draws all ran to 48; 2026-12-05).
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=sampling.get("temperature", 0) > 0, **sampling)
 
     def iterations() -> int:
         return next(m.count for m in llm.get_metrics() if m.name == "vllm:iteration_tokens_total")
@@ -212,12 +217,14 @@ def _report(runs: dict[str, list[dict]], args) -> None:
         for size in _batches(args.batches):
             mode = str(size)
             tokens = good[0][mode]["tokens"]
-            rate = statistics.median(sum(map(len, r[mode]["tokens"])) / r[mode]["seconds"] for r in good)
+            rates = [sum(map(len, r[mode]["tokens"])) / r[mode]["seconds"] for r in good]
+            rate = statistics.median(rates)
             greedy = plain is not None and args.temperature == 0
             same = sum(a == b for a, b in zip(tokens, plain[mode]["tokens"])) if greedy else None
             rows.append({"config": config, "mode": "one at a time" if size == 1 else f"{size} together",
                          "tokens_per_s": round(rate, 1), "tokens_per_step": round(good[0][mode]["tokens_per_step"], 2),
-                         "same_as_vllm": f"{same}/{len(tokens)}" if same is not None else "", "error": ""})
+                         "same_as_vllm": f"{same}/{len(tokens)}" if same is not None else "",
+                         "rounds": " ".join(f"{r:.1f}" for r in rates), "error": ""})
     base = {row["mode"]: row["tokens_per_s"] for row in rows if row["config"] == "vllm" and "tokens_per_s" in row}
     print(f"{'greedy' if args.temperature == 0 else f'sampled, T = {args.temperature}, top-p {args.top_p}'}:")
     print("| configuration | requests | tokens/s | vs vllm | tokens per target step | greedy = vllm |")
@@ -231,7 +238,7 @@ def _report(runs: dict[str, list[dict]], args) -> None:
               f"{row['same_as_vllm']} |")
     with open(args.csv, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["config", "mode", "tokens_per_s", "tokens_per_step", "same_as_vllm",
-                                               "error"])
+                                               "rounds", "error"])
         writer.writeheader()
         writer.writerows(rows)
     if args.plot:
