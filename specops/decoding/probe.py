@@ -211,5 +211,8 @@ def close_logits(want: torch.Tensor, got: torch.Tensor, tolerance: float) -> boo
     finite = torch.isfinite(want)
     if not torch.equal(finite, torch.isfinite(got)) or not bool(finite.any()):
         return bool(torch.equal(want, got))
-    scale = want[finite].abs().max().clamp(min=1e-6)
-    return bool((want[finite] - got[finite]).abs().max() <= tolerance * scale)
+    # Masked in place rather than gathered (want[finite] copies): 1.3-1.5 ms against 6.6-7.7 for one
+    # 262,144-word row, and the tree probe compares 14 of them (2-vCPU AMD EPYC, 2026-12-06).
+    zero = want.new_zeros(())
+    scale = torch.where(finite, want, zero).abs().amax().clamp(min=1e-6)
+    return bool(torch.where(finite, want - got, zero).abs().amax() <= tolerance * scale)
