@@ -155,7 +155,7 @@ def test_one_row_steps_take_the_chain_path(targets, ar_reference, monkeypatch):
     assert one_row.tokens == ar_reference["gemma-sw8"].tokens
     assert not trees and one_row.stats.accepted > 0
     shapes = iter([(0, 0), (1, 3), (3, 2)] * MAX_NEW)
-    monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source: next(shapes))
+    monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source, lead=None: next(shapes))
     mixed = specops.decode(PROMPTS, target=model, tokenizer=tok, method="ngram", max_new_tokens=MAX_NEW)
     assert mixed.tokens == ar_reference["gemma-sw8"].tokens
     assert len(trees) >= 2 and mixed.stats.steps > len(trees)
@@ -373,7 +373,7 @@ def test_scheme_names_the_verifier(monkeypatch, scheme, seen):
     monkeypatch.setattr(verify, "positional", spy_positional)
     prompts = STAT_PROMPTS * 2
     script = iter([(4, 2), (1, 2)] * 50)  # a tree step, then a one-row step
-    monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source: next(script))
+    monkeypatch.setattr(DraftShape, "choose", lambda self, rows, source, lead=None: next(script))
     _toy_decode(prompts, "auto", "bigram", 1.0, 0, 5, 8, scheme=scheme)
     assert set(calls) == seen
     model, tok = TableLM(TARGET_TABLE), letter_tokenizer()
@@ -1324,3 +1324,27 @@ def test_sampled_tree_accepts_the_longest_emitted_prefix_it_holds(scheme):
                 break
             node, held = kids[0], held + 1
         assert held == int(accepted[b])
+
+
+def test_draft_shape_counts_drafts_of_requests_ahead_for_less():
+    """Learned: every first draft token is accepted; a step of 8 requests with one draft each costs 1.75
+    plain steps. With every request as far from its end as the others (or no leads given), one draft each
+    pays (8 + 7.8 tokens for 1.75 steps' time) and both choosers draft; with 7 of the 8 ahead of the one with
+    the most tokens left, their drafts count _AHEAD_WORTH (the call ends when that one does) and plain
+    decoding wins. One request alone is never ahead of anything."""
+    for method in ("choose", "shapes"):
+        shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=1, sources=2)
+        rows = _distinct_rows(8, 1, 1)
+        source = torch.ones(8, dtype=torch.long)
+        for _ in range(60):
+            shape.score([rows[0]], [1], [rows[0, 0].tolist()])
+        for _ in range(10):
+            shape.observe_cost(8, 8, 0.040)
+            shape.observe_cost(8, 16, 0.070)
+
+        def drafts(lead) -> int:  # requests that draft this step
+            chosen = getattr(shape, method)(rows, source, lead)
+            return int((chosen != 0).any(-1).sum()) if method == "shapes" else 8 * chosen[0]
+
+        assert drafts(None) == 8 and drafts(torch.zeros(8, dtype=torch.long)) == 8
+        assert drafts(torch.tensor([0, 3, 3, 2, 5, 1, 1, 4])) == 0, method

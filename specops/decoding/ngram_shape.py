@@ -45,10 +45,11 @@ _DECAY = 0.97  # weight of the past per step that scores a source: acceptance dr
 _PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior
 _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying while drafting is cheap
 
-# What a token a group member emits beyond its group's slowest is worth (DraftShape.widths): it shortens the
-# group's later steps only if the slowest catches up with it, and frees a slot early for requests that
-# may arrive. With 8 requests on a CPU where a draft token costs 30 % of a request's share of a step, drafts
-# beyond the group then cannot pay; where drafting is nearly free (a GPU at small batches) they still do.
+# What a token a group member emits beyond its group's slowest is worth (DraftShape.widths; and in a decode
+# call, a request ahead of the one with the most tokens left: `_worth`): it shortens the group's later steps
+# only if the slowest catches up with it, and frees a slot early for requests that may arrive. With 8 requests
+# on a CPU where a draft token costs 30 % of a request's share of a step, drafts beyond the group then cannot
+# pay; where drafting is nearly free (a GPU at small batches) they still do.
 _AHEAD_WORTH = 0.25
 
 # A step is padded with filler draft tokens up to a larger size measured to cost at most this share of its
@@ -97,6 +98,19 @@ def _pad(widths: list[int], extra: int, w_max: int) -> list[int]:
         widths[b] += 1
         extra -= 1
     return widths
+
+
+def _worth(lead: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """[batch] float64: what an accepted draft of each request is worth to a decode call, whose batch is done
+    when its request with the most tokens left is. lead[b]: how many fewer tokens request b has left than that
+    request (None, or one request: every draft is worth a token). A request ahead of it gets there sooner
+    but ends the call no sooner; it only leaves the batch earlier, and on a CPU a step's rows cost little
+    each (one request's step takes 0.7 of eight's), so its drafts count _AHEAD_WORTH. Counted whole, the
+    drafts of 8 requests together went to those on long matches, they finished first, and the call ended in
+    a tail of steps of 1-3 requests: `ngram` made 0.90-0.93x `ar`, 0.95-0.97x so (docs/benchmarks.md)."""
+    if lead is None or batch < 2:
+        return torch.ones(batch, dtype=torch.float64)
+    return torch.where(lead.cpu() > 0, _AHEAD_WORTH, 1.0).double()
 
 
 def earlier(n: int, device) -> torch.Tensor:
@@ -190,9 +204,11 @@ class DraftShape:
         value = table.flatten(1).gather(1, ((distinct - 1) * rows.shape[2] + width - 1).clamp(min=0).flatten(1))
         return torch.where(distinct > 0, value.view_as(distinct).double(), 0.0)
 
-    def choose(self, rows: torch.Tensor, source: torch.Tensor) -> tuple[int, int]:
+    def choose(self, rows: torch.Tensor, source: torch.Tensor,
+               lead: torch.Tensor | None = None) -> tuple[int, int]:
         """The shape for this step, given its full draft list rows [B, k_max, w_max] and the source of
-        each request's first row [B]."""
+        each request's first row [B]; lead [B] (None: none ahead): how many fewer tokens each request has left
+        than the one with the most, whose drafts count whole, the others' _AHEAD_WORTH (`_worth`)."""
         if self.fixed is not None:
             return self.fixed
         batch = rows.shape[0]
@@ -200,7 +216,7 @@ class DraftShape:
         if plain is None:
             return 0, 0  # measure plain decoding (at about this batch size) first
         rows = rows.cpu()
-        tokens = self._expected(rows, source.cpu()).sum(0) + batch  # [k_max, w_max]
+        tokens = (self._expected(rows, source.cpu()) * _worth(lead, batch)[:, None, None]).sum(0) + batch
         sizes = batch * (1 + tree_nodes(rows).amax(0))  # tokens in flight of each shape
         cost = self.cost.at(batch, sizes)  # the fit, past the largest size measured too (flat through one)
         rate = torch.where(sizes <= self.cost.reach(), tokens / cost, float("-inf"))
@@ -216,14 +232,15 @@ class DraftShape:
         index = int(torch.where(rate == best_rate, rank, rank.max() + 1).argmin())
         return index // self.w_max + 1, index % self.w_max + 1
 
-    def shapes(self, rows: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    def shapes(self, rows: torch.Tensor, source: torch.Tensor,
+               lead: torch.Tensor | None = None) -> torch.Tensor:
         """(k, w) per request [B, 2] for this step, each request its own: rows [B, k_max, w_max] is the full
         draft list (-1 past a row's end), source [B] the source of each request's first row. A step's trees are
         padded to its largest, so it costs what B requests of N nodes each cost: for every N, each request takes
         the shape of at most N nodes with the most expected accepted tokens (no more than its rows hold), and
         the N with the most expected tokens per second under the step cost wins; (0, 0) everywhere where
         plain decoding wins. A request with a long match thus drafts a long chain while one with several
-        likely continuations takes a wider tree of the same size."""
+        likely continuations takes a wider tree of the same size. lead: as for `choose`."""
         batch, k_max, w_max = rows.shape
         if self.fixed is not None:
             return torch.tensor([self.fixed] * batch, dtype=torch.long).view(batch, 2)
@@ -239,7 +256,7 @@ class DraftShape:
         sizes = torch.arange(largest + 1)
         fits = nodes[None, :, :] <= sizes[:, None, None]  # [N + 1, B, k * w]
         best = torch.where(fits, value[None], 0.0).amax(-1)  # [N + 1, B]
-        tokens = batch + best.sum(1)
+        tokens = batch + (best * _worth(lead, batch)[None]).sum(1)
         in_flight = batch * (1 + sizes)
         rate = tokens / self.cost.at(batch, in_flight)
         rate = torch.where(in_flight <= self.cost.reach(), rate, float("-inf"))
