@@ -229,7 +229,7 @@ class NgramProposer(Proposer):
             k, w = self.shape.choose(rows, source, lead)
             shapes = torch.tensor([[k, w]], dtype=torch.long).expand(rows.shape[0], 2)
         else:
-            shapes = self.shape.shapes(rows, source, lead)
+            shapes = self.shape.shapes(rows, source)
         k, w = int(shapes[:, 0].max()), int(shapes[:, 1].max())
         if k == 0:
             return Proposal.empty(batch.rows, rows.device)
