@@ -224,8 +224,8 @@ class NgramProposer(Proposer):
             source = match_source(source, MEMORY_SOURCES, share)
         batch = self.batch
         self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
-        lead = budget.max() - budget  # tokens each request is ahead of the one with the most left
         if self.memory is None:
+            lead = budget.max() - budget  # tokens each request is ahead of the one with the most left
             k, w = self.shape.choose(rows, source, lead)
             shapes = torch.tensor([[k, w]], dtype=torch.long).expand(rows.shape[0], 2)
         else:
