@@ -123,34 +123,16 @@ def main() -> None:
                        method=method, max_new_tokens=8)
     sums = {str(c): dict(tokens=0, seconds=0.0, target_prefill=0.0, drafter_prefill=0.0, drafting=0.0,
                          verify=0.0, steps=0, drafted=0, accepted=0, same=0) for c in configs}
-    reference: dict[int, list[int]] = {}
+    outputs: list[tuple[str, int, list[int]]] = []  # (config, prompt, greedy tokens), compared at the end
     bandwidth_start = read_bandwidth_gbs()
-    for round_ in range(args.rounds):
-        for i, prompt in enumerate(prompts):
-            for config in (configs if (round_ + i) % 2 == 0 else configs[::-1]):
-                reads.clear()
-                options = {} if config == "ar" else dict(drafter=DRAFTER, num_draft_tokens=config)
-                began = time.perf_counter()
-                method = "ar" if config == "ar" else args.method
-                result = specops.decode([prompt], target=TARGET, method=method,
-                                        max_new_tokens=args.new_tokens, **options)
-                seconds = time.perf_counter() - began
-                s, row = result.stats, sums[str(config)]
-                prompt_reads = sum(t for n, t in reads if n > PROMPT_READ)
-                if config == "ar":
-                    reference.setdefault(i, result.tokens[0])
-                row["tokens"] += s.new_tokens
-                row["seconds"] += seconds
-                row["target_prefill"] += s.prefill_seconds
-                row["drafter_prefill"] += prompt_reads
-                row["drafting"] += s.draft_seconds - prompt_reads
-                row["verify"] += s.verify_seconds
-                row["steps"] += s.steps
-                row["drafted"] += s.drafted
-                row["accepted"] += s.accepted
-                row["same"] += int(result.tokens[0] == reference.get(i, result.tokens[0]))
+    try:
+        decode_all(specops, args, prompts, configs, sums, outputs, reads)
+    finally:
+        drafter_module.DrafterProposer.read = unwrapped
     bandwidth_end = read_bandwidth_gbs()
-    drafter_module.DrafterProposer.read = unwrapped
+    reference = {i: tokens for config, i, tokens in outputs if config == "ar"}
+    for config, i, tokens in outputs:
+        sums[config]["same"] += int(tokens == reference[i])
 
     ar = sums["ar"]
     ar_rate = ar["tokens"] / ar["seconds"]
@@ -179,6 +161,32 @@ def main() -> None:
     print(f"CSV: {path}")
     if args.plot:
         plot(rows, args.plot, info)
+
+
+def decode_all(specops, args, prompts, configs, sums, outputs, reads) -> None:
+    """Every round: each prompt decoded by every configuration, the order reversed every other prompt."""
+    for round_ in range(args.rounds):
+        for i, prompt in enumerate(prompts):
+            for config in (configs if (round_ + i) % 2 == 0 else configs[::-1]):
+                reads.clear()
+                options = {} if config == "ar" else dict(drafter=DRAFTER, num_draft_tokens=config)
+                began = time.perf_counter()
+                method = "ar" if config == "ar" else args.method
+                result = specops.decode([prompt], target=TARGET, method=method,
+                                        max_new_tokens=args.new_tokens, **options)
+                seconds = time.perf_counter() - began
+                s, row = result.stats, sums[str(config)]
+                prompt_reads = sum(t for n, t in reads if n > PROMPT_READ)
+                outputs.append((str(config), i, result.tokens[0]))
+                row["tokens"] += s.new_tokens
+                row["seconds"] += seconds
+                row["target_prefill"] += s.prefill_seconds
+                row["drafter_prefill"] += prompt_reads
+                row["drafting"] += s.draft_seconds - prompt_reads
+                row["verify"] += s.verify_seconds
+                row["steps"] += s.steps
+                row["drafted"] += s.drafted
+                row["accepted"] += s.accepted
 
 
 def plot(rows: list[dict], path: str, info: dict) -> None:
