@@ -11,8 +11,7 @@ rest of the drafting (the drafter's forwards over a few tokens and the re-encodi
 target's forwards) and the rest; and the ratio to `ar` with both prefills left out (what longer outputs tend
 to). Greedy tokens are compared with `ar`'s. Then the forwards themselves, best of 3 after a warm-up: the
 drafter's and the target's prefill of the first prompt, a forward over 1 token and over 3 after it, and each
-against its floor (the bytes of the model's linear weights read at the read bandwidth measured right
-before).
+against its floor (bench_floor.weight_bytes read at the read bandwidth measured right before).
 
 The drafter's prompt reads are timed by wrapping `DrafterProposer.read` in this process (the benchmark's own
 instrument; the library counts them in its draft time).
@@ -36,6 +35,7 @@ from _timing import (
     read_bandwidth_gbs,
     write_csv_columns,
 )
+from bench_floor import weight_bytes
 
 TARGET, DRAFTER = "gemma-3-270m", "smollm2-135m"
 PROMPT_READ = 16  # a drafter read of more tokens than this is the prompt's
@@ -43,21 +43,6 @@ COLUMNS = ["config", "tokens", "seconds", "tok/s", "vs_ar", "vs_ar_no_prefills",
            "drafter_prefill", "drafting", "verify", "other", "steps", "drafted", "accepted", "same_as_ar"]
 FORWARD_COLUMNS = ["model", "prompt_tokens", "prefill_ms", "one_ms", "three_ms", "weights_MB", "floor_ms",
                    "one_vs_floor"]
-
-
-def _weight_bytes(model) -> int:
-    """Bytes of the linear layers' weights a decoding forward reads (scales included; embeddings left out, a
-    tied head counted once as the head)."""
-    from specops.quantization import QuantizedLinear
-
-    total = 0
-    for module in model.modules():
-        if isinstance(module, QuantizedLinear):
-            total += sum(t.numel() * t.element_size() for t in (module.weight, module.scales, module.mins)
-                         if t is not None)
-        elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-    return total
 
 
 def forwards(prompt: str) -> list[dict]:
@@ -86,7 +71,7 @@ def forwards(prompt: str) -> list[dict]:
                 state.extend([ids[i:i + 3]])
                 three.append(time.perf_counter() - began)
         bandwidth = read_bandwidth_gbs()
-        mb = _weight_bytes(model) / 1e6
+        mb = weight_bytes(model) / 1e6
         floor = mb / bandwidth  # ms: MB / (GB/s)
         best_one = min(one[4:]) * 1e3
         rows.append(dict(model=name, prompt_tokens=len(ids), prefill_ms=min(prefill[1:]) * 1e3,

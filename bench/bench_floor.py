@@ -47,16 +47,21 @@ _MOVED = 0.10  # the bandwidth moved when start and end differ by more than this
 
 def weight_bytes(model) -> int:
     """Bytes a step reads: every parameter once (a tied embedding once, as the output layer; the input
-    embedding's few looked-up rows are left out where it is untied)."""
+    embedding's few looked-up rows are left out where it is untied), and the stored weights, scales and
+    minimums of `specops.quantize`'d layers (buffers, not parameters)."""
+    from specops.quantization import QuantizedLinear
+
     seen, total = set(), 0
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embedding.data_ptr()
-    for parameter in model.parameters():
-        if parameter.data_ptr() in seen or (parameter is embedding and not tied):
+    stored = [t for m in model.modules() if isinstance(m, QuantizedLinear)
+              for t in (m.weight, m.scales, m.mins) if t is not None]
+    for tensor in [*model.parameters(), *stored]:
+        if tensor.data_ptr() in seen or (tensor is embedding and not tied):
             continue
-        seen.add(parameter.data_ptr())
-        total += parameter.numel() * parameter.element_size()
+        seen.add(tensor.data_ptr())
+        total += tensor.numel() * tensor.element_size()
     return total
 
 
