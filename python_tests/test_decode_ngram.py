@@ -1248,10 +1248,16 @@ def test_ngram_drafter_rows():
     # No context match at all: the bigram rows, source 0.
     rows, source, _ = _drafter([[0, 1, 2, 3]], bigram).propose(2, 2)
     assert rows.tolist() == [[[1, 2], [0, 1]]] and source.tolist() == [0]
-    # The contexts grow with what is emitted, ragged across requests.
-    drafter.extend_contexts([[3], [1, 0]])
-    assert drafter.lengths.tolist() == [6, 5]
-    assert drafter.contexts[1, :5].tolist() == [3, 0, 3, 1, 0]
+    # The contexts grow with what is emitted, ragged across requests (on the CPU through NumPy, elsewhere
+    # through tensor operations: both the same).
+    on_device = _drafter(prompts, bigram)
+    for new in ([[3], [1, 0]], [[], [2]], [[0, 1, 2], [3]]):
+        drafter.extend_contexts(new)
+        on_device._extend_on_device(new)
+    assert drafter.lengths.tolist() == [9, 7]
+    assert drafter.contexts[1, :7].tolist() == [3, 0, 3, 1, 0, 2, 3]
+    assert drafter.contexts[0, :9].tolist() == [1, 2, 3, 1, 2, 3, 0, 1, 2]
+    assert torch.equal(on_device.contexts, drafter.contexts) and torch.equal(on_device.lengths, drafter.lengths)
 
 
 # ---- 6. bad input ----

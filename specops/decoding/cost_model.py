@@ -144,7 +144,9 @@ class CostPlane:
         self.decay = decay
         # Decayed sums of x x^T and x * seconds over the steps of each batch size.
         self.by_requests: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._fits: dict[tuple, torch.Tensor] = {}  # coefficients() per batch size and order, until a step
+        # Until the next step: the sums read at a batch size, and the fit per batch size and order.
+        self._sums: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
+        self._fits: dict[tuple, tuple[float, ...]] = {}
 
     @staticmethod
     def features(requests: int, tokens: int) -> np.ndarray:
@@ -157,7 +159,7 @@ class CostPlane:
             self.by_requests[size] = (self.decay * xx, self.decay * xy)
         xx, xy = self.by_requests.get(requests, (0.0, 0.0))
         self.by_requests[requests] = (xx + np.outer(x, x), xy + x * seconds)
-        self._fits = {}
+        self._sums, self._fits = {}, {}
 
     def copy(self) -> CostPlane:
         new = CostPlane(self.decay)
@@ -169,18 +171,29 @@ class CostPlane:
         term the steps cannot tell apart from the ones before it is 0 (jump_first: the jump comes before the
         drafts term); a slope that fits below 0 is noise: 0, the rest refitted. Solved once per observation,
         batch size and order: a choice prices many sizes."""
+        fit = self.fit(requests, jump_first)
+        return None if fit is None else torch.tensor(fit, dtype=torch.float64)
+
+    def fit(self, requests: int | None = None, jump_first: bool = False) -> tuple[float, ...] | None:
+        """`coefficients` as Python floats, kept until the next step: an n-gram step prices its shapes
+        through here two to four times, and tensors made and read back cost more than the arithmetic."""
         if not self.by_requests:
             return None
         key = (requests, jump_first)
-        if key not in self._fits:
-            xx = np.zeros((self.TERMS, self.TERMS))
-            xy = np.zeros(self.TERMS)
-            for size, (size_xx, size_xy) in self.by_requests.items():
-                near = 1.0 if requests is None else math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR)
-                xx, xy = xx + near * size_xx, xy + near * size_xy
+        fit = self._fits.get(key)
+        if fit is None:
+            sums = self._sums.get(requests)
+            if sums is None:
+                xx = np.zeros((self.TERMS, self.TERMS))
+                xy = np.zeros(self.TERMS)
+                for size, (size_xx, size_xy) in self.by_requests.items():
+                    near = (1.0 if requests is None else
+                            math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR))
+                    xx, xy = xx + near * size_xx, xy + near * size_xy
+                sums = self._sums[requests] = (xx, xy)
             order = self._JUMP_FIRST if jump_first else self._ORDER
-            self._fits[key] = torch.from_numpy(self._solve(xx, xy, order))
-        return self._fits[key]
+            fit = self._fits[key] = tuple(self._solve(*sums, order).tolist())
+        return fit
 
     def _solve(self, xx: np.ndarray, xy: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
         """Least squares over the terms in `order` that the steps tell apart, slopes >= 0. A Cholesky factor
@@ -297,12 +310,12 @@ class StepCost:
         flight and `forwards` drafter forwards (CPU tensors or numbers); None before any step. In NumPy: a
         vLLM proposer prices every step twice, and torch's per-call overhead on these few numbers was most of
         the 0.3 ms each pricing took (2-vCPU Xeon)."""
-        if self.target.coefficients(requests) is None:
+        if self.target.fit(requests) is None:
             return None
         drafts = np.asarray(tokens, dtype=np.float64) - requests
         readings = []
         for jump_first in (False, True):  # the same fit once two draft lengths were measured (CostPlane)
-            a, b, c, e, g = self.target.coefficients(requests, jump_first).numpy().tolist()
+            a, b, c, e, g = self.target.fit(requests, jump_first)
             readings.append(a + b * requests + (c + e * requests) * drafts + g * (drafts > 0))
         seconds = np.maximum(np.minimum(*readings), 1e-9)
         if self.per_size:

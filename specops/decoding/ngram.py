@@ -159,6 +159,19 @@ class NgramDrafter:
         self.tables = DraftTables(bigram, unigram, device, min_ngram, max_ngram, follow)
 
     def extend_contexts(self, new_tokens: list[list[int]]) -> None:
+        """Append each request's new tokens to its context."""
+        if self.contexts.device.type != "cpu":
+            self._extend_on_device(new_tokens)
+            return
+        # Row by row into a NumPy view: on the CPU, a third of the time of the tensor ops below.
+        count = [len(t) for t in new_tokens]
+        contexts, at = self.contexts.numpy(), self.lengths.tolist()
+        for b, tokens in enumerate(new_tokens):
+            contexts[b, at[b]:at[b] + count[b]] = tokens
+        self.lengths = self.lengths + torch.tensor(count, dtype=torch.int64)
+
+    def _extend_on_device(self, new_tokens: list[list[int]]) -> None:
+        """extend_contexts in a few tensor operations, for contexts on an accelerator."""
         width = max(len(t) for t in new_tokens)
         tokens = torch.tensor([t + [0] * (width - len(t)) for t in new_tokens], dtype=torch.int64)
         count = torch.tensor([len(t) for t in new_tokens], dtype=torch.int64, device=self.lengths.device)
@@ -227,6 +240,8 @@ class NgramProposer(Proposer):
         if self.memory is None:
             lead = budget.max() - budget  # tokens each request is ahead of the one with the most left
             k, w = self.shape.choose(rows, source, lead)
+            if k == 0:  # a plain step: most steps of a batch where drafting does not pay
+                return Proposal.empty(batch.rows, rows.device)
             shapes = torch.tensor([[k, w]], dtype=torch.long).expand(rows.shape[0], 2)
         else:
             shapes = self.shape.shapes(rows, source)

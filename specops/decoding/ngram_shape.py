@@ -100,7 +100,7 @@ def _pad(widths: list[int], extra: int, w_max: int) -> list[int]:
     return widths
 
 
-def _worth(lead: torch.Tensor | None, batch: int) -> torch.Tensor:
+def _worth(lead: torch.Tensor | None, batch: int) -> np.ndarray:
     """[batch] float64: what an accepted draft of each request is worth to a decode call, whose batch is done
     when its request with the most tokens left is. lead[b]: how many fewer tokens request b has left than that
     request (None, or one request: every draft is worth a token). A request ahead of it gets there sooner
@@ -109,8 +109,15 @@ def _worth(lead: torch.Tensor | None, batch: int) -> torch.Tensor:
     drafts of 8 requests together went to those on long matches, they finished first, and the call ended in
     a tail of steps of 1-3 requests: `ngram` made 0.90-0.93x `ar`, 0.95-0.97x so (docs/benchmarks.md)."""
     if lead is None or batch < 2:
-        return torch.ones(batch, dtype=torch.float64)
-    return torch.where(lead.cpu() > 0, _AHEAD_WORTH, 1.0).double()
+        return np.ones(batch)
+    return np.where(_array(lead) > 0, _AHEAD_WORTH, 1.0)
+
+
+def _array(values) -> np.ndarray:
+    """A CPU tensor or array as a NumPy array (a view where it can be). The shape choice works in NumPy:
+    on [8, 8, 8] draft lists torch's per-call overhead made `choose` 0.6-0.7 ms of a step, about 2 % of
+    a plain step of 8 requests on the 2-vCPU EPYC (Zen 4, 2026-12-06)."""
+    return values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
 
 def earlier(n: int, device) -> torch.Tensor:
@@ -123,26 +130,35 @@ def earlier(n: int, device) -> torch.Tensor:
     return index[None, :] < index[:, None]
 
 
-def _new_nodes(rows: torch.Tensor) -> torch.Tensor:
+def _new_nodes(rows: np.ndarray) -> np.ndarray:
     """new[b, r, j]: row r of rows [B, K, W] (-1 past its end) adds a tree node at depth j, its first j + 1
     tokens being present and unlike those of every row before it."""
     k_max = rows.shape[1]
-    present = (rows >= 0).long().cumprod(-1).bool()  # a row ends at its first -1
+    present = np.logical_and.accumulate(rows >= 0, axis=-1)  # a row ends at its first -1
     # same[b, r, s, j]: rows r and s agree on their first j + 1 tokens
-    same = (rows[:, :, None, :] == rows[:, None, :, :]).long().cumprod(-1).bool()
-    return present & ~(same & earlier(k_max, rows.device)[None, :, :, None]).any(2)
+    same = np.logical_and.accumulate(rows[:, :, None, :] == rows[:, None, :, :], axis=-1)
+    before = np.tri(k_max, k=-1, dtype=bool)  # [r, s]: s < r
+    return present & ~(same & before[None, :, :, None]).any(2)
+
+
+def _tree_nodes(new: np.ndarray) -> np.ndarray:
+    return new.cumsum(1).cumsum(2)
+
+
+def _distinct_rows(new: np.ndarray) -> np.ndarray:
+    return (new.cumsum(2) > 0).cumsum(1)
 
 
 def tree_nodes(rows: torch.Tensor) -> torch.Tensor:
     """nodes[b, k-1, w-1]: draft-tree nodes (root excluded) of the first k rows of rows [B, K, W] cut to
     w tokens, i.e. the distinct non-empty prefixes of length <= w among them."""
-    return _new_nodes(rows).long().cumsum(1).cumsum(2)
+    return torch.from_numpy(_tree_nodes(_new_nodes(_array(rows))))
 
 
 def distinct_rows(rows: torch.Tensor) -> torch.Tensor:
     """distinct[b, k-1, w-1]: how many of the first k rows of rows [B, K, W] differ from every row before them
     in their first w tokens (a row that repeats an earlier one there adds no node and catches nothing more)."""
-    return (_new_nodes(rows).long().cumsum(2) > 0).long().cumsum(1)
+    return torch.from_numpy(_distinct_rows(_new_nodes(_array(rows))))
 
 
 class DraftShape:
@@ -162,7 +178,7 @@ class DraftShape:
         self.sources = sources
         self.accepted = torch.zeros(sources, self.k_max, self.w_max, dtype=torch.float64)
         self.weight = torch.zeros(sources, dtype=torch.float64)
-        self.pending: list[tuple[int, int, int, torch.Tensor]] = []  # request, at, source, rows
+        self.pending: list[tuple[int, int, int, np.ndarray]] = []  # request, at, source, rows
         self.probe = Probe()
         if memory is not None and self.fixed is None:
             last = swap_learned(_LEARNED, model, f"{device}|{memory}", "ngram", self)
@@ -186,23 +202,29 @@ class DraftShape:
 
     def expected_accepted(self) -> torch.Tensor:
         """[sources, k_max, w_max] expected accepted tokens of each shape."""
-        prior = torch.full_like(self.accepted[0], _PRIOR_ACCEPTED)
-        weight = self.weight[:, None, None]
-        return (self.accepted + _PRIOR_WEIGHT * prior) / (weight + _PRIOR_WEIGHT)
+        weight = self.weight.numpy()[:, None, None]
+        prior = _PRIOR_WEIGHT * _PRIOR_ACCEPTED
+        return torch.from_numpy((self.accepted.numpy() + prior) / (weight + _PRIOR_WEIGHT))
 
-    def _expected(self, rows: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    def _expected(self, rows, source, new: np.ndarray | None = None) -> np.ndarray:
         """[B, k_max, w_max] expected accepted tokens of each shape for this step's rows [B, k_max, w_max] (on
-        the CPU) and sources [B]. A shape is worth what the shape it drafts is worth: the first k rows cut to w
-        tokens are as many rows as are distinct among them there (rows that repeat earlier ones add nothing,
-        and draft lists hold such rows often), as wide as the longest of them. Priced at k rows of w tokens, a
-        one-node draft of eight alike rows was worth what eight rows catch, and a row of 3 tokens what a row of
-        10 catches, which padded a step of 62 requests to 10 tokens each."""
-        table = self.expected_accepted()[source.clamp(max=self.sources - 1)]  # [B, k_max, w_max]
-        held = (rows >= 0).long().cumprod(-1).sum(-1).cummax(1).values  # [B, k]: the longest of the first k rows
-        width = torch.minimum(held[:, :, None], torch.arange(1, rows.shape[2] + 1)[None, None, :])
-        distinct = distinct_rows(rows)  # the same at w as at the width the rows hold
-        value = table.flatten(1).gather(1, ((distinct - 1) * rows.shape[2] + width - 1).clamp(min=0).flatten(1))
-        return torch.where(distinct > 0, value.view_as(distinct).double(), 0.0)
+        the CPU) and sources [B] (tensors or arrays; new: `_new_nodes(rows)` where computed). A shape is worth
+        what the shape it drafts is worth: the first k rows cut to w tokens are as many rows as are distinct
+        among them there (rows that repeat earlier ones add nothing, and draft lists hold such rows often), as
+        wide as the longest of them. Priced at k rows of w tokens, a one-node draft of eight alike rows was
+        worth what eight rows catch, and a row of 3 tokens what a row of 10 catches, which padded a step of 62
+        requests to 10 tokens each."""
+        rows, source = _array(rows), _array(source)
+        batch, _, w_max = rows.shape
+        table = self.expected_accepted().numpy()[np.minimum(source, self.sources - 1)]  # [B, k_max, w_max]
+        # [B, k]: the longest of the first k rows
+        held = np.maximum.accumulate(np.logical_and.accumulate(rows >= 0, axis=-1).sum(-1), axis=1)
+        width = np.minimum(held[:, :, None], np.arange(1, w_max + 1)[None, None, :])
+        # the same at w as at the width the rows hold
+        distinct = _distinct_rows(_new_nodes(rows) if new is None else new)
+        index = np.maximum((distinct - 1) * w_max + width - 1, 0).reshape(batch, -1)
+        value = np.take_along_axis(table.reshape(batch, -1), index, 1).reshape(distinct.shape)
+        return np.where(distinct > 0, value, 0.0)
 
     def choose(self, rows: torch.Tensor, source: torch.Tensor,
                lead: torch.Tensor | None = None) -> tuple[int, int]:
@@ -215,11 +237,12 @@ class DraftShape:
         plain = self._plain(batch)
         if plain is None:
             return 0, 0  # measure plain decoding (at about this batch size) first
-        rows = rows.cpu()
-        tokens = (self._expected(rows, source.cpu()) * _worth(lead, batch)[:, None, None]).sum(0) + batch
-        sizes = batch * (1 + tree_nodes(rows).amax(0))  # tokens in flight of each shape
-        cost = self.cost.at(batch, sizes)  # the fit, past the largest size measured too (flat through one)
-        rate = torch.where(sizes <= self.cost.reach(), tokens / cost, float("-inf"))
+        rows = _array(rows)
+        new = _new_nodes(rows)
+        tokens = (self._expected(rows, source, new) * _worth(lead, batch)[:, None, None]).sum(0) + batch
+        sizes = batch * (1 + _tree_nodes(new).max(0))  # tokens in flight of each shape
+        cost = self.cost.at(batch, sizes).numpy()  # the fit, also past the largest size measured
+        rate = np.where(sizes <= self.cost.reach(), tokens / cost, -np.inf)
         best_rate = rate.max()
         if not float(best_rate) > batch / plain:
             drafts = int((rows[:, 0, 0] >= 0).sum())  # requests with a one-token draft
@@ -228,8 +251,8 @@ class DraftShape:
             return 0, 0
         self.probe.drafted()
         # Among shapes of the best rate: the fewest tokens in flight, then the fewest rows.
-        rank = sizes * sizes.numel() + torch.arange(sizes.numel()).view_as(sizes)
-        index = int(torch.where(rate == best_rate, rank, rank.max() + 1).argmin())
+        rank = sizes * sizes.size + np.arange(sizes.size).reshape(sizes.shape)
+        index = int(np.where(rate == best_rate, rank, rank.max() + 1).argmin())
         return index // self.w_max + 1, index % self.w_max + 1
 
     def shapes(self, rows: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -251,18 +274,20 @@ class DraftShape:
         plain = self._plain(batch)
         if plain is None:
             return none  # measure plain decoding (at about this batch size) first
-        rows = rows.cpu()
-        nodes = tree_nodes(rows)  # [B, k, w]
-        value = torch.where(nodes > 0, self._expected(rows, source.cpu()), 0.0).flatten(1)  # at most the depth held
-        nodes = nodes.flatten(1)
+        rows = _array(rows)
+        new = _new_nodes(rows)
+        nodes = _tree_nodes(new)  # [B, k, w]
+        # at most the depth held
+        value = np.where(nodes > 0, self._expected(rows, source, new), 0.0).reshape(batch, -1)
+        nodes = nodes.reshape(batch, -1)
         largest = int(nodes.max())
-        sizes = torch.arange(largest + 1)
+        sizes = np.arange(largest + 1)
         fits = nodes[None, :, :] <= sizes[:, None, None]  # [N + 1, B, k * w]
-        best = torch.where(fits, value[None], 0.0).amax(-1)  # [N + 1, B]
+        best = np.where(fits, value[None], 0.0).max(-1)  # [N + 1, B]
         tokens = batch + best.sum(1)
         in_flight = batch * (1 + sizes)
-        rate = tokens / self.cost.at(batch, in_flight)
-        rate = torch.where(in_flight <= self.cost.reach(), rate, float("-inf"))
+        rate = tokens / self.cost.at(batch, in_flight).numpy()
+        rate = np.where(in_flight <= self.cost.reach(), rate, -np.inf)
         size = int(rate.argmax())  # the first best: the fewest nodes
         if size == 0 or not float(rate[size]) > batch / plain:
             if largest == 0 or not self._probe(batch, float((best[1] > 0).sum()), plain):
@@ -271,11 +296,11 @@ class DraftShape:
         else:
             self.probe.drafted()
         # Each request's shape at that size: the most value, then the fewest nodes, then the fewest rows.
-        rank = nodes * nodes.shape[1] + torch.arange(nodes.shape[1])[None]
+        rank = nodes * nodes.shape[1] + np.arange(nodes.shape[1])[None]
         top = best[size][:, None]
-        pick = torch.where(fits[size] & (value == top) & (top > 0), rank, rank.max() + 1).argmin(1)
-        chosen = torch.stack([pick // w_max + 1, pick % w_max + 1], 1)
-        return torch.where((best[size] > 0)[:, None], chosen, 0)
+        pick = np.where(fits[size] & (value == top) & (top > 0), rank, rank.max() + 1).argmin(1)
+        chosen = np.stack([pick // w_max + 1, pick % w_max + 1], 1)
+        return torch.from_numpy(np.where((best[size] > 0)[:, None], chosen, 0).astype(np.int64))
 
     def _plain(self, batch: int) -> float | None:
         """A plain step's predicted seconds with `batch` requests; None until a plain step ran near that size
@@ -386,7 +411,7 @@ class DraftShape:
         """Keep this step's draft lists: request r's rows predict its tokens from index at[r] on."""
         if self.fixed is not None:
             return
-        rows, source = rows.cpu(), source.tolist()
+        rows, source = np.array(_array(rows)), _array(source).tolist()  # a copy: kept until scored
         for b, request in enumerate(requests):
             self.pending.append((request, at[b], source[b], rows[b]))
 
@@ -408,18 +433,20 @@ class DraftShape:
         shape learns nothing."""
         if self.fixed is not None:
             return
-        truth = torch.full((len(rows), self.w_max), -2, dtype=torch.int64)
+        truth = np.full((len(rows), self.w_max), -2, dtype=np.int64)
         for i, seen in enumerate(followed):
-            truth[i, :len(seen)] = torch.as_tensor(seen, dtype=torch.int64)[:self.w_max]
-        rows = torch.stack(rows)  # [E, k_max, w_max]
-        shared = (rows == truth[:, None, :]).long().cumprod(-1).sum(-1)  # [E, k_max]
-        best = shared.cummax(1).values  # longest over the first k rows
-        width = torch.arange(1, self.w_max + 1)
-        accepted = torch.minimum(best[:, :, None], width[None, None, :]).double()  # [E, k_max, w_max]
+            seen = np.asarray(seen, dtype=np.int64)[:self.w_max]
+            truth[i, :len(seen)] = seen
+        rows = np.stack([_array(r) for r in rows])  # [E, k_max, w_max]
+        shared = np.logical_and.accumulate(rows == truth[:, None, :], axis=-1).sum(-1)  # [E, k_max]
+        best = np.maximum.accumulate(shared, axis=1)  # longest over the first k rows
+        width = np.arange(1, self.w_max + 1)
+        accepted = np.minimum(best[:, :, None], width[None, None, :]).astype(np.float64)  # [E, k_max, w_max]
         # The past of each source fades once per call (a step's lists), however many requests it holds.
-        index = torch.tensor(sources, dtype=torch.long).clamp(max=self.sources - 1)
-        seen = torch.bincount(index, minlength=self.sources)
-        fade = torch.where(seen > 0, _DECAY, 1.0).double()
-        new = torch.zeros_like(self.accepted).index_add_(0, index, accepted)
-        self.accepted = fade[:, None, None] * self.accepted + new
-        self.weight = fade * self.weight + seen.double()
+        index = np.minimum(np.asarray(sources, dtype=np.int64), self.sources - 1)
+        seen = np.bincount(index, minlength=self.sources)
+        fade = np.where(seen > 0, _DECAY, 1.0)
+        new = np.zeros(self.accepted.shape)
+        np.add.at(new, index, accepted)
+        self.accepted = torch.from_numpy(fade[:, None, None] * self.accepted.numpy() + new)
+        self.weight = torch.from_numpy(fade * self.weight.numpy() + seen)
