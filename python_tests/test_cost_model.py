@@ -213,6 +213,47 @@ def _least_squares_reference(xx, xy, order, apart=CostPlane._APART):
         free.remove(negative[0])
 
 
+def test_step_cost_read_while_another_thread_observes():
+    """Two threads decoding one model share its n-gram StepCost: one prices steps while the other's steps add
+    sizes and sums. A loop over the live set of sizes stopped the reader with "Set changed size during
+    iteration"; the loops read snapshots. The interpreter switches threads every microsecond here (restored
+    after), so the old loops failed at every run of this test."""
+    import sys
+    import threading
+
+    cost = StepCost()
+    cost.observe(1, 1, 0.01)
+    errors: list[BaseException] = []
+
+    def observe():
+        try:
+            for i in range(600):
+                cost.observe(1 + i % 120, 1 + i % 120 + i % 5, 0.01)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    def price():
+        try:
+            for _ in range(600):
+                cost.at(8, [8, 16], 1)
+                cost.reach(), cost.measured_plain(8), cost.measured_drafts(8), cost.copy()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=observe), threading.Thread(target=price)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert cost.largest() == 124 and cost(8, 8) is not None
+
+
 def test_cost_plane_solve_equals_its_definition():
     """The Cholesky fit (Python floats) gives the coefficients of the definition to 1e-9 on 300 random step
     histories of mixed batch sizes, draft lengths, falling and rising costs, read at several batch sizes and

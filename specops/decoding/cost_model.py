@@ -155,7 +155,7 @@ class CostPlane:
 
     def observe(self, requests: int, tokens: int, seconds: float) -> None:
         x = self.features(requests, tokens)
-        for size, (xx, xy) in self.by_requests.items():
+        for size, (xx, xy) in list(self.by_requests.items()):  # a snapshot: StepCost's docstring
             self.by_requests[size] = (self.decay * xx, self.decay * xy)
         xx, xy = self.by_requests.get(requests, (0.0, 0.0))
         self.by_requests[requests] = (xx + np.outer(x, x), xy + x * seconds)
@@ -163,7 +163,7 @@ class CostPlane:
 
     def copy(self) -> CostPlane:
         new = CostPlane(self.decay)
-        new.by_requests = {size: (xx.copy(), xy.copy()) for size, (xx, xy) in self.by_requests.items()}
+        new.by_requests = {size: (xx.copy(), xy.copy()) for size, (xx, xy) in list(self.by_requests.items())}
         return new
 
     def coefficients(self, requests: int | None = None, jump_first: bool = False) -> torch.Tensor | None:
@@ -186,7 +186,7 @@ class CostPlane:
             if sums is None:
                 xx = np.zeros((self.TERMS, self.TERMS))
                 xy = np.zeros(self.TERMS)
-                for size, (size_xx, size_xy) in self.by_requests.items():
+                for size, (size_xx, size_xy) in list(self.by_requests.items()):
                     near = (1.0 if requests is None else
                             math.exp(-abs(math.log(size / max(requests, 1))) / self._NEAR))
                     xx, xy = xx + near * size_xx, xy + near * size_xy
@@ -240,7 +240,10 @@ def _cholesky(a: list[list[float]], terms, apart: float | None) -> tuple[list[in
 class StepCost:
     """Predicted seconds of a step from the requests it carries, its tokens in flight and its drafter
     forwards (module docstring). Shared: a decode call's chooser, n-gram shapes per model and device, and a
-    vLLM proposer's own steps."""
+    vLLM proposer's own steps. Two threads decoding one model share its n-gram StepCost, so every loop over
+    the sizes and sums measured reads a snapshot (taken whole under the GIL): a loop over the live set
+    stopped a reader with "Set changed size during iteration" when another thread's step added a size. A
+    step observed in two threads at once may lose one of the two (a measurement, never an output)."""
 
     def __init__(self, decay: float = 0.97, per_size: bool = False):
         """per_size: also keep each size's own mean, decayed as the fit's sums are, and price a size by it
@@ -286,7 +289,7 @@ class StepCost:
 
     def largest(self) -> int:
         """The most tokens in flight any measured step carried (0 before any)."""
-        return max((tokens for _, tokens in self.sizes), default=0)
+        return max((tokens for _, tokens in tuple(self.sizes)), default=0)
 
     def reach(self) -> int:
         """The most tokens in flight a step may be priced at: sizes never measured are explored by doubling."""
@@ -298,12 +301,13 @@ class StepCost:
         first steps with 8 requests all drafted, priced their plain step at 88 ms where it took 72 (2-vCPU
         Xeon, Gemma-3-270M), and drafted every step at a loss."""
         return any(seen == tokens and (requests is None or (requests <= 2 * seen and seen <= 2 * requests))
-                   for seen, tokens in self.sizes)
+                   for seen, tokens in tuple(self.sizes))
 
     def measured_drafts(self, requests: int) -> bool:
         """Whether a step with drafts ran with between half and twice `requests` requests: the fit prices drafts
         at other batch sizes by extrapolation only."""
-        return any(tokens > seen and requests <= 2 * seen and seen <= 2 * requests for seen, tokens in self.sizes)
+        return any(tokens > seen and requests <= 2 * seen and seen <= 2 * requests
+                   for seen, tokens in tuple(self.sizes))
 
     def at(self, requests: int, tokens: torch.Tensor, forwards: torch.Tensor | int = 0) -> torch.Tensor | None:
         """Predicted seconds [same shape as tokens, float64] of steps with `requests` requests, `tokens` in
