@@ -13,9 +13,9 @@ workload's calls then share (the 8 samples of a prompt draft from each other as 
 Per configuration and workload, per step (medians over rounds): the model's forwards (the target's, and a
 drafter's where there is one), the host's time outside them (the call's seconds less its forwards: drafting,
 verification's bookkeeping, sampling, the loop, and the call's setup spread over its steps), and the drafting
-alone (the proposer's `propose`). The host's read bandwidth is measured at the start and the end. Against `ar` in the same run, the host time a method adds to a
-step is what it must win back in accepted drafts before it pays; on a CPU where a step of 8 requests takes
-about 40 ms, a millisecond is 2.5 %.
+alone (the proposer's `propose`). The host's read bandwidth is measured at the start and the end. Against `ar`
+in the same run, the host time a method adds to a step is what it must win back in accepted drafts before it
+pays; on a CPU where a step of 8 requests takes about 40 ms, a millisecond is 2.5 %.
 """
 
 from __future__ import annotations
