@@ -39,7 +39,7 @@ import torch
 from specops._kept import per_object
 from specops.decoding.cost_model import Probe, StepCost, swap_learned
 
-__all__ = ["DraftShape", "distinct_rows", "earlier", "tree_nodes"]
+__all__ = ["DraftShape", "distinct_rows", "tree_nodes"]
 
 _DECAY = 0.97  # weight of the past per step that scores a source: acceptance drifts within a text
 _PRIOR_WEIGHT = 2.0  # pseudo-observations of the prior
@@ -118,16 +118,6 @@ def _array(values) -> np.ndarray:
     on [8, 8, 8] draft lists torch's per-call overhead made `choose` 0.6-0.7 ms of a step, about 2 % of
     a plain step of 8 requests on the 2-vCPU EPYC (Zen 4, 2026-12-06)."""
     return values.cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-
-
-def earlier(n: int, device) -> torch.Tensor:
-    """[n, n] bool, [r, s] True where s < r. Not `torch.ones(n, n).tril(-1)`: torch's CPU tril enters a
-    parallel region at any size, and with the other core of a 2-vCPU host busy (a compiler there) a 2 x 2
-    tril waited about 3 ms for its second thread (2.7 us on one thread). A replay of vLLM NgramProposer's
-    calls then took 5.4 ms a call with the tril and 1.3 ms without; on the quiet host 0.96 ms either way (AMD
-    EPYC, 2026-12-05)."""
-    index = torch.arange(n, device=device)
-    return index[None, :] < index[:, None]
 
 
 def _new_nodes(rows: np.ndarray) -> np.ndarray:
