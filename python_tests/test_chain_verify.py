@@ -286,16 +286,21 @@ def test_cpp_matches_reference(dtype, with_probs):
         assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"case {i}: ")
 
 
-@pytest.mark.parametrize("shape", ["gaussian", "peaked", "uniform", "ties", "underflow", "neg_inf"])
+@pytest.mark.parametrize("shape", ["gaussian", "peaked", "heavy_tail", "uniform", "ties", "underflow",
+                                   "neg_inf"])
 def test_cpp_top_p_cut_matches_reference_at_a_large_vocabulary(shape):
-    """The C++ top-p cut (mass buckets of the weights, then a quickselect in one bucket) keeps the reference's
-    tokens at 262,144 ids, where the cut falls in a heavy bucket, among ties, after underflowed weights and
-    -inf logits, alone and after top-k."""
+    """The C++ top-p cut keeps the reference's tokens at 262,144 ids, by both of its paths: the candidates
+    near the maximum where they hold the mass needed (peaked, underflow), the mass histogram where there are
+    too many (gaussian, uniform, ties, neg_inf) or they hold too little (heavy_tail: four tokens 12 above a
+    floor of 262,140, which outweighs them at T >= 1). The cut falls in a heavy bucket, among ties, after
+    underflowed weights and -inf logits, alone and after top-k."""
     gen = torch.Generator().manual_seed(17)
     vocab, rows = 262_144, 6
     logits = {"gaussian": 3 * torch.randn(rows, 1, vocab, generator=gen),
               "peaked": torch.where(torch.rand(rows, 1, vocab, generator=gen) < 1e-3, 12.0, 0.0)
               + torch.randn(rows, 1, vocab, generator=gen),
+              "heavy_tail": torch.where(torch.rand(rows, 1, vocab, generator=gen) < 1.6e-5, 12.0, 0.0)
+              + 1e-3 * torch.randn(rows, 1, vocab, generator=gen),
               "uniform": torch.zeros(rows, 1, vocab),
               "ties": torch.randint(0, 4, (rows, 1, vocab), generator=gen).float(),
               "underflow": torch.cat([torch.full((rows, 1, 8), 200.0), 200.0 * torch.rand(rows, 1, vocab - 8,

@@ -106,6 +106,55 @@ double sum_exp(const float* logit, int64_t n, float t, float m, float thr) {
 }
 
 template <bool kDivide>
+double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float thr, float bound,
+                          std::vector<float>& above, size_t cap, bool* complete) {
+  constexpr int64_t kBlock = 256;
+  double total = 0.0;
+  bool fits = true;
+  const auto take = [&](float x) {
+    if (above.size() < cap) {
+      above.push_back(x);
+    } else {
+      fits = false;
+    }
+  };
+  const auto take_from = [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const float x = kDivide ? logit[k] / t : logit[k];
+      if (x >= bound) take(x);
+    }
+  };
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    fvec acc = {};
+    ivec hit = {};
+    for (int64_t k = i; k < i + kBlock; k += kRowLanes) {
+      const fvec v = loadv(logit + k);
+      const fvec x = kDivide ? v / t : v;
+      acc += x >= thr ? exp_nonpositive(x - m) : fvec{};
+      hit |= x >= bound;
+    }
+    total += lane_total(acc);
+    // A block rarely holds a candidate: it is read again, one value at a time, where it does.
+    bool any = false;
+    for (int l = 0; l < kRowLanes; ++l) any |= hit[l] != 0;
+    if (any) take_from(i, i + kBlock);
+  }
+  for (int64_t k = i; k < n; ++k) total += kept_weight<kDivide>(logit[k], t, m, thr);
+  take_from(i, n);
+  *complete = fits;
+  return total;
+}
+
+// sum_exp's total, and besides every x = logit / t >= bound (bound >= thr) appended to `above` in index
+// order while it holds fewer than `cap` values; *complete says whether all of them fit.
+double sum_exp_above(const float* logit, int64_t n, float t, float m, float thr, float bound,
+                     std::vector<float>& above, size_t cap, bool* complete) {
+  return t == 1.0f ? sum_exp_above_impl<false>(logit, n, t, m, thr, bound, above, cap, complete)
+                   : sum_exp_above_impl<true>(logit, n, t, m, thr, bound, above, cap, complete);
+}
+
+template <bool kDivide>
 double fill_weights_impl(const float* logit, const float* q, int64_t n, float t, float m, float inv_z, float thr,
                          float* w) {
   fvec acc = {};

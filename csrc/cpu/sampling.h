@@ -110,12 +110,15 @@ struct RowPasses {
   int64_t (*find_first)(const float*, int64_t, float);
   double (*scan_probs)(const float*, int64_t, bool*);
   double (*sum_exp)(const float*, int64_t, float, float, float);
+  double (*sum_exp_above)(const float*, int64_t, float, float, float, float, std::vector<float>&, size_t,
+                          bool*);
   double (*fill_weights)(const float*, const float*, int64_t, float, float, float, float, float*);
   double (*update_residual)(const float*, const float*, int64_t, float, float, float*);
 };
 
 #define SPECOPS_PASSES(ns) \
-  RowPasses{ns::scan_row, ns::find_first, ns::scan_probs, ns::sum_exp, ns::fill_weights, ns::update_residual}
+  RowPasses{ns::scan_row,     ns::find_first,   ns::scan_probs,     ns::sum_exp, \
+            ns::sum_exp_above, ns::fill_weights, ns::update_residual}
 
 const RowPasses& passes() {
   static const RowPasses selected = [] {
@@ -172,13 +175,12 @@ constexpr int kMassCopies = 4;  // interleaved histograms: consecutive tokens ra
 
 int mass_bucket(float w) { return static_cast<int>(std::bit_cast<uint32_t>(w) >> kMassShift); }
 
-// Largest value t of the kept x = logit / t (x >= thr) such that the weight exp(x - m) of {x >= t} reaches
-// top_p of the kept total: the cut weighted_upper_threshold finds over every kept x, found with one SIMD
-// pass (the weights), a histogram of their mass by bucket, and a weighted quickselect over the one bucket
-// where the mass from the top reaches the need (the buckets above it hold every larger value). A 262,144-token
-// row: about 0.3 ms, where selecting over all of it took 3 to 8.
-float top_p_threshold(const float* logit, int64_t vocab, float t, float m, float thr, float top_p,
-                      std::vector<float>& scratch) {
+// The top-p cut by the mass histogram of every kept weight: one SIMD pass (the weights), a histogram of
+// their mass by bucket, and a weighted quickselect over the one bucket where the mass from the top reaches
+// the need (the buckets above it hold every larger value). It added about 0.42 ms to sampling a 262,144-token
+// row (selecting over all of it took 3 to 8); top_p_threshold's fallback.
+float top_p_threshold_by_mass(const float* logit, int64_t vocab, float t, float m, float thr, float top_p,
+                              std::vector<float>& scratch) {
   scratch.resize(static_cast<size_t>(vocab));
   float* w = scratch.data();
   passes().fill_weights(logit, nullptr, vocab, t, m, 1.0f, thr, w);
@@ -213,6 +215,34 @@ float top_p_threshold(const float* logit, int64_t vocab, float t, float m, float
   }
   if (cut == 0) return values.empty() ? thr : *std::min_element(values.begin(), values.end());
   return weighted_upper_threshold(values, m, need - above);
+}
+
+// Candidates of the top-p cut: x within kCandidateSpan of the maximum (weights >= ~1e-4 of its weight), at
+// most kCandidateCap of them. Over Gemma-3-270M's own logits at T = 0.8, top-p 0.95 a row has a median of 10
+// (at most about 500) and they hold the needed mass in every row; at T = 1.3 in 9 rows of 10.
+constexpr float kCandidateSpan = 9.21f;
+constexpr size_t kCandidateCap = 16384;
+
+// Largest value t of the kept x = logit / t (x >= thr) such that the weight exp(x - m) of {x >= t} reaches
+// top_p of the kept total: the cut weighted_upper_threshold finds over every kept x. One SIMD pass sums the
+// kept weights and gathers the candidates {x >= m - kCandidateSpan}; where their weight reaches the need the
+// cut is among them (every x at or above a candidate is one), found by a quickselect over a few values. Else
+// the mass histogram finds it. Sampling a row of Gemma-3-270M's 262,144 logits at T = 0.8: 0.20 ms, 0.34 with
+// top-p 0.95 this way, 0.63 by the histogram alone (AMD EPYC Zen 4, 2026-12-06).
+float top_p_threshold(const float* logit, int64_t vocab, float t, float m, float thr, float top_p,
+                      std::vector<float>& scratch) {
+  scratch.clear();
+  bool complete = false;
+  const float bound = std::max(thr, m - kCandidateSpan);
+  const double total =
+      passes().sum_exp_above(logit, vocab, t, m, thr, bound, scratch, kCandidateCap, &complete);
+  const double need = static_cast<double>(top_p) * total;
+  if (complete) {
+    double mass = 0.0;
+    for (float x : scratch) mass += exp_nonpositive(x - m);
+    if (mass >= need) return weighted_upper_threshold(scratch, m, need);
+  }
+  return top_p_threshold_by_mass(logit, vocab, t, m, thr, top_p, scratch);
 }
 
 // Keep-threshold of a sampled row: x = logit / t is kept iff x >= threshold.
