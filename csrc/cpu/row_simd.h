@@ -140,6 +140,11 @@ double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float
     bool any = false;
     for (int l = 0; l < kRowLanes; ++l) any |= hit[l] != 0;
     if (any) take_from(i, i + kBlock);
+    if (!fits) break;  // too many candidates: the caller takes another way, the total unused
+  }
+  if (!fits) {
+    *complete = false;
+    return total;
   }
   for (int64_t k = i; k < n; ++k) total += kept_weight<kDivide>(logit[k], t, m, thr);
   take_from(i, n);
@@ -148,7 +153,8 @@ double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float
 }
 
 // sum_exp's total, and besides every x = logit / t >= bound (bound >= thr) appended to `above`, its index
-// to `ids`, in index order while they hold fewer than `cap` values; *complete says whether all of them fit.
+// to `ids`, in index order; *complete says whether all of them fit in `cap` values (where they do not, the
+// pass stops at the block that overflowed, and the total is partial).
 double sum_exp_above(const float* logit, int64_t n, float t, float m, float thr, float bound,
                      std::vector<float>& above, std::vector<int64_t>& ids, size_t cap, bool* complete) {
   return t == 1.0f ? sum_exp_above_impl<false>(logit, n, t, m, thr, bound, above, ids, cap, complete)
