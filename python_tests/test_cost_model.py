@@ -545,3 +545,29 @@ def test_what_a_call_learned_starts_the_next():
     beams.observe((4, 3), 1, 0.05, 0.01, 1e-4, [[(4, 1), (3, 1), (2, 0)]])
     again = TreeShape.remembered(True, (2, 2), target, "self:4", "rsd-s")
     assert again.kept == beams.kept == {4: pytest.approx(0.7 * 3 + 0.3 * 2)} and again.cost.drafter == 0.01
+
+
+@pytest.mark.parametrize("drafted_seconds, rests", [(0.100, True), (0.080, False)])
+def test_ngram_shape_rests_after_a_step_far_from_paying(drafted_seconds, rests):
+    """A plain step whose best n-gram shape makes less than 0.8 of plain decoding's tokens per second is
+    followed by two plain steps taken without a look at their drafts (DraftShape.resting); nearer plain's rate
+    every step looks. Eight requests at the prior's 0.5 accepted tokens a draft: 12 tokens a step of 16 in
+    flight, at 0.1 s 0.75 of plain's 8 in 0.05 s, at 0.08 s 0.94. The memory's per-request shapes never
+    rest."""
+    from specops.decoding.ngram_shape import DraftShape
+
+    for per_request in (False, True):
+        cost = StepCost()
+        for _ in range(6):
+            cost.observe(8, 8, 0.050)
+            cost.observe(8, 16, drafted_seconds)
+        shape = DraftShape("auto", None, "cpu", cost=cost)
+        rows = torch.arange(8 * 8 * 8).view(8, 8, 8)  # eight requests, every row a full draft
+        source = torch.ones(8, dtype=torch.long)
+        assert not shape.resting()
+        if per_request:
+            assert not shape.shapes(rows, source).any()  # plain
+        else:
+            assert shape.choose(rows, source) == (0, 0)
+        expected = [True, True, False] if rests and not per_request else [False] * 3
+        assert [shape.resting() for _ in range(3)] == expected

@@ -241,6 +241,8 @@ class NgramProposer(Proposer):
             self.written[row] = len(g)
 
     def propose(self, step: int, budget: torch.Tensor, last: torch.Tensor) -> Proposal:
+        if self.shape.resting():  # drafting was far from paying a step ago: plain, unexamined
+            return Proposal.empty(self.batch.rows, self.contexts.contexts.device)
         # The full draft list (for the acceptance record), then the rows this step can afford.
         rows, source, share = self.contexts.propose(self.shape.k_max, self.shape.w_max, self.memory)
         if self.memory is not None:
