@@ -1,0 +1,97 @@
+"""What drawing a token costs on a language model's own logits: `specops.ops.chain_verify` sampling one token
+per row (no drafts: the bonus token, as sampled `ar` and positional verification draw every position).
+
+    python bench/bench_sampling.py [--rows 1,8] [--settings "0.8:1.0,0.8:0.95,1.3:0.95"] [--csv PATH]
+
+Logits: Gemma-3-270M (embedded, float32, 262,144 words) over HumanEval/40-47, the last 40 positions of each
+prompt: 320 rows, computed once. Each setting T:P (temperature, top-p) is timed over groups of `rows` rows taken
+from 8 places in those 320 (median over 20 calls of each group after a warm-up), then the median over the
+groups. Besides: how many ids lie within 9.21 of a row's largest logit / T (the top-p cut's candidates in the
+C++ kernel) and how many the cut keeps. 2 threads. The synthetic N(0, 3^2) rows of bench_chain_verify.py are
+flat where a language model's are peaked; this is the case decoding meets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from _timing import load_prompts, machine_info, markdown_table, write_csv_columns  # noqa: E402
+
+COLUMNS = ["rows", "temperature", "top_p", "ms", "ms_min", "ms_max", "candidates_median", "kept_median"]
+SPAN = 9.21  # csrc/cpu/sampling.h kCandidateSpan
+
+
+def real_logits(torch, specops):
+    """[320, V] float32: Gemma-3-270M's logits at the last 40 positions of HumanEval/40-47."""
+    model, tokenizer = specops.models.load("gemma-3-270m")
+    rows = []
+    with torch.no_grad():
+        for prompt in load_prompts(40, 8):
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            rows.append(model(ids).logits[0, -40:].float())
+    return torch.cat(rows)
+
+
+def row_stats(torch, logits, temperature: float, top_p: float) -> tuple[float, float]:
+    """Median candidates (ids within SPAN of the maximum of logits / T) and kept ids under top-p per row."""
+    x = logits.double() / temperature
+    m = x.max(-1, keepdim=True).values
+    candidates = (x >= m - SPAN).sum(-1).double()
+    w = torch.exp(x - m)
+    sorted_w = w.sort(-1, descending=True).values
+    kept = ((sorted_w.cumsum(-1) < top_p * w.sum(-1, keepdim=True)).sum(-1) + 1).clamp(max=x.shape[-1])
+    if top_p >= 1.0:
+        kept = (w > 0).sum(-1)
+    return float(candidates.median()), float(kept.double().median())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,8")
+    parser.add_argument("--settings", default="0.8:1.0,0.8:0.95,1.3:0.95", help="temperature:top_p, comma-separated")
+    parser.add_argument("--csv", default=None)
+    args = parser.parse_args()
+    import torch
+
+    import specops
+    torch.set_num_threads(2)
+    logits = real_logits(torch, specops)
+    total = logits.shape[0]
+    results = []
+    for setting in args.settings.split(","):
+        temperature, top_p = (float(v) for v in setting.split(":"))
+        candidates, kept = row_stats(torch, logits, temperature, top_p)
+        for batch in (int(v) for v in args.rows.split(",")):
+            times = []
+            for start in range(0, total - batch + 1, total // 8):
+                rows = logits[start:start + batch].unsqueeze(1).contiguous()
+                none = torch.empty(batch, 0, dtype=torch.long)
+                kwargs = dict(num_draft=None, temperature=torch.full((batch,), temperature),
+                              top_k=torch.zeros(batch, dtype=torch.int64), top_p=torch.full((batch,), top_p),
+                              seed=torch.arange(batch, dtype=torch.int64), offset=0, validate=False)
+                specops.ops.chain_verify(rows, none, None, **kwargs)
+                calls = []
+                for _ in range(20):
+                    begin = time.perf_counter()
+                    specops.ops.chain_verify(rows, none, None, **kwargs)
+                    calls.append(time.perf_counter() - begin)
+                times.append(1e3 * statistics.median(calls))
+            results.append(dict(rows=batch, temperature=temperature, top_p=top_p, ms=statistics.median(times),
+                                ms_min=min(times), ms_max=max(times), candidates_median=candidates,
+                                kept_median=kept))
+    info = machine_info("cpu")
+    print(f"{info.get('machine', '')}, 2 threads; ms per call, median over {len(times)} groups of rows")
+    print(markdown_table(results, COLUMNS))
+    if args.csv:
+        write_csv_columns(args.csv, results, COLUMNS, info)
+
+
+if __name__ == "__main__":
+    main()
