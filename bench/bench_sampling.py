@@ -45,10 +45,11 @@ def row_stats(torch, logits, temperature: float, top_p: float) -> tuple[float, f
     m = x.max(-1, keepdim=True).values
     candidates = (x >= m - SPAN).sum(-1).double()
     w = torch.exp(x - m)
-    sorted_w = w.sort(-1, descending=True).values
-    kept = ((sorted_w.cumsum(-1) < top_p * w.sum(-1, keepdim=True)).sum(-1) + 1).clamp(max=x.shape[-1])
     if top_p >= 1.0:
         kept = (w > 0).sum(-1)
+    else:
+        sorted_w = w.sort(-1, descending=True).values
+        kept = ((sorted_w.cumsum(-1) < top_p * w.sum(-1, keepdim=True)).sum(-1) + 1).clamp(max=x.shape[-1])
     return float(candidates.median()), float(kept.double().median())
 
 

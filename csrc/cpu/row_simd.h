@@ -142,12 +142,10 @@ double sum_exp_above_impl(const float* logit, int64_t n, float t, float m, float
     if (any) take_from(i, i + kBlock);
     if (!fits) break;  // too many candidates: the caller takes another way, the total unused
   }
-  if (!fits) {
-    *complete = false;
-    return total;
+  if (fits) {
+    for (int64_t k = i; k < n; ++k) total += kept_weight<kDivide>(logit[k], t, m, thr);
+    take_from(i, n);
   }
-  for (int64_t k = i; k < n; ++k) total += kept_weight<kDivide>(logit[k], t, m, thr);
-  take_from(i, n);
   *complete = fits;
   return total;
 }
