@@ -1,13 +1,18 @@
 """What drawing a token costs on a language model's own logits: `specops.ops.chain_verify` sampling one token
-per row (no drafts: the bonus token, as sampled `ar` and positional verification draw every position).
+per row (no drafts: the bonus token, as sampled `ar` and positional verification draw every position), or
+with `--kernel tree` `specops.ops.tree_verify` verifying an n-gram-like draft tree per request (one-hot q).
 
-    python bench/bench_sampling.py [--rows 1,8] [--settings "0.8:1.0,0.8:0.95,1.3:0.95"] [--csv PATH]
+    python bench/bench_sampling.py [--kernel chain|tree] [--rows 1,8] [--settings "0.8:1.0,0.8:0.95,1.3:0.95"]
+        [--csv PATH]
 
 Logits: Gemma-3-270M (embedded, float32, 262,144 words) over HumanEval/40-47, the last 40 positions of each
 prompt: 320 rows, computed once. Each setting T:P (temperature, top-p) is timed over groups of `rows` rows taken
 from 8 places in those 320 (median over 20 calls of each group after a warm-up), then the median over the
 groups. Besides: how many ids lie within 9.21 of a row's largest logit / T (the top-p cut's candidates in the
-C++ kernel) and how many the cut keeps. 2 threads. The synthetic N(0, 3^2) rows of bench_chain_verify.py are
+C++ kernel) and how many the cut keeps. 2 threads. The tree (`--kernel tree`, `rows` requests): two rows of
+three drafts under the root, as `ngram` drafts them, each request's 7 nodes on 7 consecutive logits rows; the
+first row's drafts are the argmax of their parent's row (mostly accepted), the second row's first draft the
+root row's second-best id, so the walk reaches 2-4 rows of 7, rejects, and draws from a residual. The synthetic N(0, 3^2) rows of bench_chain_verify.py are
 flat where a language model's are peaked; this is the case decoding meets.
 """
 
@@ -24,7 +29,7 @@ sys.path.insert(0, str(BENCH))
 
 from _timing import load_prompts, machine_info, markdown_table, write_csv_columns  # noqa: E402
 
-COLUMNS = ["rows", "temperature", "top_p", "ms", "ms_min", "ms_max", "candidates_median", "kept_median"]
+COLUMNS = ["kernel", "rows", "temperature", "top_p", "ms", "ms_min", "ms_max", "candidates_median", "kept_median"]
 SPAN = 9.21  # csrc/cpu/sampling.h kCandidateSpan
 
 
@@ -53,8 +58,24 @@ def row_stats(torch, logits, temperature: float, top_p: float) -> tuple[float, f
     return float(candidates.median()), float(kept.double().median())
 
 
+TREE_PARENTS = [-1, 0, 1, 2, 0, 4, 5]  # two rows of three drafts under the root
+
+
+def tree_inputs(torch, logits, start: int, batch: int):
+    """(logits [B, 7, V], tokens [B, 7], parents [B, 7]) of `batch` requests from rows start, start + 7, ..."""
+    nodes = len(TREE_PARENTS)
+    rows = logits[start:start + batch * nodes].view(batch, nodes, -1).contiguous()
+    best = rows.topk(2, dim=-1).indices  # [B, 7, 2]
+    tokens = torch.zeros(batch, nodes, dtype=torch.long)
+    for c in range(1, nodes):
+        tokens[:, c] = best[:, TREE_PARENTS[c], 1 if c == 4 else 0]
+    parents = torch.tensor(TREE_PARENTS).expand(batch, nodes).contiguous()
+    return rows, tokens, parents
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", default="chain", choices=["chain", "tree"])
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--settings", default="0.8:1.0,0.8:0.95,1.3:0.95", help="temperature:top_p, comma-separated")
     parser.add_argument("--csv", default=None)
@@ -71,20 +92,30 @@ def main() -> None:
         candidates, kept = row_stats(torch, logits, temperature, top_p)
         for batch in (int(v) for v in args.rows.split(",")):
             times = []
-            for start in range(0, total - batch + 1, total // 8):
-                rows = logits[start:start + batch].unsqueeze(1).contiguous()
-                none = torch.empty(batch, 0, dtype=torch.long)
-                kwargs = dict(num_draft=None, temperature=torch.full((batch,), temperature),
+            span = batch * len(TREE_PARENTS) if args.kernel == "tree" else batch
+            for start in range(0, total - span + 1, total // 8 if args.kernel == "chain" else (total - span) // 7):
+                kwargs = dict(temperature=torch.full((batch,), temperature),
                               top_k=torch.zeros(batch, dtype=torch.int64), top_p=torch.full((batch,), top_p),
                               seed=torch.arange(batch, dtype=torch.int64), offset=0, validate=False)
-                specops.ops.chain_verify(rows, none, None, **kwargs)
+                if args.kernel == "tree":
+                    rows, tokens, parents = tree_inputs(torch, logits, start, batch)
+
+                    def call():
+                        specops.ops.tree_verify(rows, tokens, parents, None, **kwargs)
+                else:
+                    rows = logits[start:start + batch].unsqueeze(1).contiguous()
+                    none = torch.empty(batch, 0, dtype=torch.long)
+
+                    def call():
+                        specops.ops.chain_verify(rows, none, None, num_draft=None, **kwargs)
+                call()
                 calls = []
                 for _ in range(20):
                     begin = time.perf_counter()
-                    specops.ops.chain_verify(rows, none, None, **kwargs)
+                    call()
                     calls.append(time.perf_counter() - begin)
                 times.append(1e3 * statistics.median(calls))
-            results.append(dict(rows=batch, temperature=temperature, top_p=top_p, ms=statistics.median(times),
+            results.append(dict(kernel=args.kernel, rows=batch, temperature=temperature, top_p=top_p, ms=statistics.median(times),
                                 ms_min=min(times), ms_max=max(times), candidates_median=candidates,
                                 kept_median=kept))
     info = machine_info("cpu")

@@ -344,6 +344,41 @@ class TestStatisticsCanFail:
         assert abs(acceptance_z(accepted, exact_acceptance(p, DRAFT_PROBS, 3, replacement=False))) > Z_MAX
 
 
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+def test_cpp_top_p_trees_match_reference_at_a_large_vocabulary(with_probs):
+    """Trees at 262,144 ids under top-p: where the cut keeps few tokens the C++ walk keeps a node's residual on
+    those alone (walk_kept); the same tokens and nodes as the reference, children accepted, rejected (the walk
+    moving on to a sibling) and drawn from the residual, with one-hot q and with q given, beside rows whose
+    cut the histogram finds (dense passes)."""
+    gen = torch.Generator().manual_seed(29)
+    vocab, batch, parents = 262_144, 8, [-1, 0, 1, 2, 0, 4, 5]  # two rows of three drafts, as ngram's
+    nodes = len(parents)
+    # a few likely tokens over a spread of unlikely ones; the last two requests flat (the histogram's cut)
+    logits = torch.randn(batch, nodes, vocab, generator=gen)
+    likely = torch.randint(0, vocab, (batch, nodes, 6), generator=gen)
+    logits.scatter_(-1, likely, 16.0 + 2 * torch.rand(batch, nodes, 6, generator=gen))
+    logits.scatter_(-1, likely[..., :1], 19.0)  # the first likely token the likeliest
+    logits[-2:] *= 0.1
+    tokens = torch.zeros(batch, nodes, dtype=torch.int64)
+    for c in range(1, nodes):  # a likely token of the parent's row (often its likeliest), now and then another
+        which = torch.where(torch.rand(batch, 1, generator=gen) < 0.8, 0, torch.randint(1, 6, (batch, 1), generator=gen))
+        pick = likely[:, parents[c]].gather(-1, which)[:, 0]
+        tokens[:, c] = torch.where(torch.rand(batch, generator=gen) < 0.15, c, pick)
+    q = torch.softmax(logits + torch.randn(batch, nodes, vocab, generator=gen), -1) if with_probs else None
+    args = normalized_args(logits, tokens, tree(parents).expand(batch, nodes).contiguous(), q,
+                           num_nodes=torch.tensor([7, 7, 4, 7, 1, 7, 7, 7]), replacement=with_probs,
+                           temperature=torch.tensor([1.0, 0.8, 0.8, 1.3, 0.5, 1.0, 0.8, 1.0]),
+                           top_k=torch.tensor([0, 0, 1000, 0, 0, 50_000, 0, 0]),
+                           top_p=torch.tensor([0.95, 0.9, 0.95, 0.5, 0.999, 0.7, 0.95, 0.9]), seed=11)
+    accepted = []
+    for offset in range(6):
+        got = run_impl("cpp", args, offset)
+        assert_same(got, run_impl("reference", args, offset), f"offset {offset}: ")
+        accepted.append(got[2])
+    accepted = torch.stack(accepted)
+    assert bool((accepted == 0).any()) and bool((accepted >= 2).any())  # walks stop at the root and go deep
+
+
 # ==== 4. opcheck and torch.compile ====
 
 

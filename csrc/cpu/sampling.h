@@ -276,34 +276,43 @@ float filter_threshold(const float* logit, int64_t vocab, float t, float m, int6
   return thr;
 }
 
+// Inverse CDF over weights w[r] of the ids kept[r] (increasing): the first id whose float64 running sum exceeds
+// u * total, their float64 sum in id order; the last id of positive weight if round-off leaves none; -1 where
+// none has weight.
+int64_t inverse_cdf_kept(const std::vector<int64_t>& kept, const std::vector<float>& w, double u) {
+  double total = 0.0;
+  for (size_t r = 0; r < kept.size(); ++r) total += w[r];
+  if (!(total > 0.0)) return -1;
+  const double target = u * total;
+  double run = 0.0;
+  for (size_t r = 0; r < kept.size(); ++r) {
+    run += w[r];
+    if (run > target) return kept[r];
+  }
+  for (size_t r = kept.size(); r-- > 0;)
+    if (w[r] > 0.0f) return kept[r];
+  return -1;
+}
+
 // A token drawn from the weights max(0, p - q) restricted to a row's kept ids (increasing; p is 0 elsewhere,
 // so the weights are too), falling back to p where they have no mass: inverse_cdf's first index whose float64
-// running sum exceeds u * total, over those ids alone. p = kept_weight * inv_z; q == nullptr: q = 0 but at
-// `skip` (a one-hot draft's token, -1 for none), whose weight is 0. w: scratch for the weights.
+// running sum exceeds u * total, over those ids alone (inverse_cdf_kept). p = kept_weight * inv_z; q ==
+// nullptr: q = 0 but at `skip` (a one-hot draft's token, -1 for none), whose weight is 0. w: scratch for the
+// weights.
 int64_t sample_kept(const float* logit, const std::vector<int64_t>& kept, float t, float m, float thr,
                     float inv_z, const float* q, int64_t skip, double u, std::vector<float>& w) {
   w.resize(kept.size());
   for (int pass = 0; pass < 2; ++pass) {
     const bool residual = pass == 0;
-    double total = 0.0;
     for (size_t r = 0; r < kept.size(); ++r) {
       const int64_t i = kept[r];
       float d = kept_weight(logit[i], t, m, thr) * inv_z;
       if (residual && q != nullptr) d -= q[i];
       if (residual && i == skip) d = 0.0f;
       w[r] = d > 0.0f ? d : 0.0f;
-      total += w[r];
     }
-    if (!(total > 0.0) && residual) continue;
-    const double target = u * total;
-    double run = 0.0;
-    for (size_t r = 0; r < kept.size(); ++r) {
-      run += w[r];
-      if (run > target) return kept[r];
-    }
-    for (size_t r = kept.size(); r-- > 0;)
-      if (w[r] > 0.0f) return kept[r];
-    break;
+    const int64_t token = inverse_cdf_kept(kept, w, u);
+    if (token >= 0) return token;
   }
   return kept.back();  // unreachable: p has mass at the row's maximum
 }

@@ -6,8 +6,10 @@
 // the row's maximum writes the unnormalized target weights w = exp(x - m) into a residual buffer with
 // their mass, so p(x) = w(x) / z needs no normalization pass. With one-hot q (deterministic drafts) a
 // rejection zeroes one entry; with draft probabilities it is one SIMD pass max(0, r / R - q / s). The
-// emitted token is drawn by the chunked inverse CDF of chain_verify. Requests run in parallel; with
-// fewer requests than threads, a request's row passes are split across threads instead.
+// emitted token is drawn by the chunked inverse CDF of chain_verify. Where top-p keeps few ids (found among
+// the cut's candidates, sampling.h) the node's residual lives on those ids alone, with no pass over the row
+// after the cut's (walk_kept). Requests run in parallel; with fewer requests than threads, a request's row
+// passes are split across threads instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -41,11 +43,58 @@ struct Request {
 // child lists (first child and next sibling, in node order).
 struct Scratch {
   std::vector<float> residual, next, filter;
+  std::vector<int64_t> kept;          // a node's kept ids where top-p found them few (filter_threshold)
+  std::vector<float> kept_residual, kept_next;  // the residual on those ids
   std::vector<double> chunk_sums, next_sums;
   std::vector<int64_t> first_child, next_sibling;
   std::vector<std::vector<float>> depth_rows;  // traversal: the residual of the node of each depth
   std::vector<std::vector<double>> depth_sums;
 };
+
+// A node's children tried in order where top-p kept few ids (s.kept, increasing): verify_request's rule on
+// the residual over those ids alone, p being 0 elsewhere (as max(0, p - q) is then). The same values up to
+// float64 round-off of the sums (in id order, not the passes' lanes), no pass over the row. Returns the
+// accepted child, or -1 after drawing the emitted token into `token`.
+int64_t walk_kept(const Request& rq, const float* logit, const float* q, float t, float m, float thr, int64_t node,
+                  uint64_t offset, bool replacement, Scratch& s, int64_t& token) {
+  const std::vector<int64_t>& ids = s.kept;
+  const size_t n = ids.size();
+  s.kept_residual.resize(n);
+  s.kept_next.resize(n);
+  double mass = 0.0;
+  for (size_t r = 0; r < n; ++r) mass += s.kept_residual[r] = kept_weight(logit[ids[r]], t, m, thr);
+  double left = 1.0;  // as verify_request's
+  for (int64_t c = s.first_child[node]; c >= 0; c = s.next_sibling[c]) {
+    const int64_t x = rq.tokens[c];
+    const auto at = std::lower_bound(ids.begin(), ids.end(), x);
+    const int64_t j = at != ids.end() && *at == x ? at - ids.begin() : -1;
+    const float r_x = j >= 0 ? s.kept_residual[j] : 0.0f;
+    const double q_x = q != nullptr ? q[x] / left : 1.0;
+    if (uniform(rq.seed, offset, c - 1, kStreamAccept) * q_x * mass < r_x) return c;
+    if (q == nullptr) {  // max(0, p_i - onehot(x)): p_i without x, unless nothing would be left
+      const double rest = mass - r_x;
+      if (rest > 0.0 && j >= 0) {
+        s.kept_residual[j] = 0.0f;
+        mass = rest;
+      }
+      continue;
+    }
+    const float a = static_cast<float>(1.0 / mass), b = static_cast<float>(1.0 / left);
+    double total = 0.0;
+    for (size_t r = 0; r < n; ++r) {
+      const float d = s.kept_residual[r] * a - q[ids[r]] * b;
+      total += s.kept_next[r] = d > 0.0f ? d : 0.0f;
+    }
+    if (total > 0.0) {  // else the residual has no mass (round-off): keep p_i
+      std::swap(s.kept_residual, s.kept_next);
+      mass = total;
+    }
+    if (!replacement) left -= q[x];
+  }
+  token = inverse_cdf_kept(ids, s.kept_residual, uniform(rq.seed, offset, node, kStreamSample));
+  TORCH_INTERNAL_ASSERT(token >= 0, "tree_verify: a residual without mass");  // mass stays > 0 above
+  return -1;
+}
 
 // One request: walks the tree from the root, writes out_tokens / out_nodes and returns the number of
 // accepted drafts. One function: the current node, its row and the sibling draws carry across the walk.
@@ -77,7 +126,22 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
       continue;
     }
     const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
-    const float thr = filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter) : -kInf;
+    s.kept.clear();  // filter_threshold fills it where top-p finds few ids
+    const float thr =
+        filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter, &s.kept) : -kInf;
+    const float* q = rq.probs != nullptr ? rq.probs + node * vocab : nullptr;
+    if (!s.kept.empty()) {  // top-p kept few ids: the node's residual lives on them alone (p is 0 elsewhere)
+      const int64_t accepted = walk_kept(rq, logit, q, t, m, thr, node, offset, replacement, s, out_tokens[depth]);
+      if (accepted < 0) return depth;
+      out_tokens[depth] = rq.tokens[accepted];
+      out_nodes[depth++] = accepted;
+      node = accepted;
+      continue;
+    }
+    if (s.residual.size() != static_cast<size_t>(vocab)) {  // 2 MB zeroed: not for greedy or top-p walks
+      s.residual.resize(static_cast<size_t>(vocab));
+      s.next.resize(static_cast<size_t>(vocab));
+    }
     // One pass: the kept weights w = exp(x - m) into the residual buffer, with their chunk sums. The
     // residual r and its mass R then stand for p_i = r / R, starting at p = w / z (the reference starts
     // at r = softmax, R = 1: the same values up to float rounding).
@@ -88,7 +152,6 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
     });
     double mass = 0.0;
     for (double v : s.chunk_sums) mass += v;
-    const float* q = rq.probs != nullptr ? rq.probs + node * vocab : nullptr;
     double left = 1.0;  // q_i = q / left (the mass not yet drawn, without replacement)
     int64_t accepted = -1;
     for (int64_t c = s.first_child[node]; c >= 0; c = s.next_sibling[c]) {
@@ -393,9 +456,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
   int64_t* acc_p = num_accepted.data_ptr<int64_t>();
   const bool split = batch < at::get_num_threads();
   const auto verify_requests = [&](int64_t begin, int64_t end, int64_t& b) {
-    Scratch s;
-    s.residual.resize(static_cast<size_t>(vocab));
-    s.next.resize(static_cast<size_t>(vocab));
+    Scratch s;  // the dense residual buffers are sized where a walk first needs them
     for (b = begin; b < end; ++b) {
       const Request rq{logit_p + b * nodes * vocab, token_p + b * nodes, parent_p + b * nodes,
                        prob_p == nullptr ? nullptr : prob_p + b * nodes * vocab, count_p[b], b,
