@@ -6,14 +6,15 @@ with `--kernel tree` `specops.ops.tree_verify` verifying an n-gram-like draft tr
         [--csv PATH]
 
 Logits: Gemma-3-270M (embedded, float32, 262,144 words) over HumanEval/40-47, the last 40 positions of each
-prompt: 320 rows, computed once. Each setting T:P (temperature, top-p) is timed over groups of `rows` rows taken
-from 8 places in those 320 (median over 20 calls of each group after a warm-up), then the median over the
-groups. Besides: how many ids lie within 9.21 of a row's largest logit / T (the top-p cut's candidates in the
-C++ kernel) and how many the cut keeps. 2 threads. The tree (`--kernel tree`, `rows` requests): two rows of
-three drafts under the root, as `ngram` drafts them, each request's 7 nodes on 7 consecutive logits rows; the
-first row's drafts are the argmax of their parent's row (mostly accepted), the second row's first draft the
-root row's second-best id, so the walk reaches 2-4 rows of 7, rejects, and draws from a residual. The synthetic N(0, 3^2) rows of bench_chain_verify.py are
-flat where a language model's are peaked; this is the case decoding meets.
+prompt: 320 rows, computed once. Each setting T:P (temperature, top-p) is timed over groups of `rows` rows
+taken from 8 places in those 320 (median over 20 calls of each group after a warm-up), then the median over
+the groups. Besides: how many ids lie within 9.21 of a row's largest logit / T (the top-p cut's candidates in
+the C++ kernel) and how many the cut keeps. 2 threads. The tree (`--kernel tree`, `rows` requests): two rows
+of three drafts under the root, as `ngram` drafts them, each request's 7 nodes on 7 consecutive logits rows;
+the first row's drafts are the argmax of their parent's row (mostly accepted), the second row's first draft
+the root row's second-best id, so walks accept drafts, reject them and draw from residuals. The synthetic
+N(0, 3^2) rows of bench_chain_verify.py are flat where a language model's are peaked; this is the case
+decoding meets.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ sys.path.insert(0, str(BENCH))
 
 from _timing import load_prompts, machine_info, markdown_table, write_csv_columns  # noqa: E402
 
-COLUMNS = ["kernel", "rows", "temperature", "top_p", "ms", "ms_min", "ms_max", "candidates_median", "kept_median"]
+COLUMNS = ["kernel", "rows", "temperature", "top_p", "ms", "ms_min", "ms_max", "candidates_median",
+           "kept_median"]
 SPAN = 9.21  # csrc/cpu/sampling.h kCandidateSpan
 
 
@@ -62,7 +64,8 @@ TREE_PARENTS = [-1, 0, 1, 2, 0, 4, 5]  # two rows of three drafts under the root
 
 
 def tree_inputs(torch, logits, start: int, batch: int):
-    """(logits [B, 7, V], tokens [B, 7], parents [B, 7]) of `batch` requests from rows start, start + 7, ..."""
+    """(logits [B, 7, V], tokens [B, 7], parents [B, 7]) of `batch` requests from rows start, start + 7,
+    ..."""
     nodes = len(TREE_PARENTS)
     rows = logits[start:start + batch * nodes].view(batch, nodes, -1).contiguous()
     best = rows.topk(2, dim=-1).indices  # [B, 7, 2]
@@ -93,7 +96,8 @@ def main() -> None:
         for batch in (int(v) for v in args.rows.split(",")):
             times = []
             span = batch * len(TREE_PARENTS) if args.kernel == "tree" else batch
-            for start in range(0, total - span + 1, total // 8 if args.kernel == "chain" else (total - span) // 7):
+            step = total // 8 if args.kernel == "chain" else (total - span) // 7
+            for start in range(0, total - span + 1, step):
                 kwargs = dict(temperature=torch.full((batch,), temperature),
                               top_k=torch.zeros(batch, dtype=torch.int64), top_p=torch.full((batch,), top_p),
                               seed=torch.arange(batch, dtype=torch.int64), offset=0, validate=False)
@@ -115,7 +119,8 @@ def main() -> None:
                     call()
                     calls.append(time.perf_counter() - begin)
                 times.append(1e3 * statistics.median(calls))
-            results.append(dict(kernel=args.kernel, rows=batch, temperature=temperature, top_p=top_p, ms=statistics.median(times),
+            results.append(dict(kernel=args.kernel, rows=batch, temperature=temperature, top_p=top_p,
+                                ms=statistics.median(times),
                                 ms_min=min(times), ms_max=max(times), candidates_median=candidates,
                                 kept_median=kept))
     info = machine_info("cpu")

@@ -346,10 +346,10 @@ class TestStatisticsCanFail:
 
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
 def test_cpp_top_p_trees_match_reference_at_a_large_vocabulary(with_probs):
-    """Trees at 262,144 ids under top-p: where the cut keeps few tokens the C++ walk keeps a node's residual on
-    those alone (walk_kept); the same tokens and nodes as the reference, children accepted, rejected (the walk
-    moving on to a sibling) and drawn from the residual, with one-hot q and with q given, beside rows whose
-    cut the histogram finds (dense passes)."""
+    """Trees at 262,144 ids under top-p: where the cut keeps few tokens the C++ walk keeps a node's residual
+    on those alone (walk_kept); the same tokens and nodes as the reference, children accepted, rejected (the
+    walk moving on to a sibling) and drawn from the residual, with one-hot q and with q given, beside rows
+    whose cut the histogram finds (dense passes)."""
     gen = torch.Generator().manual_seed(29)
     vocab, batch, parents = 262_144, 8, [-1, 0, 1, 2, 0, 4, 5]  # two rows of three drafts, as ngram's
     nodes = len(parents)
@@ -360,8 +360,9 @@ def test_cpp_top_p_trees_match_reference_at_a_large_vocabulary(with_probs):
     logits.scatter_(-1, likely[..., :1], 19.0)  # the first likely token the likeliest
     logits[-2:] *= 0.1
     tokens = torch.zeros(batch, nodes, dtype=torch.int64)
-    for c in range(1, nodes):  # a likely token of the parent's row (often its likeliest), now and then another
-        which = torch.where(torch.rand(batch, 1, generator=gen) < 0.8, 0, torch.randint(1, 6, (batch, 1), generator=gen))
+    for c in range(1, nodes):  # a likely token of the parent's row, often its likeliest; now and then another
+        other = torch.randint(1, 6, (batch, 1), generator=gen)
+        which = torch.where(torch.rand(batch, 1, generator=gen) < 0.8, 0, other)
         pick = likely[:, parents[c]].gather(-1, which)[:, 0]
         tokens[:, c] = torch.where(torch.rand(batch, generator=gen) < 0.15, c, pick)
     q = torch.softmax(logits + torch.randn(batch, nodes, vocab, generator=gen), -1) if with_probs else None

@@ -276,9 +276,9 @@ float filter_threshold(const float* logit, int64_t vocab, float t, float m, int6
   return thr;
 }
 
-// Inverse CDF over weights w[r] of the ids kept[r] (increasing): the first id whose float64 running sum exceeds
-// u * total, their float64 sum in id order; the last id of positive weight if round-off leaves none; -1 where
-// none has weight.
+// Inverse CDF over weights w[r] of the ids kept[r] (increasing): the first id whose float64 running sum
+// exceeds u * total, their float64 sum in id order; the last id of positive weight if round-off leaves none;
+// -1 where none has weight.
 int64_t inverse_cdf_kept(const std::vector<int64_t>& kept, const std::vector<float>& w, double u) {
   double total = 0.0;
   for (size_t r = 0; r < kept.size(); ++r) total += w[r];

@@ -55,8 +55,8 @@ struct Scratch {
 // the residual over those ids alone, p being 0 elsewhere (as max(0, p - q) is then). The same values up to
 // float64 round-off of the sums (in id order, not the passes' lanes), no pass over the row. Returns the
 // accepted child, or -1 after drawing the emitted token into `token`.
-int64_t walk_kept(const Request& rq, const float* logit, const float* q, float t, float m, float thr, int64_t node,
-                  uint64_t offset, bool replacement, Scratch& s, int64_t& token) {
+int64_t walk_kept(const Request& rq, const float* logit, const float* q, float t, float m, float thr,
+                  int64_t node, uint64_t offset, bool replacement, Scratch& s, int64_t& token) {
   const std::vector<int64_t>& ids = s.kept;
   const size_t n = ids.size();
   s.kept_residual.resize(n);
@@ -131,7 +131,8 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
         filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter, &s.kept) : -kInf;
     const float* q = rq.probs != nullptr ? rq.probs + node * vocab : nullptr;
     if (!s.kept.empty()) {  // top-p kept few ids: the node's residual lives on them alone (p is 0 elsewhere)
-      const int64_t accepted = walk_kept(rq, logit, q, t, m, thr, node, offset, replacement, s, out_tokens[depth]);
+      const int64_t accepted =
+          walk_kept(rq, logit, q, t, m, thr, node, offset, replacement, s, out_tokens[depth]);
       if (accepted < 0) return depth;
       out_tokens[depth] = rq.tokens[accepted];
       out_nodes[depth++] = accepted;
