@@ -76,9 +76,23 @@ def tree_inputs(torch, logits, start: int, batch: int):
     return rows, tokens, parents
 
 
+BLOCK_DRAFTS = 3
+
+
+def block_inputs(torch, logits, start: int, batch: int, temperature: float):
+    """(logits [B, 4, V], drafts [B, 3], q [B, 3, V]) of `batch` requests from rows start, start + 4, ...:
+    each draft the argmax of its row, q a drafter's law, softmax((logits + N(0, 1)) / T)."""
+    rows = logits[start:start + batch * (BLOCK_DRAFTS + 1)].view(batch, BLOCK_DRAFTS + 1, -1).contiguous()
+    drafts = rows[:, :BLOCK_DRAFTS].argmax(-1)
+    gen = torch.Generator().manual_seed(start)
+    noisy = rows[:, :BLOCK_DRAFTS] + torch.randn(rows[:, :BLOCK_DRAFTS].shape, generator=gen)
+    q = torch.softmax(noisy / max(temperature, 1e-3), -1).contiguous()
+    return rows, drafts, q
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", default="chain", choices=["chain", "tree"])
+    parser.add_argument("--kernel", default="chain", choices=["chain", "tree", "block"])
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--settings", default="0.8:1.0,0.8:0.95,1.3:0.95", help="temperature:top_p, comma-separated")
     parser.add_argument("--csv", default=None)
@@ -95,13 +109,18 @@ def main() -> None:
         candidates, kept = row_stats(torch, logits, temperature, top_p)
         for batch in (int(v) for v in args.rows.split(",")):
             times = []
-            span = batch * len(TREE_PARENTS) if args.kernel == "tree" else batch
+            span = batch * {"tree": len(TREE_PARENTS), "block": BLOCK_DRAFTS + 1}.get(args.kernel, 1)
             step = total // 8 if args.kernel == "chain" else (total - span) // 7
             for start in range(0, total - span + 1, step):
                 kwargs = dict(temperature=torch.full((batch,), temperature),
                               top_k=torch.zeros(batch, dtype=torch.int64), top_p=torch.full((batch,), top_p),
                               seed=torch.arange(batch, dtype=torch.int64), offset=0, validate=False)
-                if args.kernel == "tree":
+                if args.kernel == "block":
+                    rows, drafts, q = block_inputs(torch, logits, start, batch, temperature)
+
+                    def call():
+                        specops.ops.chain_verify(rows, drafts, q, scheme="block", **kwargs)
+                elif args.kernel == "tree":
                     rows, tokens, parents = tree_inputs(torch, logits, start, batch)
 
                     def call():

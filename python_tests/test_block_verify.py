@@ -208,6 +208,38 @@ def test_cpp_matches_reference(with_probs):
             assert_same(run("cpp", args, offset), run("reference", args, offset), f"case {i} {dtype}: ")
 
 
+@pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
+def test_cpp_top_p_blocks_match_reference_at_a_large_vocabulary(with_probs):
+    """Chains at 262,144 ids under top-p, block verification: where the cut keeps few tokens the C++ kernel
+    computes a position's normalizer and residual max(0, W p - q) over those alone and draws by inverse CDF
+    in id order; the same tokens as the reference, chains kept whole, cut short and cut at the first draft,
+    with one-hot q and with q given, beside rows whose cut the histogram finds (dense passes)."""
+    gen = torch.Generator().manual_seed(31)
+    vocab, rows, k = 262_144, 8, 3
+    # a few likely tokens over a spread of unlikely ones; the last two rows flat (the histogram's cut)
+    logits = torch.randn(rows, k + 1, vocab, generator=gen)
+    likely = torch.randint(0, vocab, (rows, k + 1, 6), generator=gen)
+    logits.scatter_(-1, likely, 16.0 + 2 * torch.rand(rows, k + 1, 6, generator=gen))
+    logits.scatter_(-1, likely[..., :1], 19.0)  # the first likely token the likeliest, and mostly drafted
+    logits[-2:] *= 0.1
+    other = torch.randint(1, 6, (rows, k, 1), generator=gen)
+    which = torch.where(torch.rand(rows, k, 1, generator=gen) < 0.8, 0, other)
+    drafts = likely[:, :k].gather(-1, which)[..., 0]
+    drafts[:, 1] = torch.where(torch.rand(rows, generator=gen) < 0.3, 0, drafts[:, 1])  # some unlikely ones
+    q = torch.softmax(logits[:, :k] + torch.randn(rows, k, vocab, generator=gen), -1) if with_probs else None
+    args = normalized_args(logits, drafts, q, num_draft=torch.tensor([3, 3, 2, 1, 3, 0, 3, 3]),
+                           temperature=torch.tensor([1.0, 0.8, 0.8, 1.3, 0.5, 1.0, 0.8, 1.0]),
+                           top_k=torch.tensor([0, 0, 1000, 0, 0, 50_000, 0, 0]),
+                           top_p=torch.tensor([0.95, 0.9, 0.95, 0.5, 0.999, 0.7, 0.95, 0.9]), seed=5)
+    kept = []
+    for offset in range(6):
+        got = run("cpp", args, offset)
+        assert_same(got, run("reference", args, offset), f"offset {offset}: ")
+        kept.append(got[1])
+    kept = torch.stack(kept)
+    assert bool((kept == 0).any()) and bool((kept >= 2).any())
+
+
 @pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
@@ -337,6 +369,26 @@ def test_first_three_tokens_follow_the_target(device, with_probs):
         sd = float(kept.double().std()) / math.sqrt(N_DRAWS)
         assert abs(float(kept.double().mean()) - block) < Z_MAX * sd
         assert block > token + 10 * sd
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_probs", [True, False], ids=["q_given", "q_one_hot"])
+def test_first_three_tokens_follow_the_target_under_top_p(with_probs):
+    """Top-p 0.8 (where the C++ kernel keeps each position's residual on the kept ids): the first three tokens
+    follow the filtered target's joint law."""
+    vocab, k, top_p = 5, 3, 0.8
+    logits, drafts, q, target, _ = markov_chain_batch(vocab, k, seed=21 + with_probs)
+    rows = vocab + 1
+    filtered = reference.filter_logits(target, torch.ones(rows), torch.zeros(rows, dtype=torch.int64),
+                                       torch.full((rows,), top_p))
+    seeds = torch.arange(N_DRAWS, dtype=torch.int64)
+    out, kept = specops.ops.chain_verify(logits, drafts, q if with_probs else None, seed=seeds, top_p=top_p,
+                                         scheme="block")
+    index = first_tokens(out, kept, filtered, vocab, 3, seed=2)
+    assert chisquare_pvalue(index, joint_law(filtered, vocab, 3)) > P_VALUE_MIN
+    assert int((kept == k).sum()) > 1000
+    # the same check fails where the law is the unfiltered target's
+    assert chisquare_pvalue(index, joint_law(target, vocab, 3)) < P_VALUE_MIN
 
 
 @pytest.mark.slow

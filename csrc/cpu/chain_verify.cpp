@@ -90,6 +90,7 @@ int64_t verify_row(const float* logits, const int64_t* drafts, const float* prob
       return j;
     }
     // Recovered token from max(0, p - q) (bonus: q = 0), falling back to p if that has no mass.
+    dense_buffer(weights, vocab);
     bool fallback = false;
     for (int pass = 0; pass < 2; ++pass) {
       const float* qq = fallback ? nullptr : q;
@@ -129,6 +130,7 @@ int64_t verify_row_block(const float* logits, const int64_t* drafts, const float
     float m = 0.0f, thr = -kInf, inv_z = 1.0f;
     int64_t point = -1;  // >= 0: logits / T overflows and p is a point mass there
     bool ready = false;
+    std::vector<int64_t> kept;  // the kept ids where top-p found them few (filter_threshold), else empty
   };
   std::vector<Stats> stats(static_cast<size_t>(n + 1));
   const auto row_stats = [&](int64_t j) -> const Stats& {
@@ -143,7 +145,13 @@ int64_t verify_row_block(const float* logits, const int64_t* drafts, const float
       return s;
     }
     const bool filtered = (rp.top_k > 0 && rp.top_k < vocab) || rp.top_p < 1.0f;
-    s.thr = filtered ? filter_threshold(logit, vocab, t, s.m, rp.top_k, rp.top_p, scratch) : -kInf;
+    s.thr = filtered ? filter_threshold(logit, vocab, t, s.m, rp.top_k, rp.top_p, scratch, &s.kept) : -kInf;
+    if (!s.kept.empty()) {  // the normalizer over the kept ids alone, as verify_row's
+      double z = 0.0;
+      for (int64_t i : s.kept) z += kept_weight(logit[i], t, s.m, s.thr);
+      s.inv_z = static_cast<float>(1.0 / z);
+      return s;
+    }
     for_each_chunk(num_chunks, split, [&](int64_t c) {
       const int64_t begin = c * kChunk;
       chunk_sums[c] = passes().sum_exp(logit + begin, std::min(kChunk, vocab - begin), t, s.m, s.thr);
@@ -158,12 +166,31 @@ int64_t verify_row_block(const float* logits, const int64_t* drafts, const float
     if (s.point >= 0) return token == s.point ? 1.0f : 0.0f;
     return kept_weight(logits[j * vocab + token], t, s.m, s.thr) * s.inv_z;
   };
-  // weights <- max(0, W p_j - q_j) (w_scale = W; q = 0 at the bonus position j = n); returns its mass.
+  // weights <- max(0, W p_j - q_j) (w_scale = W; q = 0 at the bonus position j = n); returns its mass. Where
+  // top-p kept few ids at j, the residual is on those alone: `sparse` then points at them, their weights in
+  // `kept_weights` (p, and so the residual, is 0 elsewhere).
+  const std::vector<int64_t>* sparse = nullptr;
+  std::vector<float> kept_weights;
   const auto fill_residual = [&](int64_t j, double w_scale, bool subtract_q) -> double {
     const Stats& s = row_stats(j);
     const float* logit = logits + j * vocab;
     const float* q = subtract_q && probs != nullptr ? probs + j * vocab : nullptr;
     const float scale = static_cast<float>(w_scale);
+    sparse = s.kept.empty() ? nullptr : &s.kept;
+    if (sparse != nullptr) {
+      const float inv_z = s.inv_z * scale;
+      const int64_t skip = subtract_q && probs == nullptr ? drafts[j] : -1;  // one-hot q: 0 at the draft
+      kept_weights.resize(s.kept.size());
+      double total = 0.0;
+      for (size_t r = 0; r < s.kept.size(); ++r) {
+        const int64_t i = s.kept[r];
+        const float d =
+            i == skip ? 0.0f : kept_weight(logit[i], t, s.m, s.thr) * inv_z - (q != nullptr ? q[i] : 0.0f);
+        total += kept_weights[r] = d > 0.0f ? d : 0.0f;
+      }
+      return total;
+    }
+    dense_buffer(weights, vocab);
     if (s.point >= 0) {
       std::fill(weights.begin(), weights.end(), 0.0f);
       std::fill(chunk_sums.begin(), chunk_sums.end(), 0.0);
@@ -227,7 +254,10 @@ int64_t verify_row_block(const float* logits, const int64_t* drafts, const float
   }
   if (!(mass > 0.0)) fill_residual(kept, 1.0, false);  // no residual mass (round-off): p instead
   for (int64_t j = 0; j < kept; ++j) out[j] = drafts[j];
-  out[kept] = inverse_cdf(weights.data(), chunk_sums, vocab, uniform(rp.seed, offset, kept, kStreamSample));
+  const double u = uniform(rp.seed, offset, kept, kStreamSample);
+  out[kept] = sparse != nullptr ? inverse_cdf_kept(*sparse, kept_weights, u)
+                                : inverse_cdf(weights.data(), chunk_sums, vocab, u);
+  TORCH_INTERNAL_ASSERT(out[kept] >= 0, "chain_verify: a residual without mass");  // p has mass above
   return kept;
 }
 
@@ -321,7 +351,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& target_log
   // Requests in parallel; with fewer requests than threads, each request's row passes instead.
   const bool split = batch < at::get_num_threads();
   const auto verify_requests = [&](int64_t begin, int64_t end, int64_t& b) {
-    std::vector<float> weights(static_cast<size_t>(vocab)), scratch;
+    std::vector<float> weights, scratch;  // weights: sized where a dense draw first needs them
     for (b = begin; b < end; ++b) {
       const RowParams rp{b, nd_p[b], sampling.temperature[b], sampling.top_k[b], sampling.top_p[b],
                          sampling.seed[b]};

@@ -276,6 +276,12 @@ float filter_threshold(const float* logit, int64_t vocab, float t, float m, int6
   return thr;
 }
 
+// A row-sized scratch buffer, sized (and zeroed) where a dense pass first needs it: 1 MB a worker at 262,144
+// words that greedy draws and draws over few kept ids never touch.
+void dense_buffer(std::vector<float>& buffer, int64_t vocab) {
+  if (buffer.size() != static_cast<size_t>(vocab)) buffer.resize(static_cast<size_t>(vocab));
+}
+
 // Inverse CDF over weights w[r] of the ids kept[r] (increasing): the first id whose float64 running sum
 // exceeds u * total, their float64 sum in id order; the last id of positive weight if round-off leaves none;
 // -1 where none has weight.

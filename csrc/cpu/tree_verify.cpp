@@ -139,10 +139,8 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
       node = accepted;
       continue;
     }
-    if (s.residual.size() != static_cast<size_t>(vocab)) {  // 2 MB zeroed: not for greedy or top-p walks
-      s.residual.resize(static_cast<size_t>(vocab));
-      s.next.resize(static_cast<size_t>(vocab));
-    }
+    dense_buffer(s.residual, vocab);  // not for greedy or top-p walks
+    dense_buffer(s.next, vocab);
     // One pass: the kept weights w = exp(x - m) into the residual buffer, with their chunk sums. The
     // residual r and its mass R then stand for p_i = r / R, starting at p = w / z (the reference starts
     // at r = softmax, R = 1: the same values up to float rounding).
