@@ -47,7 +47,10 @@ def real_logits(torch, specops):
 
 
 def row_stats(torch, logits, temperature: float, top_p: float) -> tuple[float, float]:
-    """Median candidates (ids within SPAN of the maximum of logits / T) and kept ids under top-p per row."""
+    """Median candidates (ids within SPAN of the maximum of logits / T) and kept ids under top-p per row (one
+    each when greedy)."""
+    if temperature == 0.0:
+        return 1.0, 1.0
     x = logits.double() / temperature
     m = x.max(-1, keepdim=True).values
     candidates = (x >= m - SPAN).sum(-1).double()
