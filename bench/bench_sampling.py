@@ -1,20 +1,22 @@
 """What drawing a token costs on a language model's own logits: `specops.ops.chain_verify` sampling one token
-per row (no drafts: the bonus token, as sampled `ar` and positional verification draw every position), or
-with `--kernel tree` `specops.ops.tree_verify` verifying an n-gram-like draft tree per request (one-hot q).
+per row (no drafts: the bonus token, as sampled `ar` and positional verification draw every position); with
+`--kernel tree` (or `traversal`) `specops.ops.tree_verify` verifying an n-gram-like draft tree per request
+(one-hot q) by its recursive walk (or traversal verification); with `--kernel block` `chain_verify`'s block
+verification of 3 drafts per request with a drafter's q.
 
-    python bench/bench_sampling.py [--kernel chain|tree] [--rows 1,8] [--settings "0.8:1.0,0.8:0.95,1.3:0.95"]
-        [--csv PATH]
+    python bench/bench_sampling.py [--kernel chain|tree|traversal|block] [--rows 1,8]
+        [--settings "0.8:1.0,0.8:0.95,1.3:0.95"] [--csv PATH]
 
 Logits: Gemma-3-270M (embedded, float32, 262,144 words) over HumanEval/40-47, the last 40 positions of each
 prompt: 320 rows, computed once. Each setting T:P (temperature, top-p) is timed over groups of `rows` rows
 taken from 8 places in those 320 (median over 20 calls of each group after a warm-up), then the median over
 the groups. Besides: how many ids lie within 9.21 of a row's largest logit / T (the top-p cut's candidates in
-the C++ kernel) and how many the cut keeps. 2 threads. The tree (`--kernel tree`, `rows` requests): two rows
-of three drafts under the root, as `ngram` drafts them, each request's 7 nodes on 7 consecutive logits rows;
-the first row's drafts are the argmax of their parent's row (mostly accepted), the second row's first draft
-the root row's second-best id, so walks accept drafts, reject them and draw from residuals. The synthetic
-N(0, 3^2) rows of bench_chain_verify.py are flat where a language model's are peaked; this is the case
-decoding meets.
+the C++ kernel) and how many the cut keeps. 2 threads. The tree (`--kernel tree` or `traversal`, `rows`
+requests): two rows of three drafts under the root, as `ngram` drafts them, each request's 7 nodes on 7
+consecutive logits rows; the first row's drafts are the argmax of their parent's row (mostly accepted), the
+second row's first draft the root row's second-best id, so walks accept drafts, reject them and draw from
+residuals. The synthetic N(0, 3^2) rows of bench_chain_verify.py are flat where a language model's are peaked;
+this is the case decoding meets.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def block_inputs(torch, logits, start: int, batch: int, temperature: float):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", default="chain", choices=["chain", "tree", "block"])
+    parser.add_argument("--kernel", default="chain", choices=["chain", "tree", "traversal", "block"])
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--settings", default="0.8:1.0,0.8:0.95,1.3:0.95", help="temperature:top_p, comma-separated")
     parser.add_argument("--csv", default=None)
@@ -112,7 +114,8 @@ def main() -> None:
         candidates, kept = row_stats(torch, logits, temperature, top_p)
         for batch in (int(v) for v in args.rows.split(",")):
             times = []
-            span = batch * {"tree": len(TREE_PARENTS), "block": BLOCK_DRAFTS + 1}.get(args.kernel, 1)
+            nodes = len(TREE_PARENTS)
+            span = batch * {"tree": nodes, "traversal": nodes, "block": BLOCK_DRAFTS + 1}.get(args.kernel, 1)
             step = total // 8 if args.kernel == "chain" else (total - span) // 7
             for start in range(0, total - span + 1, step):
                 kwargs = dict(temperature=torch.full((batch,), temperature),
@@ -123,11 +126,12 @@ def main() -> None:
 
                     def call():
                         specops.ops.chain_verify(rows, drafts, q, scheme="block", **kwargs)
-                elif args.kernel == "tree":
+                elif args.kernel in ("tree", "traversal"):
                     rows, tokens, parents = tree_inputs(torch, logits, start, batch)
+                    scheme = "recursive" if args.kernel == "tree" else "traversal"
 
                     def call():
-                        specops.ops.tree_verify(rows, tokens, parents, None, **kwargs)
+                        specops.ops.tree_verify(rows, tokens, parents, None, scheme=scheme, **kwargs)
                 else:
                     rows = logits[start:start + batch].unsqueeze(1).contiguous()
                     none = torch.empty(batch, 0, dtype=torch.long)

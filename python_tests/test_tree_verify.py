@@ -344,12 +344,13 @@ class TestStatisticsCanFail:
         assert abs(acceptance_z(accepted, exact_acceptance(p, DRAFT_PROBS, 3, replacement=False))) > Z_MAX
 
 
+@SCHEMES
 @pytest.mark.parametrize("with_probs", [False, True], ids=["q_one_hot", "q_given"])
-def test_cpp_top_p_trees_match_reference_at_a_large_vocabulary(with_probs):
-    """Trees at 262,144 ids under top-p: where the cut keeps few tokens the C++ walk keeps a node's residual
-    on those alone (walk_kept); the same tokens and nodes as the reference, children accepted, rejected (the
-    walk moving on to a sibling) and drawn from the residual, with one-hot q and with q given, beside rows
-    whose cut the histogram finds (dense passes)."""
+def test_cpp_top_p_trees_match_reference_at_a_large_vocabulary(with_probs, scheme):
+    """Trees at 262,144 ids under top-p: where the cut keeps few tokens the C++ walks keep a node's residual
+    on those alone (the recursive walk's walk_kept, traversal's rows of kept values); the same tokens and
+    nodes as the reference, children accepted, rejected (the walk moving on to a sibling) and drawn from the
+    residual, with one-hot q and with q given, beside rows whose cut the histogram finds (dense passes)."""
     gen = torch.Generator().manual_seed(29)
     vocab, batch, parents = 262_144, 8, [-1, 0, 1, 2, 0, 4, 5]  # two rows of three drafts, as ngram's
     nodes = len(parents)
@@ -373,8 +374,8 @@ def test_cpp_top_p_trees_match_reference_at_a_large_vocabulary(with_probs):
                            top_p=torch.tensor([0.95, 0.9, 0.95, 0.5, 0.999, 0.7, 0.95, 0.9]), seed=11)
     accepted = []
     for offset in range(6):
-        got = run_impl("cpp", args, offset)
-        assert_same(got, run_impl("reference", args, offset), f"offset {offset}: ")
+        got = run_impl("cpp", args, offset, scheme=scheme)
+        assert_same(got, run_impl("reference", args, offset, scheme=scheme), f"offset {offset}: ")
         accepted.append(got[2])
     accepted = torch.stack(accepted)
     assert bool((accepted == 0).any()) and bool((accepted >= 2).any())  # walks stop at the root and go deep

@@ -47,8 +47,10 @@ struct Scratch {
   std::vector<float> kept_residual, kept_next;  // the residual on those ids
   std::vector<double> chunk_sums, next_sums;
   std::vector<int64_t> first_child, next_sibling;
-  std::vector<std::vector<float>> depth_rows;  // traversal: the residual of the node of each depth
+  std::vector<std::vector<float>> depth_rows;  // traversal: the residual of the node of each depth,
   std::vector<std::vector<double>> depth_sums;
+  std::vector<std::vector<int64_t>> depth_kept;  // and its kept ids where top-p found them few (then the
+                                                 // row holds their values alone), else empty
 };
 
 // A node's children tried in order where top-p kept few ids (s.kept, increasing): verify_request's rule on
@@ -204,7 +206,9 @@ int64_t verify_request(const Request& rq, float* row_max, int64_t vocab, bool re
 // weights and sums them) only for the nodes with children on the paths the walk explores, as the
 // recursive walk reads only the rows it reaches. Those nodes are the ancestors of the current candidate,
 // one per depth, so a row per depth holds them. A rejection with q is one pass max(0, r * w / R - q / s);
-// a one-hot rejection zeroes one entry. Requests whose temperature is 0 go through verify_request.
+// a one-hot rejection zeroes one entry. Where top-p kept few ids at a node (sampling.h's cut), its row holds
+// their values alone and every pass runs over them. Requests whose temperature is 0 go through
+// verify_request.
 // One function (issue 50: a long kernel says why it stays whole): the walk's candidate, its per-depth rows
 // and their sums carry from one iteration to the next, and splitting would pass them all around.
 int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t vocab, bool replacement,
@@ -224,6 +228,7 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
   for (int64_t c = 1; c < count; ++c) max_depth = std::max(max_depth, depth[c] = depth[parent[c]] + 1);
   if (s.depth_rows.size() < static_cast<size_t>(max_depth + 1)) s.depth_rows.resize(max_depth + 1);
   if (s.depth_sums.size() < static_cast<size_t>(max_depth + 1)) s.depth_sums.resize(max_depth + 1);
+  if (s.depth_kept.size() < static_cast<size_t>(max_depth + 1)) s.depth_kept.resize(max_depth + 1);
 
   struct Node {
     bool loaded = false;   // r_b is in the row of its depth
@@ -235,6 +240,14 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
   std::vector<Node> node(n_nodes);
   const auto row_of = [&](int64_t n) -> std::vector<float>& { return s.depth_rows[depth[n]]; };
   const auto sums_of = [&](int64_t n) -> std::vector<double>& { return s.depth_sums[depth[n]]; };
+  const auto kept_of = [&](int64_t n) -> std::vector<int64_t>& { return s.depth_kept[depth[n]]; };
+  // Where n's row holds x's value (-1: nowhere, x is not kept): x itself in a dense row.
+  const auto slot_of = [&](int64_t n, int64_t x) -> int64_t {
+    const std::vector<int64_t>& ids = kept_of(n);
+    if (ids.empty()) return x;
+    const auto at = std::lower_bound(ids.begin(), ids.end(), x);
+    return at != ids.end() && *at == x ? at - ids.begin() : -1;
+  };
   // Writes p's weights exp(x / T - m) (kept by top-k / top-p; a point mass where logits / T overflows) into
   // the row of n's depth, with their chunk sums and mass R = z.
   const auto load = [&](int64_t n) -> Node& {
@@ -244,17 +257,29 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
     if (std::isnan(row_max[n])) row_max[n] = checked_row_max("tree_verify", logit, vocab, rq.index, n);
     std::vector<float>& row = row_of(n);
     std::vector<double>& sums = sums_of(n);
-    row.resize(static_cast<size_t>(vocab));
+    std::vector<int64_t>& ids = kept_of(n);
+    ids.clear();
     sums.assign(static_cast<size_t>(num_chunks), 0.0);
     const float m = row_max[n] / t;
+    const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
+    const float thr = !std::isinf(m) && filtered
+                          ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter, &ids)
+                          : -kInf;
+    if (!ids.empty()) {  // top-p kept few ids: the row holds their weights alone (p is 0 elsewhere)
+      row.resize(ids.size());
+      double z = 0.0;
+      for (size_t r = 0; r < ids.size(); ++r) z += row[r] = kept_weight(logit[ids[r]], t, m, thr);
+      nd.mass = z;
+      nd.loaded = true;
+      return nd;
+    }
+    row.resize(static_cast<size_t>(vocab));
     if (std::isinf(m)) {
       const int64_t point = passes().find_first(logit, vocab, row_max[n]);
       std::fill(row.begin(), row.end(), 0.0f);
       row[point] = 1.0f;
       sums[point / kChunk] = 1.0;
     } else {
-      const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
-      const float thr = filtered ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter) : -kInf;
       for_each_chunk(num_chunks, split, [&](int64_t k) {
         const int64_t begin = k * kChunk;
         sums[k] = passes().fill_weights(logit + begin, nullptr, std::min(kChunk, vocab - begin), t, m, 1.0f, thr,
@@ -288,7 +313,8 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
         double pw = 0.0;  // a parent of weight 0 gives weight 0: its row need not be read
         if (w_b != 0.0) {
           const Node& nb = load(b);
-          pw = w_b * (static_cast<double>(row_of(b)[x]) / nb.mass);
+          const int64_t slot = slot_of(b, x);
+          pw = slot < 0 ? 0.0 : w_b * (static_cast<double>(row_of(b)[slot]) / nb.mass);
         }
         nc.w = pw >= q_x ? 1.0 : pw / q_x;
       }
@@ -305,14 +331,29 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
     std::vector<float>& row = row_of(b);
     const double w_b = weight_of(b);
     double mass = 0.0;
+    const std::vector<int64_t>& ids = kept_of(b);
     if (rq.probs == nullptr) {  // max(0, w p - onehot(x)): w p without x
-      const float r_x = row[x];
+      const int64_t slot = slot_of(b, x);
+      const float r_x = slot < 0 ? 0.0f : row[slot];
       mass = w_b * (pb.mass - r_x) / pb.mass;
-      if (mass > 0.0) {
-        sums_of(b)[x / kChunk] -= r_x;
-        row[x] = 0.0f;
+      if (mass > 0.0 && slot >= 0) {
+        if (ids.empty()) sums_of(b)[x / kChunk] -= r_x;
+        row[slot] = 0.0f;
         pb.mass -= r_x;
       }
+    } else if (!ids.empty()) {  // the same residual over the kept ids
+      const float* q = rq.probs + b * vocab;
+      const float scale_r = static_cast<float>(w_b / pb.mass), scale_q = static_cast<float>(1.0 / pb.left);
+      s.kept_next.resize(ids.size());
+      for (size_t r = 0; r < ids.size(); ++r) {
+        const float d = row[r] * scale_r - q[ids[r]] * scale_q;
+        mass += s.kept_next[r] = d > 0.0f ? d : 0.0f;
+      }
+      if (mass > 0.0) {  // else the residual has no mass (round-off): keep r_b
+        row.swap(s.kept_next);
+        pb.mass = mass;
+      }
+      if (!replacement) pb.left -= q[x];
     } else {
       const float* q = rq.probs + b * vocab;
       const float scale_r = static_cast<float>(w_b / pb.mass), scale_q = static_cast<float>(1.0 / pb.left);
@@ -344,7 +385,11 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
     out_nodes[depth[n] - 1] = n;
   }
   load(a);
-  out_tokens[depth[a]] = inverse_cdf(row_of(a).data(), sums_of(a), vocab, uniform(rq.seed, offset, a, kStreamSample));
+  const double u = uniform(rq.seed, offset, a, kStreamSample);
+  const std::vector<int64_t>& ids = kept_of(a);
+  out_tokens[depth[a]] = ids.empty() ? inverse_cdf(row_of(a).data(), sums_of(a), vocab, u)
+                                     : inverse_cdf_kept(ids, row_of(a), u);
+  TORCH_INTERNAL_ASSERT(out_tokens[depth[a]] >= 0, "tree_verify: a residual without mass");
   return depth[a];
 }
 
