@@ -178,17 +178,8 @@ int64_t verify_row_block(const float* logits, const int64_t* drafts, const float
     const float scale = static_cast<float>(w_scale);
     sparse = s.kept.empty() ? nullptr : &s.kept;
     if (sparse != nullptr) {
-      const float inv_z = s.inv_z * scale;
       const int64_t skip = subtract_q && probs == nullptr ? drafts[j] : -1;  // one-hot q: 0 at the draft
-      kept_weights.resize(s.kept.size());
-      double total = 0.0;
-      for (size_t r = 0; r < s.kept.size(); ++r) {
-        const int64_t i = s.kept[r];
-        const float d =
-            i == skip ? 0.0f : kept_weight(logit[i], t, s.m, s.thr) * inv_z - (q != nullptr ? q[i] : 0.0f);
-        total += kept_weights[r] = d > 0.0f ? d : 0.0f;
-      }
-      return total;
+      return fill_kept(logit, s.kept, t, s.m, s.thr, s.inv_z * scale, q, skip, kept_weights);
     }
     dense_buffer(weights, vocab);
     if (s.point >= 0) {

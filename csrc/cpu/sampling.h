@@ -300,23 +300,31 @@ int64_t inverse_cdf_kept(const std::vector<int64_t>& kept, const std::vector<flo
   return -1;
 }
 
-// A token drawn from the weights max(0, p - q) restricted to a row's kept ids (increasing; p is 0 elsewhere,
-// so the weights are too), falling back to p where they have no mass: inverse_cdf's first index whose float64
-// running sum exceeds u * total, over those ids alone (inverse_cdf_kept). p = kept_weight * inv_z; q ==
-// nullptr: q = 0 but at `skip` (a one-hot draft's token, -1 for none), whose weight is 0. w: scratch for the
-// weights.
+// The weights max(0, p - q) over a row's kept ids (increasing; p is 0 elsewhere, so they are too) into w,
+// p = kept_weight * inv_z; q == nullptr: q = 0, but the weight at `skip` (a one-hot draft's token, -1 for
+// none) is 0. Returns their float64 sum.
+double fill_kept(const float* logit, const std::vector<int64_t>& kept, float t, float m, float thr,
+                 float inv_z, const float* q, int64_t skip, std::vector<float>& w) {
+  w.resize(kept.size());
+  double total = 0.0;
+  for (size_t r = 0; r < kept.size(); ++r) {
+    const int64_t i = kept[r];
+    float d = kept_weight(logit[i], t, m, thr) * inv_z;
+    if (q != nullptr) d -= q[i];
+    if (i == skip) d = 0.0f;
+    total += w[r] = d > 0.0f ? d : 0.0f;
+  }
+  return total;
+}
+
+// A token drawn from the weights max(0, p - q) over a row's kept ids (fill_kept), falling back to p where
+// they have no mass: inverse_cdf's first index whose float64 running sum exceeds u * total, over those ids
+// alone (inverse_cdf_kept). w: scratch for the weights.
 int64_t sample_kept(const float* logit, const std::vector<int64_t>& kept, float t, float m, float thr,
                     float inv_z, const float* q, int64_t skip, double u, std::vector<float>& w) {
-  w.resize(kept.size());
   for (int pass = 0; pass < 2; ++pass) {
     const bool residual = pass == 0;
-    for (size_t r = 0; r < kept.size(); ++r) {
-      const int64_t i = kept[r];
-      float d = kept_weight(logit[i], t, m, thr) * inv_z;
-      if (residual && q != nullptr) d -= q[i];
-      if (residual && i == skip) d = 0.0f;
-      w[r] = d > 0.0f ? d : 0.0f;
-    }
+    fill_kept(logit, kept, t, m, thr, inv_z, residual ? q : nullptr, residual ? skip : -1, w);
     const int64_t token = inverse_cdf_kept(kept, w, u);
     if (token >= 0) return token;
   }

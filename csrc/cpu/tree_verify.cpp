@@ -53,6 +53,25 @@ struct Scratch {
                                                  // row holds their values alone), else empty
 };
 
+// Where x's value sits among the kept ids (increasing; -1: x is not kept).
+int64_t kept_slot(const std::vector<int64_t>& ids, int64_t x) {
+  const auto at = std::lower_bound(ids.begin(), ids.end(), x);
+  return at != ids.end() && *at == x ? at - ids.begin() : -1;
+}
+
+// The residual max(0, r * a - q * b) over the kept ids into `next` (r: their values; q: the draft row over
+// the vocabulary); returns its float64 sum. The kept counterpart of the passes' update_residual.
+double update_residual_kept(const std::vector<int64_t>& ids, const std::vector<float>& r, const float* q,
+                            float a, float b, std::vector<float>& next) {
+  next.resize(ids.size());
+  double total = 0.0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const float d = r[k] * a - q[ids[k]] * b;
+    total += next[k] = d > 0.0f ? d : 0.0f;
+  }
+  return total;
+}
+
 // A node's children tried in order where top-p kept few ids (s.kept, increasing): verify_request's rule on
 // the residual over those ids alone, p being 0 elsewhere (as max(0, p - q) is then). The same values up to
 // float64 round-off of the sums (in id order, not the passes' lanes), no pass over the row. Returns the
@@ -60,16 +79,13 @@ struct Scratch {
 int64_t walk_kept(const Request& rq, const float* logit, const float* q, float t, float m, float thr,
                   int64_t node, uint64_t offset, bool replacement, Scratch& s, int64_t& token) {
   const std::vector<int64_t>& ids = s.kept;
-  const size_t n = ids.size();
-  s.kept_residual.resize(n);
-  s.kept_next.resize(n);
+  s.kept_residual.resize(ids.size());
   double mass = 0.0;
-  for (size_t r = 0; r < n; ++r) mass += s.kept_residual[r] = kept_weight(logit[ids[r]], t, m, thr);
+  for (size_t r = 0; r < ids.size(); ++r) mass += s.kept_residual[r] = kept_weight(logit[ids[r]], t, m, thr);
   double left = 1.0;  // as verify_request's
   for (int64_t c = s.first_child[node]; c >= 0; c = s.next_sibling[c]) {
     const int64_t x = rq.tokens[c];
-    const auto at = std::lower_bound(ids.begin(), ids.end(), x);
-    const int64_t j = at != ids.end() && *at == x ? at - ids.begin() : -1;
+    const int64_t j = kept_slot(ids, x);
     const float r_x = j >= 0 ? s.kept_residual[j] : 0.0f;
     const double q_x = q != nullptr ? q[x] / left : 1.0;
     if (uniform(rq.seed, offset, c - 1, kStreamAccept) * q_x * mass < r_x) return c;
@@ -82,11 +98,7 @@ int64_t walk_kept(const Request& rq, const float* logit, const float* q, float t
       continue;
     }
     const float a = static_cast<float>(1.0 / mass), b = static_cast<float>(1.0 / left);
-    double total = 0.0;
-    for (size_t r = 0; r < n; ++r) {
-      const float d = s.kept_residual[r] * a - q[ids[r]] * b;
-      total += s.kept_next[r] = d > 0.0f ? d : 0.0f;
-    }
+    const double total = update_residual_kept(ids, s.kept_residual, q, a, b, s.kept_next);
     if (total > 0.0) {  // else the residual has no mass (round-off): keep p_i
       std::swap(s.kept_residual, s.kept_next);
       mass = total;
@@ -244,9 +256,7 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
   // Where n's row holds x's value (-1: nowhere, x is not kept): x itself in a dense row.
   const auto slot_of = [&](int64_t n, int64_t x) -> int64_t {
     const std::vector<int64_t>& ids = kept_of(n);
-    if (ids.empty()) return x;
-    const auto at = std::lower_bound(ids.begin(), ids.end(), x);
-    return at != ids.end() && *at == x ? at - ids.begin() : -1;
+    return ids.empty() ? x : kept_slot(ids, x);
   };
   // Writes p's weights exp(x / T - m) (kept by top-k / top-p; a point mass where logits / T overflows) into
   // the row of n's depth, with their chunk sums and mass R = z.
@@ -259,7 +269,6 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
     std::vector<double>& sums = sums_of(n);
     std::vector<int64_t>& ids = kept_of(n);
     ids.clear();
-    sums.assign(static_cast<size_t>(num_chunks), 0.0);
     const float m = row_max[n] / t;
     const bool filtered = (rq.top_k > 0 && rq.top_k < vocab) || rq.top_p < 1.0f;
     const float thr = !std::isinf(m) && filtered
@@ -274,6 +283,7 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
       return nd;
     }
     row.resize(static_cast<size_t>(vocab));
+    sums.assign(static_cast<size_t>(num_chunks), 0.0);
     if (std::isinf(m)) {
       const int64_t point = passes().find_first(logit, vocab, row_max[n]);
       std::fill(row.begin(), row.end(), 0.0f);
@@ -344,11 +354,7 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
     } else if (!ids.empty()) {  // the same residual over the kept ids
       const float* q = rq.probs + b * vocab;
       const float scale_r = static_cast<float>(w_b / pb.mass), scale_q = static_cast<float>(1.0 / pb.left);
-      s.kept_next.resize(ids.size());
-      for (size_t r = 0; r < ids.size(); ++r) {
-        const float d = row[r] * scale_r - q[ids[r]] * scale_q;
-        mass += s.kept_next[r] = d > 0.0f ? d : 0.0f;
-      }
+      mass = update_residual_kept(ids, row, q, scale_r, scale_q, s.kept_next);
       if (mass > 0.0) {  // else the residual has no mass (round-off): keep r_b
         row.swap(s.kept_next);
         pb.mass = mass;
