@@ -79,9 +79,7 @@ double update_residual_kept(const std::vector<int64_t>& ids, const std::vector<f
 int64_t walk_kept(const Request& rq, const float* logit, const float* q, float t, float m, float thr,
                   int64_t node, uint64_t offset, bool replacement, Scratch& s, int64_t& token) {
   const std::vector<int64_t>& ids = s.kept;
-  s.kept_residual.resize(ids.size());
-  double mass = 0.0;
-  for (size_t r = 0; r < ids.size(); ++r) mass += s.kept_residual[r] = kept_weight(logit[ids[r]], t, m, thr);
+  double mass = fill_kept(logit, ids, t, m, thr, 1.0f, nullptr, -1, s.kept_residual);  // r = w, R = z
   double left = 1.0;  // as verify_request's
   for (int64_t c = s.first_child[node]; c >= 0; c = s.next_sibling[c]) {
     const int64_t x = rq.tokens[c];
@@ -275,10 +273,7 @@ int64_t verify_request_traversal(const Request& rq, float* row_max, int64_t voca
                           ? filter_threshold(logit, vocab, t, m, rq.top_k, rq.top_p, s.filter, &ids)
                           : -kInf;
     if (!ids.empty()) {  // top-p kept few ids: the row holds their weights alone (p is 0 elsewhere)
-      row.resize(ids.size());
-      double z = 0.0;
-      for (size_t r = 0; r < ids.size(); ++r) z += row[r] = kept_weight(logit[ids[r]], t, m, thr);
-      nd.mass = z;
+      nd.mass = fill_kept(logit, ids, t, m, thr, 1.0f, nullptr, -1, row);
       nd.loaded = true;
       return nd;
     }
