@@ -920,6 +920,22 @@ def test_draft_shape_acceptance_carried_to_the_next_call():
     assert DraftShape("auto", key, "cpu", memory="T=1").weight[0] == _CARRIED  # (2, 2) kept nothing
 
 
+def test_draft_shape_probes_count_on_across_calls():
+    """Plain steps count toward the next probe across calls with the same model and memory key, as for
+    chains and trees: 8 samples of a prompt settled on plain decoding otherwise probed at the 8th and 24th
+    plain steps of every call. Another key starts at the shortest interval."""
+    from specops.decoding.cost_model import _PROBE_EVERY
+
+    key = _ModelKey()
+    first = DraftShape("auto", key, "cpu", memory="T=1")
+    dues = [first.probe.due() for _ in range(3 * _PROBE_EVERY + 3)]
+    assert dues.count(True) == 2 and first.probe.interval == 4 * _PROBE_EVERY
+    second = DraftShape("auto", key, "cpu", memory="T=1")
+    assert (second.probe.interval, second.probe.plain_steps) == (4 * _PROBE_EVERY, 3)
+    assert not any(second.probe.due() for _ in range(4 * _PROBE_EVERY - 4)) and second.probe.due()
+    assert DraftShape("auto", key, "cpu", memory="T=0").probe.interval == _PROBE_EVERY
+
+
 def test_draft_shape_resolve_scores_counterfactually():
     shape = DraftShape("auto", _ModelKey(), "cpu", k_max=3, w_max=3, sources=3)
     prior = torch.full((3, 3), _PRIOR_ACCEPTED, dtype=torch.float64)
