@@ -377,6 +377,11 @@ class Probe:
         """The fit chose drafting: probes start over from the shortest interval."""
         self.plain_steps, self.interval = 0, _PROBE_EVERY
 
+    def resume(self, last: Probe) -> None:
+        """Count on from the last call's probe: one call's plain steps alone may never reach the interval,
+        and a call that starts afresh probes at its 8th and 24th plain steps however often that found nothing."""
+        self.interval, self.plain_steps = last.interval, last.plain_steps
+
 
 class Acceptance:
     """a(b) for b children of a node, counted from the path nodes verification walked (module docstring),
@@ -473,8 +478,7 @@ class ShapeChooser:
             return None
         self.cost = old.cost.copy()
         self.acceptance = old.acceptance.carried(_MEMORY_WEIGHT)
-        # plain steps count on across calls: one call's steps alone may never reach the interval
-        self.probe.interval, self.probe.plain_steps = old.probe.interval, old.probe.plain_steps
+        self.probe.resume(old.probe)
         self.current = old.current
         self.catch_up.per_token = old.catch_up.per_token
         return old

@@ -187,11 +187,8 @@ class DraftShape:
                 scale = (_CARRIED / last.weight.clamp(min=_CARRIED)).clamp(max=1.0)
                 self.accepted = last.accepted * scale[:, None, None]
                 self.weight = last.weight * scale
-            if last is not None:
-                # Plain steps count on across calls, as for chains and trees (ShapeChooser.remember): started
-                # afresh, every call of 8 samples of a prompt that had settled on plain decoding probed at its
-                # 8th and 24th plain steps (docs/memory.md).
-                self.probe.interval, self.probe.plain_steps = last.probe.interval, last.probe.plain_steps
+            if last is not None:  # as for chains and trees (8 samples of a prompt: docs/memory.md)
+                self.probe.resume(last.probe)
 
     @staticmethod
     def check(setting) -> tuple[int, int] | None:
