@@ -399,6 +399,43 @@ def test_step_cost_per_size_prices_measured_sizes_by_their_means():
     assert list(per_size.per_size) == [(1, 5)]
 
 
+def _by_size_loop(cost: StepCost, requests: int, sizes: list[int]) -> list[float]:
+    """StepCost(per_size=True)'s pricing written out size by size (the rule its vectorized code keeps)."""
+    fitted = _fit_of(cost).at(requests, torch.tensor(sizes)).tolist()
+    trusted = sorted((size, mean) for (r, size), (mean, weight) in cost.per_size.items()
+                     if r == requests and weight >= 2.0)
+    out = []
+    for size, fit in zip(sizes, fitted):
+        own = cost.per_size.get((requests, size))
+        if own is not None and own[1] >= 2.0:
+            out.append(own[0])
+            continue
+        right = next((i for i, (s, _) in enumerate(trusted) if s >= size), len(trusted))
+        if 0 < right < len(trusted):
+            guess = min(trusted[right - 1][1], trusted[right][1])
+            fit = min(fit, guess if own is None else max(guess, own[0]))
+        out.append(fit)
+    return out
+
+
+def test_step_cost_per_size_pricing_equals_the_rule_size_by_size():
+    """Random histories of several batch sizes: every size from 1 to 40 tokens in flight is priced as the rule
+    says size by size (trusted means, optimism between trusted sizes, the fit elsewhere), the scalar call as
+    the vectorized one. A pricing that took the right neighbour only (or the fit everywhere) fails."""
+    rng = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        cost = StepCost(per_size=True)
+        for _ in range(int(torch.randint(1, 120, (1,), generator=rng))):
+            requests = int(torch.randint(1, 4, (1,), generator=rng))
+            tokens = requests + int(torch.randint(0, 12, (1,), generator=rng))
+            cost.observe(requests, tokens, 0.05 + 0.05 * float(torch.rand(1, generator=rng)))
+        for requests in (1, 2, 3, 5):
+            sizes = list(range(requests, 41))
+            priced = cost.at(requests, torch.tensor(sizes)).tolist()
+            assert priced == pytest.approx(_by_size_loop(cost, requests, sizes), rel=1e-12), (trial, requests)
+            assert cost(requests, sizes[3]) == pytest.approx(priced[3], rel=1e-12)
+
+
 def _fit_of(cost: StepCost) -> StepCost:
     """A StepCost with `cost`'s fit and no means per size."""
     fit = StepCost()

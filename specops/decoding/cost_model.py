@@ -53,7 +53,6 @@ requests together: reading their prompts cost its drafter 1.4-2.8 s of a 5 s run
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
 import math
@@ -323,21 +322,34 @@ class StepCost:
             readings.append(a + b * requests + (c + e * requests) * drafts + g * (drafts > 0))
         seconds = np.maximum(np.minimum(*readings), 1e-9)
         if self.per_size:
-            seconds = np.array(seconds, dtype=np.float64)  # a writable copy, the shape of tokens
-            flat, sizes = seconds.reshape(-1), np.asarray(tokens).reshape(-1)
-            trusted = sorted((size, mean) for (r, size), (mean, weight) in self.per_size.items()
-                             if r == requests and weight >= _SIZE_TRUSTED)
-            for i, size in enumerate(sizes.tolist()):
-                entry = self.per_size.get((requests, int(size)))
-                if entry is not None and entry[1] >= _SIZE_TRUSTED:
-                    flat[i] = entry[0]
-                    continue
-                at = bisect.bisect_left(trusted, (size,))
-                if 0 < at < len(trusted):  # between two trusted sizes: optimism, so that it gets measured
-                    guess = min(trusted[at - 1][1], trusted[at][1])
-                    flat[i] = min(flat[i], guess if entry is None else max(guess, entry[0]))
+            seconds = self._by_size(requests, np.asarray(tokens), seconds)
         seconds = seconds + np.asarray(forwards, dtype=np.float64) * (self.drafter or 0.0) + (self.outside or 0.0)
         return torch.from_numpy(np.asarray(seconds, dtype=np.float64))
+
+    def _by_size(self, requests: int, tokens: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+        """`fitted` seconds of steps with `requests` requests and `tokens` in flight, each size measured lately
+        priced by its own mean instead, and each size between two such sizes at most at the cheaper one's
+        (at least at its own single step's, where it has one): the class docstring. Vectorized: a vLLM
+        proposer prices every step's 20-60 sizes, and a Python loop over them took 0.5 ms a step (2-vCPU AMD
+        EPYC)."""
+        entries = sorted((size, mean, weight) for (r, size), (mean, weight) in list(self.per_size.items())
+                         if r == requests)
+        seconds = np.array(np.broadcast_to(fitted, tokens.shape), dtype=np.float64)  # a writable copy
+        if not entries:
+            return seconds
+        size, mean, weight = (np.array(column) for column in zip(*entries))
+        trusted = weight >= _SIZE_TRUSTED
+        at = np.minimum(np.searchsorted(size, tokens), len(size) - 1)
+        own = size[at] == tokens  # a size with a mean of its own, trusted or not
+        kept_size, kept_mean = size[trusted], mean[trusted]
+        if len(kept_size) >= 2:  # between two trusted sizes: optimism, so that it gets measured
+            right = np.searchsorted(kept_size, tokens)
+            inside = (right > 0) & (right < len(kept_size))
+            right = np.clip(right, 1, len(kept_size) - 1)
+            guess = np.minimum(kept_mean[right - 1], kept_mean[right])
+            guess = np.where(own, np.maximum(guess, mean[at]), guess)
+            seconds = np.where(inside, np.minimum(seconds, guess), seconds)
+        return np.where(own & trusted[at], mean[at], seconds)
 
     def __call__(self, requests: int, tokens: int, forwards: int = 0) -> float | None:
         seconds = self.at(requests, torch.tensor(tokens), forwards)
