@@ -241,7 +241,10 @@ class NgramMemory:
                         continue
                     part, new = new[:room], new[room:]
                     at = run.start + run.length
-                    self._tokens[at:at + len(part)] = torch.tensor(part, dtype=torch.int32, device=self.device)
+                    if self._tokens.device.type == "cpu":  # a view: a tensor per run cost 27 us (8 runs a step)
+                        self._tokens.numpy()[at:at + len(part)] = part
+                    else:
+                        self._tokens[at:at + len(part)] = torch.tensor(part, dtype=torch.int32, device=self.device)
                     run.length += len(part)
                     run.last_used = self._clock
                     first = max(run.first_entry + run.entries, run.first_entry)
