@@ -5,7 +5,7 @@ prompts and settings, in one run.
                                [--temperature 0] [--top-p 1]
                                [--configs vllm,vllm-sync,vllm-ngram,vllm-suffix,vllm-draft-tli,specops-ngram,specops-slem,
                                           decode-ar,decode-ngram,decode-slem]
-                               [--csv PATH] [--plot docs/vllm_cpu.png]
+                               [--csv PATH] [--plot docs/vllm_cpu.png] [--baseline DIR]
 
 Run it in an environment with vLLM and specops (README, "Serving with vLLM"). Target: Gemma-3-270M
 (float32), as specops caches it (`specops models path gemma-3-270m`); prompts HumanEval/0.. (code); greedy, or
@@ -36,6 +36,10 @@ together, greedy, where on prompts of its own it made 0.96x; 2026-12-04).
   decode-*       `specops.decode` with method ar / ngram / slem (SmolLM2-135M); ngram and NgramProposer
                  both use the target's bigram table where it is cached (`specops models bigram NAME`
                  builds it), context n-grams alone where it is not
+
+--baseline DIR: another checkout of specops (built: its specops/_C*.so in place) run beside this one: every
+specops-* and decode-* configuration also runs as CONFIG@baseline with DIR first on the worker's PYTHONPATH,
+in the same rounds, so that code before and after a change is timed interleaved on the same host.
 
 Reported per configuration and batch size: tokens/s (new tokens over the wall time of the generate calls,
 the median over rounds), tokens per target step (new tokens over the decoding steps of the target: vLLM's
@@ -70,6 +74,7 @@ _SPECS = {
     "specops-slem": {"model": "specops.vllm.SlemProposer", "num_speculative_tokens": 8},
 }
 WARM_UP = "def add(a, b):\n"
+_BASELINE = "@baseline"  # a configuration run with --baseline's checkout of specops
 
 
 def _groups(prompts: list[str], size: int) -> list[list[str]]:
@@ -153,6 +158,9 @@ def _worker(config: str, args) -> None:
         result = {"ok": True, **run(config, prompts, args.new_tokens, batches, sampling)}
     except Exception as error:  # a configuration this machine cannot run (vLLM's suffix without its package)
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
+    import specops  # which checkout ran (--baseline)
+
+    result["specops"] = str(Path(specops.__file__).parent)
     Path(args.worker[1]).write_text(json.dumps(result))
 
 
@@ -164,6 +172,8 @@ def main() -> None:
     parser.add_argument("--plot", default=None, help="write a PNG of tokens/s per configuration")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="a built checkout of other specops code: its specops-*/decode-* configs run too")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "JSON"), help=argparse.SUPPRESS)
     args = parse_e2e_args(parser)
     args.csv = csv_path(args)
@@ -176,6 +186,10 @@ def main() -> None:
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
         parser.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
+    if args.baseline:
+        if not (Path(args.baseline) / "specops" / "__init__.py").exists():
+            parser.error(f"--baseline {args.baseline}: no specops package there")
+        configs += [f"{c}{_BASELINE}" for c in configs if c.startswith(("specops-", "decode-"))]
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     out_dir = Path(__file__).resolve().parent / "results" / "vllm_runs"  # each run's result and log (not in git)
@@ -186,18 +200,22 @@ def main() -> None:
             start = time.perf_counter()
             path.unlink(missing_ok=True)
             log = path.with_suffix(".log")
+            env = dict(os.environ)
+            if config.endswith(_BASELINE):  # the other checkout's specops first on the path
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(args.baseline).resolve()),
+                                                                env.get("PYTHONPATH")) if p)
             with open(log, "w") as sink:
                 subprocess.run([sys.executable, __file__, "--first", str(args.first), "--prompts", str(args.prompts),
                                 "--new-tokens", str(args.new_tokens), "--batches", args.batches,
                                 "--temperature", str(args.temperature), "--top-p", str(args.top_p),
-                                "--worker", config, str(path)],
-                               check=False, stdout=sink, stderr=subprocess.STDOUT)
+                                "--worker", config.removesuffix(_BASELINE), str(path)],
+                               check=False, stdout=sink, stderr=subprocess.STDOUT, env=env)
             result = json.loads(path.read_text()) if path.exists() else {"ok": False, "error": "no result"}
             if not result["ok"]:  # vLLM's engine logs the root cause; its exception only says start-up failed
                 causes = re.findall(r"\b(\w+(?:Error|Exception): .+)$", log.read_text(errors="replace"), re.M)
                 result["error"] = causes[0] if causes else result["error"]
             runs[config].append(result)
-            status = "ok" if result["ok"] else result["error"][:120]
+            status = f"ok ({result['specops']})" if result["ok"] else result["error"][:120]
             print(f"round {r + 1} {config}: {time.perf_counter() - start:.0f} s, {status}", file=sys.stderr)
     _report(runs, args)
 
