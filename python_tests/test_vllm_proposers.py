@@ -272,51 +272,6 @@ def test_ngram_length_follows_the_measured_step_cost(monkeypatch, slope, drafts_
     assert (last > 0) == drafts_at_the_end
 
 
-def test_ngram_rests_its_looks_where_drafting_does_not_pay(monkeypatch):
-    """A draft token costs 0.1 s where a request's share of a plain step is 0.106 (the fake clock): with seven
-    requests, after each look that drafts nothing the proposer skips the looks (lookups and length choice) of
-    the next 1, 2, 4, then 8 steps; a request joining (another batch size) brings a look at once, and one
-    request alone looks every step. The output stays the target's greedy decoding (the loop verifies)."""
-    now = [0.0]
-    monkeypatch.setattr(requests_module.time, "perf_counter", lambda: now[0])
-    target = tiny_llama(layers=1, seed=3)
-    proposer = NgramProposer(_config(4))
-    step, looked = [0], []
-    propose = proposer.tables.propose
-
-    def counted(*args, **kwargs):
-        looked.append(step[0])
-        return propose(*args, **kwargs)
-
-    monkeypatch.setattr(proposer.tables, "propose", counted)
-    loop = _Loop(target)
-    for i in range(7):
-        loop.join([5 + i, 6, 7, 5 + i, 6, 7, 5 + i], max_new=70)
-    while loop.running and step[0] < 60:
-        step[0] += 1
-        if step[0] == 45:
-            loop.join([40, 41, 40, 41], max_new=10)
-        tokens, before = len(loop.running), loop.drafted
-        loop.step(proposer)
-        now[0] += 0.05 + 0.1 * (tokens + loop.drafted - before)
-    gaps = [b - a for a, b in zip(looked, looked[1:]) if b < 45]
-    start = next((i for i in range(len(gaps)) if gaps[i:i + 4] == [2, 3, 5, 9]), None)
-    assert start is not None and set(gaps[start + 3:]) == {9}, looked  # then a look every 9th step
-    assert 45 in looked and max(gaps) <= 9
-    alone = NgramProposer(_config(4))
-    calls = []
-    monkeypatch.setattr(alone.tables, "propose", lambda *a, **k: calls.append(1) or propose(*a, **k))
-    loop = _Loop(target)
-    loop.join([5, 6, 7, 5, 6, 7, 5], max_new=20)
-    steps = 0
-    while loop.running:
-        steps += 1
-        tokens, before = len(loop.running), loop.drafted
-        loop.step(alone)
-        now[0] += 0.05 + 0.1 * (tokens + loop.drafted - before)
-    assert len(calls) == steps
-
-
 def test_ngram_prices_drafts_at_a_new_batch_size_from_what_it_measured(monkeypatch):
     """Step time 0.1 s + 1 ms per request + 20 ms per draft token. One request: a draft token costs a fifth
     of a step and these drafts are accepted 60-90 % of the time, so drafting pays. Eight requests: a draft
@@ -343,24 +298,17 @@ def test_ngram_prices_drafts_at_a_new_batch_size_from_what_it_measured(monkeypat
     assert drafting_steps[1] >= 5 and drafting_steps[8] == 0, drafting_steps
 
 
-def _leads(proposer, requests: list[int], lengths: list[int]) -> list[int]:
-    """A step of the proposer's group bookkeeping: requests seen decoding at these lengths, and their leads."""
-    lengths = torch.tensor(lengths)
-    proposer._join(requests, lengths)
-    return proposer._leads(requests, lengths).tolist()
-
-
 def test_ngram_groups_requests_that_started_together():
     """Requests that started decoding at most two steps apart form one group (leads from the slowest);
     a request that joins later decodes on its own, as does a request running alone."""
     proposer = NgramProposer(_config(4))
-    assert _leads(proposer, [0, 1, 2], [10, 20, 30]) == [0, 0, 0]
-    _leads(proposer, [3], [5])  # joins two steps after the first three: still together
-    assert _leads(proposer, [0, 1, 2, 3], [14, 21, 33, 6]) == [3, 0, 2, 0]
+    assert proposer._leads([0, 1, 2], torch.tensor([10, 20, 30])).tolist() == [0, 0, 0]
+    proposer._leads([3], torch.tensor([5]))  # joins two steps after the first three: still together
+    assert proposer._leads([0, 1, 2, 3], torch.tensor([14, 21, 33, 6])).tolist() == [3, 0, 2, 0]
     for _ in range(3):
-        _leads(proposer, [0], [15])
-    assert _leads(proposer, [0, 1, 4], [16, 22, 40]) == [4, 0, -1]
-    assert _leads(proposer, [4], [41]) == [-1]
+        proposer._leads([0], torch.tensor([15]))
+    assert proposer._leads([0, 1, 4], torch.tensor([16, 22, 40])).tolist() == [4, 0, -1]
+    assert proposer._leads([4], torch.tensor([41])).tolist() == [-1]
 
 
 @pytest.mark.parametrize("value", ["0", "9", "three"])

@@ -30,8 +30,7 @@ propose is decided every step from measurements, as `specops.decode`'s ngram met
 
 Each request gets its own length (vLLM verifies ragged chains): the step's draft tokens go where they are
 worth most, so a request continuing a long context match drafts many while one drafting from the bigram
-drafts few or none (`DraftShape.widths`); none at all when drafting cannot pay at this batch size, and then,
-with several requests, it does not even look for the next 1, 2, 4 and at most 8 steps (`_rest_after`).
+drafts few or none (`DraftShape.widths`); none at all when drafting cannot pay at this batch size.
 Requests that started decoding within two steps of each other (a batch submitted at once) are valued as a
 group that is done when its slowest member is: their drafts count by how far they move that member.
 Valued one by one, 8 requests together on a CPU drafted for the few on long matches, which finished
@@ -82,7 +81,6 @@ _TOGETHER = 2  # steps apart that requests may start decoding and still count as
 BIGRAM_TOP = 8  # the table specops.decode's ngram method builds (and shares through the cache)
 _SOURCES = (1, 3, 8, 16)  # acceptance kept apart by match length and agreement (the module docstring)
 _SAVE_EVERY = 64  # finished requests between saves of the memory file
-_REST_MOST = 8  # steps without a look after looks that drafted nothing (`NgramProposer._rest_after`)
 _BUDGET = 256 << 20
 
 
@@ -162,15 +160,12 @@ class NgramProposer:
         self.shape = DraftShape(setting, model=self, device="vllm", k_max=1, w_max=self.max_drafts,
                                 sources=sources, cost=self.costs)
         self.requests = Requests()
-        self.pending: dict[int, list[tuple[int, np.ndarray, int]]] = {}  # request -> (at, rows, source)
+        self.pending: dict[int, list[tuple[int, torch.Tensor, int]]] = {}  # request -> (at, rows, source)
         self.seen: dict[int, tuple[int, np.ndarray]] = {}  # request -> (start, its tokens from there)
         self.joined: dict[int, tuple[int, int]] = {}  # request -> (step, its length) when first seen decoding
         self.steps = 0  # proposals made
         self.step_tokens = 0  # tokens the step now running carries: 1 + drafts per request
         self.step_requests = 0  # requests it carries
-        self.rest = 0  # steps left that propose nothing without a look (`_rest_after`)
-        self.idle = 0  # looks in a row that drafted nothing, with rest_batch requests
-        self.rest_batch = 0
 
     @staticmethod
     def _open_memory(vllm_config) -> tuple[NgramMemory | None, str | None]:
@@ -220,20 +215,14 @@ class NgramProposer:
         if not rows:
             return drafts
         lengths = torch.from_numpy(num_tokens_no_spec[rows].astype(np.int64))
-        requests = [ids[row] for row in rows]
-        self._join(requests, lengths)
-        if self._resting(len(rows)):
-            return drafts
         contexts = torch.from_numpy(token_ids_cpu[rows, :int(lengths.max())].astype(np.int64))
         candidates, source, share = self.tables.propose(contexts, lengths, 1, self.max_drafts, self.memory)
         if self.memory is not None:
             source = match_source(source, _SOURCES, share)
-        widths = self.shape.widths(candidates, source, self._leads(requests, lengths))
-        self._rest_after(widths)
-        kept, sources = candidates.numpy(), source.tolist()  # NumPy views: scored as arrays (DraftShape.score)
+        widths = self.shape.widths(candidates, source, self._leads([ids[row] for row in rows], lengths))
         for b, row in enumerate(rows):
             request, at = ids[row], int(lengths[b])
-            self.pending.setdefault(request, []).append((at, kept[b], sources[b]))
+            self.pending.setdefault(request, []).append((at, candidates[b], int(source[b])))
             room = self.max_model_len - at - 1  # the target must still place a token after the drafts
             width = min(widths[b], room)
             draft = candidates[b, 0, :width].tolist()
@@ -267,45 +256,13 @@ class NgramProposer:
             self.finished = 0
             _save(self.memory, self.memory_path)
 
-    def _join(self, requests: list[int], lengths: torch.Tensor) -> None:
-        """Count the step, and note when and at what length each request was first seen decoding."""
-        self.steps += 1
-        for request, length in zip(requests, lengths.tolist()):
-            self.joined.setdefault(request, (self.steps, length))
-
-    def _resting(self, batch: int) -> bool:
-        """Whether this step proposes nothing without a look (`_rest_after`); counts it."""
-        if self.rest > 0 and batch == self.rest_batch:
-            self.rest -= 1
-            return True
-        if batch != self.rest_batch:
-            self.rest = self.idle = 0
-        return False
-
-    def _rest_after(self, widths: list[int]) -> None:
-        """After a look that drafted nothing with several requests, skip the looks of the next steps with as
-        many requests: 1, 2, 4, then _REST_MOST after as many such looks in a row; a look that drafts, or a
-        step with another number of requests, starts over. With 8 requests on a CPU drafting seldom pays
-        (each draft token costs vLLM's worker a row of the 262,144-word output layer), yet every look (the
-        context and memory lookups, the length choice) cost 2.9 ms of a 100 ms step inside vLLM (2-vCPU AMD
-        EPYC, 2026-12-06; the engine's OpenMP threads spin on the other vCPU meanwhile and slow it 2-3x).
-        One request is never rested: its looks find drafts on most steps, and a long match missed costs most
-        there. Acceptance is learned from the looks' drafts alone, as `specops.decode` learns it at rest."""
-        batch = len(widths)
-        self.rest_batch = batch
-        if batch < 2 or any(widths) or self.shape.fixed is not None:
-            self.idle = 0
-            return
-        self.idle += 1
-        self.rest = min(1 << (self.idle - 1), _REST_MOST)
-
     def _leads(self, requests: list[int], lengths: torch.Tensor) -> torch.Tensor:
         """Per request, -1 if it decodes on its own, else how many tokens it has emitted since it joined
         beyond the slowest member of its group (DraftShape.widths): the largest set of at least two running
         requests that started decoding together, i.e. at steps no more than _TOGETHER apart (a batch
-        submitted at once, split over prefill chunks), which is done when its slowest member is (`_join`
-        noted when each joined)."""
-        joined = [self.joined[r] for r in requests]
+        submitted at once, split over prefill chunks), which is done when its slowest member is."""
+        self.steps += 1
+        joined = [self.joined.setdefault(r, (self.steps, int(n))) for r, n in zip(requests, lengths)]
         order = sorted(range(len(requests)), key=lambda b: joined[b][0])
         groups, last = [], None
         for b in order:
@@ -325,7 +282,7 @@ class NgramProposer:
         left (with what it emitted until then)."""
         rows, sources, followed = [], [], []
         for row, request in enumerate(ids):
-            if request is None or not self.pending.get(request):  # none kept (a new request, or resting)
+            if request is None or request not in self.pending:
                 continue
             length, keep = int(lengths[row]), []
             start = min(at for at, _, _ in self.pending[request])
