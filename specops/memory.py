@@ -241,7 +241,7 @@ class NgramMemory:
                         continue
                     part, new = new[:room], new[room:]
                     at = run.start + run.length
-                    if self._tokens.device.type == "cpu":  # a view: a tensor per run cost 27 us (8 runs a step)
+                    if self._tokens.device.type == "cpu":  # a view: 1.2 us where a tensor per run took 5.6
                         self._tokens.numpy()[at:at + len(part)] = part
                     else:
                         self._tokens[at:at + len(part)] = torch.tensor(part, dtype=torch.int32, device=self.device)
