@@ -8,7 +8,10 @@
 Configurations: `ngram`; `memory` (the defaults); `memory-w8` (the memory's rows at most 8 tokens, as without one,
 instead of 16); `memory-s1` (draft-shape sources: matched or not, split by agreement, instead of three match-length
 buckets); `memory-w8s1` (both); `memory-d0`, `memory-d2`, `memory-d4` (the memory's rows rank as if their
-match were 0, 2 or 4 tokens shorter than the context's, `ngram._MEMORY_DISCOUNT`, 4 by default). Per run: the
+match were 0, 2 or 4 tokens shorter than the context's, `ngram._MEMORY_DISCOUNT`, 4 by default);
+`memory-whole`, `memory-quarter` (the drafts of requests ahead of the one with the most tokens left counted
+whole, or a quarter from any lead, where by default a quarter only past one longest draft row:
+`ngram_shape._LEAD_FREE`). Per run: the
 call's seconds, its prefill, draft time, steps, drafted and accepted tokens. bench_memory.py's "unrelated, 8
 together" cell is one round of the first two.
 """
@@ -26,7 +29,8 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-CONFIGS = ["ngram", "memory", "memory-w8", "memory-s1", "memory-w8s1", "memory-d0", "memory-d2", "memory-d4"]
+CONFIGS = ["ngram", "memory", "memory-w8", "memory-s1", "memory-w8s1", "memory-d0", "memory-d2", "memory-d4",
+           "memory-whole", "memory-quarter"]
 
 
 def worker(config: str, first: int) -> None:
@@ -37,6 +41,7 @@ def worker(config: str, first: int) -> None:
 
     import specops
     import specops.decoding.ngram as ngram  # the variants set the memory's draft settings in this process only
+    import specops.decoding.ngram_shape as ngram_shape
 
     if "w8" in config:
         ngram._MEMORY_WIDTH = 8
@@ -44,6 +49,8 @@ def worker(config: str, first: int) -> None:
         ngram.MEMORY_SOURCES = (1,)
     if "-d" in config:
         ngram._MEMORY_DISCOUNT = int(config.rsplit("-d", 1)[1])
+    if config in ("memory-whole", "memory-quarter"):  # requests ahead counted whole, or all at a quarter
+        ngram_shape._LEAD_FREE = 1 << 30 if config == "memory-whole" else 0
     torch.set_num_threads(2)
     prompts = load_prompts(first, 8)
     memory = specops.NgramMemory() if config.startswith("memory") else None

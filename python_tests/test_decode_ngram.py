@@ -648,17 +648,24 @@ def test_draft_shape_values_rows_alike_as_one_row():
         assert k == shape.k_max, (method, chosen)
 
 
-def test_draft_shape_values_a_short_row_at_its_own_width():
-    """Learned: every row is accepted whole, so a shape w tokens wide is worth about w. A request whose row
-    holds 3 tokens is worth 3 at any w >= 3, so it drafts (1, 3), not the widest shape: priced at w, it took
-    (1, 10) and the step carried 10 tokens for every request. The other request's full row goes as far as pays."""
+def _rows_accepted_whole(per_draft: float) -> tuple[DraftShape, torch.Tensor]:
+    """A shape (one row of up to 16 tokens) that learned every row accepted whole, with steps of 2 requests
+    measured at 0.1 s plus `per_draft` a draft token; and that row [1, 16]."""
     shape = DraftShape("auto", _ModelKey(), "cpu", k_max=1, w_max=16, sources=2)
     full = torch.arange(1, 17).view(1, 16)
     for _ in range(60):
         shape.score([full], [1], [full[0].tolist()])
     for drafts in (0, 1, 2, 4, 8, 16, 32):
         for _ in range(3):
-            shape.observe_cost(2, 2 + drafts, 0.1 + 0.001 * drafts)
+            shape.observe_cost(2, 2 + drafts, 0.1 + per_draft * drafts)
+    return shape, full
+
+
+def test_draft_shape_values_a_short_row_at_its_own_width():
+    """Learned: every row is accepted whole, so a shape w tokens wide is worth about w. A request whose row
+    holds 3 tokens is worth 3 at any w >= 3, so it drafts (1, 3), not the widest shape: priced at w, it took
+    (1, 10) and the step carried 10 tokens for every request. The other request's full row goes as far as pays."""
+    shape, full = _rows_accepted_whole(0.001)
     short = full.clone()
     short[0, 3:] = -1
     for method in ("choose", "shapes"):
@@ -666,6 +673,19 @@ def test_draft_shape_values_a_short_row_at_its_own_width():
         assert (alone.tolist() == [[1, 3]]) if method == "shapes" else alone == (1, 3), (method, alone)
     both = shape.shapes(torch.stack([short, full]), torch.tensor([1, 1]))
     assert both[0].tolist() == [1, 3] and both[1].tolist() == [1, 16], both
+
+
+def test_draft_shape_shapes_count_requests_far_ahead_a_quarter():
+    """Two requests whose 16-token rows are always accepted whole, on steps where a draft token costs 40 % of
+    a plain step's share: counted whole, drafting pays (16 tokens each); with the second request more than one
+    longest row (w_max) ahead of the first, its drafts count _AHEAD_WORTH and nothing but a probe pays.
+    Within w_max of it, they count whole."""
+    shape, full = _rows_accepted_whole(0.04)
+    rows, source = torch.stack([full, full]), torch.tensor([1, 1])
+    for lead in (None, torch.tensor([0, 0]), torch.tensor([0, 16])):
+        assert shape.shapes(rows.clone(), source, lead).tolist() == [[1, 16], [1, 16]], lead
+    far = shape.shapes(rows.clone(), source, torch.tensor([0, 17]))
+    assert (far[:, 1] <= 1).all(), far  # plain, or a probe's one token each
 
 
 def test_draft_shape_acceptance_fades_per_step_not_per_request():

@@ -249,14 +249,14 @@ class NgramProposer(Proposer):
             source = match_source(source, MEMORY_SOURCES, share)
         batch = self.batch
         self.shape.record(list(batch.index), [len(batch.generated[i]) for i in batch.index], source, rows)
+        lead = budget.max() - budget  # tokens each request is ahead of the one with the most left
         if self.memory is None:
-            lead = budget.max() - budget  # tokens each request is ahead of the one with the most left
             k, w = self.shape.choose(rows, source, lead)
             if k == 0:  # a plain step: most steps of a batch where drafting does not pay
                 return Proposal.empty(batch.rows, rows.device)
             shapes = torch.tensor([[k, w]], dtype=torch.long).expand(rows.shape[0], 2)
         else:
-            shapes = self.shape.shapes(rows, source)
+            shapes = self.shape.shapes(rows, source, lead)
         k, w = int(shapes[:, 0].max()), int(shapes[:, 1].max())
         if k == 0:
             return Proposal.empty(batch.rows, rows.device)

@@ -51,6 +51,7 @@ _PRIOR_ACCEPTED = 0.5  # prior accepted tokens for any k, w >= 1: worth trying w
 # on a CPU where a draft token costs 30 % of a request's share of a step, drafts beyond the group then cannot
 # pay; where drafting is nearly free (a GPU at small batches) they still do.
 _AHEAD_WORTH = 0.25
+_LEAD_FREE = None  # per-request shapes: leads of up to this many tokens count whole (None: w_max)
 
 # A step is padded with filler draft tokens up to a larger size measured to cost at most this share of its
 # own (DraftShape.widths): below a 3 % difference two sizes' step times are not told apart on a CPU.
@@ -110,17 +111,19 @@ def _pad(widths: list[int], extra: int, w_max: int) -> list[int]:
     return widths
 
 
-def _worth(lead: torch.Tensor | None, batch: int) -> np.ndarray:
+def _worth(lead: torch.Tensor | None, batch: int, free: int = 0) -> np.ndarray:
     """[batch] float64: what an accepted draft of each request is worth to a decode call, whose batch is done
     when its request with the most tokens left is. lead[b]: how many fewer tokens request b has left than that
     request (None, or one request: every draft is worth a token). A request ahead of it gets there sooner
     but ends the call no sooner; it only leaves the batch earlier, and on a CPU a step's rows cost little
     each (one request's step takes 0.7 of eight's), so its drafts count _AHEAD_WORTH. Counted whole, the
     drafts of 8 requests together went to those on long matches, they finished first, and the call ended in
-    a tail of steps of 1-3 requests: `ngram` made 0.90-0.93x `ar`, 0.95-0.97x so (docs/benchmarks.md)."""
+    a tail of steps of 1-3 requests: `ngram` made 0.90-0.93x `ar`, 0.95-0.97x so (docs/benchmarks.md).
+    free: leads of up to this many tokens count whole (`DraftShape.shapes`: one longest draft row, within
+    which a request's drafts may still decide which request ends the call)."""
     if lead is None or batch < 2:
         return np.ones(batch)
-    return np.where(_array(lead) > 0, _AHEAD_WORTH, 1.0)
+    return np.where(_array(lead) > free, _AHEAD_WORTH, 1.0)
 
 
 def _array(values) -> np.ndarray:
@@ -259,18 +262,22 @@ class DraftShape:
         index = int(np.where(rate == best_rate, rank, rank.max() + 1).argmin())
         return index // self.w_max + 1, index % self.w_max + 1
 
-    def shapes(self, rows: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    def shapes(self, rows: torch.Tensor, source: torch.Tensor,
+               lead: torch.Tensor | None = None) -> torch.Tensor:
         """(k, w) per request [B, 2] for this step, each request its own: rows [B, k_max, w_max] is the full
         draft list (-1 past a row's end), source [B] the source of each request's first row. A step's trees are
         padded to its largest, so it costs what B requests of N nodes each cost: for every N, each request takes
         the shape of at most N nodes with the most expected accepted tokens (no more than its rows hold), and
         the N with the most expected tokens per second under the step cost wins; (0, 0) everywhere where
         plain decoding wins. A request with a long match thus drafts a long chain while one with several
-        likely continuations takes a wider tree of the same size. Drafts of requests ahead of the others count
-        whole here (`_worth` is for `choose`): with the memory, 8 requests revising earlier answers together
-        made 75.1-79.3 tokens/s with them counted a quarter against 79.0-87.9 whole (three runs each way,
-        2-vCPU AMD EPYC, 2026-12-06): their drafts are long and accepted, and the weight shortened all of
-        them."""
+        likely continuations takes a wider tree of the same size. lead [B] (None: none ahead) as for `choose`,
+        but a request's drafts count a quarter only once it is more than w_max tokens ahead (`_worth`):
+        with the memory, 8 requests revising earlier answers together made 75.1-79.3 tokens/s with every
+        request ahead counted a quarter against 79.0-87.9 whole (three runs each way, 2-vCPU AMD EPYC,
+        2026-12-06): their drafts are long and accepted, and the weight shortened all of them. Counted whole,
+        among 8 unrelated prompts the requests whose output repeated a line over and over drafted long chains
+        from their 64-token matches in the memory, got far ahead and shortened nothing of the call
+        (docs/memory.md, 2026-12-07)."""
         batch, k_max, w_max = rows.shape
         if self.fixed is not None:
             return torch.tensor([self.fixed] * batch, dtype=torch.long).view(batch, 2)
@@ -282,7 +289,8 @@ class DraftShape:
         new = _new_nodes(rows)
         nodes = _tree_nodes(new)  # [B, k, w]
         # at most the depth held
-        value = np.where(nodes > 0, self._expected(rows, source, new), 0.0).reshape(batch, -1)
+        worth = _worth(lead, batch, self.w_max if _LEAD_FREE is None else _LEAD_FREE)[:, None, None]
+        value = np.where(nodes > 0, self._expected(rows, source, new) * worth, 0.0).reshape(batch, -1)
         nodes = nodes.reshape(batch, -1)
         largest = int(nodes.max())
         sizes = np.arange(largest + 1)
