@@ -24,6 +24,7 @@ from toy_models import BYTE_VOCAB, TRANSFORMERS, TableLM, byte_tokenizer, random
 
 import specops
 from specops.decoding import probe, tree_forward
+from specops.decoding import engine
 from specops.decoding.engine import PREFILL_CHUNK, CausalLM, KVState
 
 
@@ -95,6 +96,46 @@ def test_chunked_prefill_matches_one_forward():
         want = model(input_ids=ids).logits[0, -1]
         got = KVState(CausalLM(model), 1).prefill([ids[0].tolist()])[0]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_groups_of_alike_lengths():
+    """Longest first; a row joins the group before it while that pads it by at most _GROUP_PADDING slots."""
+    pad = engine._GROUP_PADDING
+    assert engine._prefill_groups([282, 157, 78, 90, 84, 130, 173, 102]) == [[0], [6, 1], [5], [7, 3], [4, 2]]
+    assert engine._prefill_groups([40, 40 - pad, 40 - pad - 1]) == [[0, 1], [2]]
+    assert engine._prefill_groups([7, 7, 7]) == [[0, 1, 2]]
+    assert engine._prefill_groups([5]) == [[0]]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_grouped_prefill_decodes_as_the_padded_one(name, monkeypatch):
+    """Prompts of 3 to 90 tokens prefilled in groups of alike lengths (joined, rows back in their order) give
+    the logits of the prefill padded to the longest and of each prompt alone, count as one call (one log
+    entry, as wide as the longest row), and the state goes on decoding alike (ragged steps and a rollback
+    after it)."""
+    model = tiny_llama(layers=2, seed=4) if name == "llama" else tiny_gemma3()
+    generator = torch.Generator().manual_seed(1)
+    rows = [torch.randint(2, BYTE_VOCAB, (n,), generator=generator).tolist() for n in (40, 3, 90, 44, 20)]
+    results = {}
+    for padding in (engine._GROUP_PADDING, 1 << 30):  # grouped, then one group padded to the longest
+        monkeypatch.setattr(engine, "_GROUP_PADDING", padding)
+        lm = CausalLM(model)
+        state = KVState(lm, len(rows))
+        with torch.inference_mode():
+            first = state.prefill(rows)
+            calls = (lm.calls, len(lm.log), lm.log[-1][0])
+            state.append(torch.tensor([[10, 11]] * len(rows)))
+            state.rollback(2, torch.tensor([1, 2, 0, 1, 2]))
+            after = state.extend([[12], [13], [14, 15], [16], [17]])
+        results[padding] = (first, after, calls, state.mask.sum(1).tolist())
+    (first, after, calls, kept), (first_padded, after_padded, calls_padded, kept_padded) = results.values()
+    assert calls == calls_padded == (1, 1, 90) and kept == kept_padded
+    assert torch.allclose(first, first_padded, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(after, after_padded, atol=1e-5, rtol=1e-4)
+    with torch.inference_mode():
+        for b, row in enumerate(rows):
+            alone = model(input_ids=torch.tensor([row])).logits[0, -1]
+            assert torch.allclose(first[b], alone, atol=1e-5, rtol=1e-4), b
 
 
 def test_prompt_past_context_raises_before_any_forward(tok):
