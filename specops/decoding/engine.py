@@ -363,6 +363,10 @@ class KVState:
             raise ValueError(f"KVState.prefill needs {self.rows} non-empty rows")
         if self.lm.device.type == "cpu" and len(groups := _prefill_groups([len(r) for r in rows])) > 1:
             return self._prefill_grouped(rows, groups)
+        return self._prefill_padded(rows)
+
+    def _prefill_padded(self, rows: list[list[int]]) -> torch.Tensor:
+        """prefill in one left-padded batch."""
         tokens, valid = _left_padded(rows, self.lm.device)
         logits = None
         for start in range(0, tokens.shape[1], PREFILL_CHUNK):
@@ -378,7 +382,7 @@ class KVState:
         calls, logged, state, logits = self.lm.calls, len(self.lm.log), None, []
         for group in groups:
             part = KVState(self.lm, len(group))
-            logits.append(part.prefill([rows[i] for i in group]))
+            logits.append(part._prefill_padded([rows[i] for i in group]))
             if state is None:
                 state = part
             else:
