@@ -533,6 +533,8 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
                   seeded=seed is not None, memory=memory)
     stats = Stats()
     proposer = chosen.make(setup)  # vocabulary maps, n-gram tables: before the clock starts
+    # A greedy target's logits are read by an argmax only (verify.py): its head may be screened.
+    target_lm.argmax_only = params.greedy and members is None
     with torch.inference_mode(), decoding_threads(target_lm.device, threads):  # "auto": before the clock
         run(target_lm, batch, params, seeds, stats, proposer, chosen.name)
     return batch, stats

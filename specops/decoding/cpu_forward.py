@@ -21,6 +21,7 @@ import torch
 
 from specops._C import cpu_isa
 from specops._kept import per_object
+from specops.decoding.greedy_head import screened_logits
 from specops.decoding.held import HeldSwitch
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -127,21 +128,24 @@ class CpuForward:
         self.linears = [m for m in self.base.modules()
                         if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32]
 
-    def __call__(self, keep: int, cache=None, **kwargs) -> torch.Tensor:
+    def __call__(self, keep: int, cache=None, argmax_only: bool = False, **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` inputs of base(**kwargs), appending them to `cache` (a
-        transformers cache, passed under the name the base model takes it by) if given."""
+        transformers cache, passed under the name the base model takes it by) if given. argmax_only: only
+        each row's argmax is read (greedy_head.py)."""
         if cache is not None:
             kwargs[self.cache_argument] = cache
         with _routed(self.linears):
             hidden = self.base(**kwargs).last_hidden_state[:, -keep:]
         batch, n, dim = hidden.shape
         rows = hidden.reshape(batch * n, dim)
-        # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.
-        logits = (self.head(rows) if isinstance(self.head, QuantizedLinear)
-                  else _product(self.head.weight, None, rows)).reshape(batch, n, -1)
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits.float()
+        logits = screened_logits(self.head, rows, self.softcap) if argmax_only else None
+        if logits is None:
+            # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.
+            logits = self.head(rows) if isinstance(self.head, QuantizedLinear) else \
+                _product(self.head.weight, None, rows)
+            if self.softcap is not None:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.reshape(batch, n, -1).float()
 
     @staticmethod
     def usable(model) -> bool:

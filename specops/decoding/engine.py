@@ -127,6 +127,9 @@ class CausalLM:
         self._cpu_forward: CpuForward | None | bool = False  # probed on first use
         self._llama_forward: LlamaForward | None | bool = False
         self.tree_kernel = False  # tree forwards through specops.ops.tree_attention (probe.tree_support)
+        # Only the argmax of this model's logits is read (a greedy call's target): the CPU paths may read the
+        # output head through its int8 screen (greedy_head.py). Set by decode for the call's loop only.
+        self.argmax_only = False
         self.calls = 0
         self.seconds = 0.0
         self.log: list[tuple[int, float]] = []  # (tokens fed, seconds) of each forward since the last clear
@@ -194,9 +197,9 @@ class CausalLM:
             if self.cpu_forward is not None and self.cpu_forward.usable(self.model):
                 llama = self.llama_forward  # the few-call path, for chains and trees of few rows
                 if llama is not None and llama.fits(tokens.numel()) and "position_ids" in kwargs:
-                    logits = llama(keep, cache, tree=tree, **kwargs)
+                    logits = llama(keep, cache, tree=tree, argmax_only=self.argmax_only, **kwargs)
                 else:
-                    logits = self.cpu_forward(keep, cache, **kwargs)
+                    logits = self.cpu_forward(keep, cache, argmax_only=self.argmax_only, **kwargs)
             else:
                 kwargs[self.cache_argument] = cache
                 if "logits_to_keep" in self.takes:

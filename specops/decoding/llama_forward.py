@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from specops._kept import per_object
 from specops.decoding.tree_forward import TreeMask, _chain_index
 from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward, _product, remember, reproduces
+from specops.decoding.greedy_head import screened_logits
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
 
@@ -294,16 +295,19 @@ class LlamaForward:
 
     @torch.inference_mode()
     def __call__(self, keep: int, cache, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 position_ids: torch.Tensor, tree: TreeMask | None = None, **kwargs) -> torch.Tensor:
+                 position_ids: torch.Tensor, tree: TreeMask | None = None, argmax_only: bool = False,
+                 **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to `cache` (a
         transformers cache); attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n];
         tree: the n inputs are a draft tree (tree_forward.py's layout), whose nodes see their ancestors only and
-        whose windows count tokens along each node's own path."""
+        whose windows count tokens along each node's own path. argmax_only: only each row's argmax is read
+        (greedy_head.py)."""
         layers = getattr(cache, "layers", None)
         if layers is None or getattr(cache, "offloading", False) or len(layers) > len(self.base.layers) or \
                 any(type(layer).__name__ not in _LAYERS for layer in layers):
+            # a tree: inside the caller's tree_forward
             return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, **kwargs)  # a tree: inside the caller's tree_forward
+                                 position_ids=position_ids, argmax_only=argmax_only, **kwargs)
         batch, n = input_ids.shape
         past = attention_mask.shape[1] - n
         settle(cache, past + n)
@@ -314,8 +318,9 @@ class LlamaForward:
         if any(ready) != all(ready) or any(ok and layers[i].keys.shape[2] != past for i, ok in enumerate(ready)) or \
                 (not ready[0] and past):
             # not a state decoding creates (layers of other lengths than the mask's): the general path
+            # a tree: inside the caller's tree_forward
             return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, **kwargs)  # a tree: inside the caller's tree_forward
+                                 position_ids=position_ids, argmax_only=argmax_only, **kwargs)
         dim = cos.shape[-1]
         if ready[0]:
             room = [_room(layers[i], past + n) for i in range(len(layers))]
@@ -341,10 +346,12 @@ class LlamaForward:
             h = self.base.norm(x)  # Gemma's norm, 1 + w, as the model computes it
         else:
             h = F.rms_norm(x, (x.shape[-1],), self.base.norm.weight, self.final_eps)
-        logits = self.head_product(h).view(batch, keep, -1).float()
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        logits = screened_logits(self.head, h, self.softcap) if argmax_only else None
+        if logits is None:
+            logits = self.head_product(h)
+            if self.softcap is not None:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.view(batch, keep, -1).float()
 
     def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
         """cos, sin [B, n, D] float32 of the rotary embedding for layers of `layer_type`."""

@@ -1,0 +1,178 @@
+"""Tests of the screened output head of greedy steps (specops/decoding/greedy_head.py).
+
+1. The screen's logits have the full float32 head's argmax, ties to the lowest id included, on random heads
+   whose vocabulary is not a whole number of blocks, with and without a soft-cap, on rows of 1 to 8; every
+   id it computes has the full head's bits; non-finite rows are left to the full head.
+2. The check can fail: with the bounds taken away, a hand-made pair of rows whose int8 copies reverse their
+   order gives the wrong argmax, and the bound is what keeps it.
+3. Decoding: greedy `ar` and `ngram` through the screen (forced onto tiny Llama and Gemma-3 models with a
+   soft-cap) equal `generate()` on a ragged batch, and the screen did serve their steps; a sampled call
+   never reads it; a head changed in place gets a new screen; `specops.kept` names it and `forget` drops it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specops
+from specops.decoding import greedy_head
+from specops.decoding.greedy_head import _Screen
+from toy_models import byte_tokenizer, tiny_gemma3, tiny_llama
+
+
+def _full(weight, rows, softcap):
+    logits = torch.ops.specops.skinny_linear(rows, weight, None)
+    return torch.tanh(logits / softcap) * softcap if softcap is not None else logits
+
+
+def _head(vocab: int, dim: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, dim, generator=g) / dim ** 0.5
+    weight[11] = weight[vocab - 3]  # an exact tie: id 11 must win wherever the pair leads
+    weight[20] = weight[21] * (1 + 1e-6)  # a near tie
+    return weight
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0, 3.0])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_screen_gives_the_full_heads_argmax_and_bits(rows, softcap):
+    vocab, dim = 1000, 64  # 1,000 ids: four blocks, the last one padded
+    for seed in range(4):
+        weight = _head(vocab, dim, seed)
+        screen = _Screen(weight)
+        g = torch.Generator().manual_seed(100 + seed)
+        x = torch.randn(rows, dim, generator=g) * (1 + 4 * seed)
+        x[0] = weight[vocab - 3] * 8  # the tied pair leads row 0
+        if rows > 1:
+            x[1] = weight[21] * 8  # the near-tied pair leads row 1
+        full = _full(weight, x, softcap)
+        got = screen.logits(weight, x, softcap)
+        if got is None:  # soft-capped logits near the cap are left to the full head
+            assert softcap is not None and (full.abs() > 0.9 * softcap).any()
+            continue
+        assert torch.equal(got.argmax(1), full.argmax(1))
+        assert got.argmax(1)[0] == 11
+        kept = torch.isfinite(got)
+        assert torch.equal(got[kept], full[kept])  # the ids it computes carry the full head's bits
+        assert kept.sum(1).min() >= 1
+
+
+def test_screen_keeps_few_ids_where_one_leads():
+    weight = _head(4096, 64, 0)
+    x = weight[1234:1235] * 20  # id 1234 leads by far
+    got = _Screen(weight).logits(weight, x, None)
+    assert got.argmax(1).item() == 1234 and int(torch.isfinite(got).sum()) < 64
+
+
+def test_non_finite_rows_go_to_the_full_head():
+    weight = _head(600, 32, 1)
+    screen = _Screen(weight)
+    x = torch.randn(2, 32)
+    x[1, 3] = float("nan")
+    assert screen.logits(weight, x, None) is None
+    x[1, 3] = float("inf")
+    assert screen.logits(weight, x, None) is None
+
+
+def _reversed_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows 0 and 1 whose exact products with x order 0 > 1 and whose int8 copies (one scale a row,
+    1/127 here) order 1 > 0: 0.0035 rounds to 0, 0.004 to 1/127."""
+    weight = torch.zeros(300, 32)
+    weight[:, 0] = -1.0
+    weight[0, :2] = torch.tensor([1.0, 0.0035])
+    weight[1, :3] = torch.tensor([1.0, 0.0040, -0.0010])
+    x = torch.zeros(1, 32)
+    x[0, :3] = 1.0
+    return weight, x
+
+
+def test_the_bound_is_what_keeps_the_argmax():
+    weight, x = _reversed_pair()
+    assert _full(weight, x, None).argmax(1).item() == 0
+    screen = _Screen(weight)
+    assert screen.logits(weight, x, None).argmax(1).item() == 0
+    screen.low.zero_()
+    screen.high.zero_()
+    screen.block_high.zero_()
+    slack = greedy_head._SLACK
+    try:
+        greedy_head._SLACK = 0.0
+        assert screen.logits(weight, x, None).argmax(1).item() == 1  # without bounds: the int8 copy's order
+    finally:
+        greedy_head._SLACK = slack
+
+
+def test_screened_logits_serve_few_rows_of_a_large_float_head(monkeypatch):
+    weight, x = _reversed_pair()
+    head = torch.nn.Linear(32, 300, bias=False)
+    head.weight.data = weight
+    assert greedy_head.screened_logits(head, x, None) is None  # below _SCREEN_WEIGHTS
+    monkeypatch.setattr(greedy_head, "_SCREEN_WEIGHTS", 0)
+    screened = greedy_head.screened_logits(head, x, None)
+    assert torch.isinf(screened).any() and screened.argmax(1).item() == 0
+    assert greedy_head.screened_logits(head, x.repeat(greedy_head._SCREEN_ROWS + 1, 1), None) is None
+    biased = torch.nn.Linear(32, 300)
+    assert greedy_head.screened_logits(biased, x, None) is None
+
+
+def _spy(monkeypatch) -> list[int]:
+    calls = []
+    own = _Screen.logits
+
+    def logits(self, weight, rows, softcap):
+        calls.append(rows.shape[0])
+        return own(self, weight, rows, softcap)
+
+    monkeypatch.setattr(_Screen, "logits", logits)
+    monkeypatch.setattr(greedy_head, "_SCREEN_WEIGHTS", 0)
+    return calls
+
+
+def _softcapped_gemma3():
+    model = tiny_gemma3(layers=3, seed=2, sliding_window=6)
+    model.config.final_logit_softcapping = 3.0
+    return model
+
+
+PROMPTS = ["def f(x):", "hello there, world", "a"]
+
+
+@pytest.mark.parametrize("method", ["ar", "ngram"])
+@pytest.mark.parametrize("make", [tiny_llama, _softcapped_gemma3], ids=["llama", "gemma3_softcap"])
+def test_greedy_decoding_through_the_screen_equals_generate(monkeypatch, make, method):
+    calls = _spy(monkeypatch)
+    model, tokenizer = make(), byte_tokenizer()
+    result = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method=method, max_new_tokens=12,
+                            temperature=0)
+    assert calls, "the screen served no step"
+    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    out = model.generate(**encoded, max_new_tokens=12, do_sample=False)
+    width = encoded.input_ids.shape[1]
+    for row, tokens in enumerate(result.tokens):
+        want = out[row, width:].tolist()
+        assert tokens == want[:len(tokens)] and len(tokens) > 0
+    assert "greedy head" in specops.kept(model)
+    assert "greedy head" in specops.forget(model) and "greedy head" not in specops.kept(model)
+
+
+def test_sampled_decoding_reads_the_full_head(monkeypatch):
+    calls = _spy(monkeypatch)
+    specops.decode(PROMPTS, target=tiny_llama(), tokenizer=byte_tokenizer(), method="ngram", max_new_tokens=8,
+                   temperature=0.8, seed=3)
+    assert not calls
+
+
+def test_a_head_changed_in_place_gets_a_new_screen(monkeypatch):
+    _spy(monkeypatch)
+    model, tokenizer = tiny_llama(seed=4), byte_tokenizer()
+    specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method="ar", max_new_tokens=4, temperature=0)
+    first = greedy_head._KEPT[model.lm_head]
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)
+    result = specops.decode(PROMPTS[:1], target=model, tokenizer=tokenizer, method="ar", max_new_tokens=6,
+                            temperature=0)
+    assert greedy_head._KEPT[model.lm_head] is not first
+    encoded = tokenizer(PROMPTS[:1], return_tensors="pt")
+    want = model.generate(**encoded, max_new_tokens=6, do_sample=False)[0, encoded.input_ids.shape[1]:]
+    assert result.tokens[0] == want.tolist()[:len(result.tokens[0])]
