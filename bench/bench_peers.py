@@ -26,6 +26,8 @@ Configurations:
                           also drafts from the model's bigram table where it is cached (`specops models
                           bigram gemma-3-270m` builds it)
   ar-int8, ngram-int8     the same with target="gemma-3-270m:int8"
+  ar-full, ngram-full,    the same as ar, ngram, slem, tli with the target's output head read whole at every
+  slem-full, tli-full     greedy step (without its int8 screen, specops/decoding/greedy_head.py): a switch
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
                           of the run plus --new-tokens, so no prompt recompiles) and its automatic
@@ -77,6 +79,7 @@ SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None),
            "ngram-context": (TARGET, "ngram", None), "slem": (TARGET, "slem", DRAFTER),
            "tli": (TARGET, "tli", DRAFTER), "rsd-s": (TARGET, "rsd-s", DRAFTER),
            "ar-int8": (f"{TARGET}:int8", "ar", None), "ngram-int8": (f"{TARGET}:int8", "ngram", None)}
+SPECOPS.update({f"{config}-full": SPECOPS[config] for config in ("ar", "ngram", "slem", "tli")})
 OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
@@ -111,6 +114,10 @@ class Specops:
         import specops
 
         torch.set_num_threads(2)
+        if config.endswith("-full"):  # a bench switch: every greedy step reads the whole float32 head
+            from specops.decoding import greedy_head
+
+            greedy_head._SCREEN_WEIGHTS = 1 << 62
         self.decode = specops.decode
         self.target, self.method, self.drafter = SPECOPS[config]
         self.options = OPTIONS.get(config)

@@ -176,3 +176,18 @@ def test_a_head_changed_in_place_gets_a_new_screen(monkeypatch):
     encoded = tokenizer(PROMPTS[:1], return_tensors="pt")
     want = model.generate(**encoded, max_new_tokens=6, do_sample=False)[0, encoded.input_ids.shape[1]:]
     assert result.tokens[0] == want.tolist()[:len(result.tokens[0])]
+
+
+def test_a_model_made_in_inference_mode_is_screened(monkeypatch):
+    calls = _spy(monkeypatch)
+    with torch.inference_mode():  # its weights are inference tensors: no version counter
+        model = tiny_llama(seed=5)
+    tokenizer = byte_tokenizer()
+    result = specops.decode(PROMPTS[:2], target=model, tokenizer=tokenizer, method="ar", max_new_tokens=6,
+                            temperature=0)
+    assert calls
+    encoded = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(**encoded, max_new_tokens=6, do_sample=False)[:, encoded.input_ids.shape[1]:]
+    for row, tokens in enumerate(result.tokens):
+        assert tokens == out[row].tolist()[:len(tokens)]

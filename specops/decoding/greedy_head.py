@@ -45,14 +45,15 @@ _BUILD = threading.Lock()
 
 
 class _Screen:
-    """The int8 rows (padded to whole blocks with zero rows), their scales, and each id's bound B_v: `low`
-    (+inf on padding, never lowers L) and `high` (-inf on padding, never a candidate), with each block's
-    largest `high`."""
+    """The int8 rows in the order of their bounds (`order`: the id of each; padded to whole blocks with zero
+    rows), their scales, and each row's bound B_v: `low` (+inf on padding, never lowers L) and `high` (-inf on
+    padding, never a candidate), with each block's largest `high`. Ordered so, a block's largest bound is
+    close to each of its rows' (Gemma-3-270M's bounds span 0.009-0.053), so few blocks pass as a whole."""
 
     def __init__(self, weight: torch.Tensor):
         n, k = weight.shape
         padded = n + (-n % _BLOCK)
-        self.key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+        self.key = _key(weight)
         self.vocab = n
         self.q = torch.zeros(padded, k, dtype=torch.int8)
         self.scales = torch.ones(padded, 1)
@@ -70,9 +71,13 @@ class _Screen:
             self.q[start:start + len(w)] = q.to(torch.int8)
             self.scales[start:start + len(w)] = scale
         bound = bound.float()
+        order = torch.argsort(bound, stable=True)
+        self.order = torch.cat([order, torch.zeros(padded - n, dtype=torch.long)])
+        self.q[:n] = self.q[order]
+        self.scales[:n] = self.scales[order]
         inf = torch.full((padded - n,), float("inf"))
-        self.low = torch.cat([bound, inf]).view(-1, _BLOCK)
-        self.high = torch.cat([bound, -inf]).view(-1, _BLOCK)
+        self.low = torch.cat([bound[order], inf]).view(-1, _BLOCK)
+        self.high = torch.cat([bound[order], -inf]).view(-1, _BLOCK)
         self.block_high = self.high.amax(1)
 
     def logits(self, weight: torch.Tensor, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
@@ -94,7 +99,7 @@ class _Screen:
         row, block = torch.nonzero(peak + norm[:, None] * self.block_high >= floor[:, None], as_tuple=True)
         keep = blocks[row, block] + norm[row, None] * self.high[block] >= floor[row, None]
         at, column = torch.nonzero(keep, as_tuple=True)
-        row, ids = row[at], block[at] * _BLOCK + column
+        row, ids = row[at], self.order[block[at] * _BLOCK + column]
         unique, where = torch.unique(ids, return_inverse=True)
         exact = torch.ops.specops.skinny_linear(rows, weight[unique], None)[row, where]
         if softcap is not None:
@@ -104,6 +109,16 @@ class _Screen:
         return out
 
 
+def _key(weight: torch.Tensor) -> tuple:
+    """What tells a changed weight: its storage, shape and version counter (an inference tensor keeps none:
+    changed in place inside inference mode, it keeps its screen until `specops.forget`)."""
+    try:
+        version = weight._version
+    except RuntimeError:
+        version = None
+    return weight.data_ptr(), version, tuple(weight.shape)
+
+
 def _screen(head) -> _Screen | None:
     """The head's screen, made on first use; None for a head it does not serve."""
     weight = getattr(head, "weight", None)
@@ -111,7 +126,7 @@ def _screen(head) -> _Screen | None:
             weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous() or \
             weight.numel() < _SCREEN_WEIGHTS:
         return None
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    key = _key(weight)
     screen = _KEPT.get(head)
     if screen is None or screen.key != key:
         with _BUILD:
