@@ -9,8 +9,8 @@ a bound B_v holds, from Cauchy-Schwarz and float32 rounding over the K products 
 
 where d_v is the int8 row de-quantized and x . w_v also stands for the float32 head's own result. The
 largest exact logit is at least L = screened_u - ||x|| B_u for any u, so an id whose screened logit plus its
-bound falls below L cannot be the argmax; every other id (5 of 262,144 at the median of Gemma-3-270M's
-greedy steps on code, a few hundred at the most) is computed exactly with skinny_linear on its rows of the
+bound falls below L cannot be the argmax; every other id (2 or 3 of 262,144 at the median of Gemma-3-270M's
+greedy steps on HumanEval, 153 at the most) is computed exactly with skinny_linear on its rows of the
 float32 head, whose bits for an id do not depend on the other ids of the call. The rest get -inf. So the
 argmax, ties included, is the full float32 head's. A slack of 0.1 % on L covers the rounding of the
 comparisons themselves and keeps ids that a final soft-cap could round onto the maximum.
@@ -31,7 +31,9 @@ from specops._kept import per_object
 
 __all__ = ["screened_logits"]
 
-_SCREEN_ROWS = 8  # Gemma-3-270M's head on a Zen 4: int8 7.4 / 22 ms against float32 24.6 / 32 ms at 1 / 8 rows, alike at 12
+# Gemma-3-270M's head on a 2-vCPU Zen 4 (bench/bench_greedy_head.py): screened 8.2 / 14.3 / 26.7 ms against
+# float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows; from about 8 rows the int8 product is bound by arithmetic.
+_SCREEN_ROWS = 8
 _SCREEN_WEIGHTS = 1 << 24  # smaller heads are a small share of a step (tests lower it)
 _BLOCK = 256  # ids per block: a block whose largest screened logit plus its largest bound is below L is skipped
 _CHUNK = 8192  # rows of the head quantized at a time (bounded temporaries)
