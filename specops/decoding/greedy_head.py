@@ -35,10 +35,10 @@ __all__ = ["screened_logits"]
 # float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows; from about 8 rows the int8 product is bound by arithmetic.
 _SCREEN_ROWS = 8
 _SCREEN_WEIGHTS = 1 << 24  # smaller heads are a small share of a step (tests lower it)
-_BLOCK = 256  # ids per block: a block whose largest screened logit plus its largest bound is below L is skipped
+_BLOCK = 256  # ids per block: a block whose largest screened logit plus largest bound is below L is skipped
 _CHUNK = 8192  # rows of the head quantized at a time (bounded temporaries)
 _SLACK = 1e-3  # relative (and absolute) slack on L
-_CAP_RANGE = 2.0  # screen soft-capped logits only while L <= 2 * cap (tanh' >= 0.07: no rounding onto the max)
+_CAP_RANGE = 2.0  # soft-capped logits screened while L <= 2 * cap (tanh' >= 0.07: no rounding onto the max)
 
 _KEPT: weakref.WeakKeyDictionary = per_object(
     "greedy head", "an int8 copy of the float32 output head and each id's error bound, for greedy steps "
