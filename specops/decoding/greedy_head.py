@@ -28,6 +28,7 @@ import weakref
 import torch
 
 from specops._kept import per_object
+from specops.quantization import pack
 
 __all__ = ["screened_logits"]
 
@@ -64,13 +65,11 @@ class _Screen:
         gamma = (k + 2) * unit / (1 - (k + 2) * unit)  # the sums' products, and the de-quantizing product
         for start in range(0, n, _CHUNK):
             w = weight[start:start + _CHUNK].float()
-            scale = w.abs().amax(1, keepdim=True) / 127
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            q = torch.round(w / scale).clamp_(-127, 127)
-            d = q * scale
+            q, scale, _ = pack(w, "int8")  # specops.quantize's int8 rule: one scale a row
+            d = q.float() * scale
             wide = (w - d).norm(dim=1).double() + gamma * (w.norm(dim=1).double() + d.norm(dim=1).double())
             bound[start:start + len(w)] = wide * (1 + 1e-4)  # the norms' own float32 rounding
-            self.q[start:start + len(w)] = q.to(torch.int8)
+            self.q[start:start + len(w)] = q
             self.scales[start:start + len(w)] = scale
         bound = bound.float()
         order = torch.argsort(bound, stable=True)
