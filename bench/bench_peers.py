@@ -28,6 +28,10 @@ Configurations:
   ar-int8, ngram-int8     the same with target="gemma-3-270m:int8"
   ar-full, ngram-full,    the same as ar, ngram, slem, tli with the target's output head read whole at every
   slem-full, tli-full     greedy step (without its int8 screen, specops/decoding/greedy_head.py): a switch
+  ngram-all-rows,         the same as ngram, slem, tli, ngram-int8 with every row of a greedy verification
+  slem-all-rows,          computed (greedy_head.py computes only the rows verification can read: a switch)
+  tli-all-rows,
+  ngram-int8-all-rows
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
                           of the run plus --new-tokens, so no prompt recompiles) and its automatic
@@ -80,6 +84,7 @@ SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None),
            "tli": (TARGET, "tli", DRAFTER), "rsd-s": (TARGET, "rsd-s", DRAFTER),
            "ar-int8": (f"{TARGET}:int8", "ar", None), "ngram-int8": (f"{TARGET}:int8", "ngram", None)}
 SPECOPS.update({f"{config}-full": SPECOPS[config] for config in ("ar", "ngram", "slem", "tli")})
+SPECOPS.update({f"{config}-all-rows": SPECOPS[config] for config in ("ngram", "slem", "tli", "ngram-int8")})
 OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
@@ -88,7 +93,8 @@ LLAMA = {f"llama-{weights}{suffix}": (weights, setting) for weights in ("f32", "
                                  ("-ngram-mod", "llama-ngram-mod"))}
 CONFIGS = [*SPECOPS, *HF, *LLAMA]
 MODES = ("alone", "together8")
-INT8 = ("ar-int8", "ngram-int8", "llama-q8", "llama-q8-ngram-simple", "llama-q8-ngram-mod")
+INT8 = ("ar-int8", "ngram-int8", "ngram-int8-all-rows", "llama-q8", "llama-q8-ngram-simple",
+        "llama-q8-ngram-mod")
 WARM_UP = "def add(a, b):\n"
 _MOVED = 0.10  # the bandwidth moved when start and end differ by more than this
 # issue 48's "Must reach" on these configurations: (config, factor, peers); the config's tokens/s must be at
@@ -118,6 +124,10 @@ class Specops:
             from specops.decoding import greedy_head
 
             greedy_head._SCREEN_WEIGHTS = 1 << 62
+        if config.endswith("-all-rows"):  # a bench switch: greedy verification computes every row
+            from specops.decoding import greedy_head
+
+            greedy_head._FOLLOW = False
         self.decode = specops.decode
         self.target, self.method, self.drafter = SPECOPS[config]
         self.options = OPTIONS.get(config)

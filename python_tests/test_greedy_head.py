@@ -191,3 +191,137 @@ def test_a_model_made_in_inference_mode_is_screened(monkeypatch):
         out = model.generate(**encoded, max_new_tokens=6, do_sample=False)[:, encoded.input_ids.shape[1]:]
     for row, tokens in enumerate(result.tokens):
         assert tokens == out[row].tolist()[:len(tokens)]
+
+
+# Greedy verification reads only the rows its path reaches (greedy_head.greedy_logits with `follow`).
+
+
+def _reached(parent: list[int], token: list[int], logits: torch.Tensor) -> list[bool]:
+    """The rows a greedy verification can read: a root, or a row whose parent is reached and whose
+    token is one of the parent row's largest logits (any tie-break)."""
+    reached = []
+    for j, p in enumerate(parent):
+        row = logits[p] if p >= 0 else None
+        reached.append(p < 0 or (token[j] >= 0 and reached[p] and bool(row[token[j]] == row.max())))
+    return reached
+
+
+def _counting(weight):
+    """A whole-head function that counts the rows it is given."""
+    seen = []
+
+    def full(rows):
+        seen.append(rows.shape[0])
+        return torch.ops.specops.skinny_linear(rows, weight, None)
+
+    return full, seen
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_staged_rows_equal_the_full_head_wherever_verification_reads(seed):
+    vocab, dim = 700, 48
+    weight = _head(vocab, dim, seed)
+    head = torch.nn.Linear(dim, vocab, bias=False)
+    head.weight.data = weight
+    g = torch.Generator().manual_seed(1000 + seed)
+    batch, n = 3, 7
+    rows = torch.randn(batch * n, dim, generator=g) * 4
+    full = torch.ops.specops.skinny_linear(rows, weight, None)
+    # random trees, parents first; tokens the parent's argmax half the time, else another id or -1
+    parent = torch.full((batch, n), -1, dtype=torch.long)
+    token = torch.full((batch, n), -1, dtype=torch.long)
+    for b in range(batch):
+        for j in range(1, n):
+            p = int(torch.randint(0, j, (1,), generator=g))
+            best = int(full[b * n + p].argmax())
+            pick = float(torch.rand(1, generator=g))
+            parent[b, j] = p
+            token[b, j] = best if pick < 0.6 else (-1 if pick > 0.9 else (best + 1) % vocab)
+    compute, seen = _counting(weight)
+    got = greedy_head.greedy_logits(head, rows, None, compute, (parent, token))
+    flat_parent = [(-1 if p < 0 else p + b * n) for b in range(batch) for p in parent[b].tolist()]
+    reached = torch.tensor(_reached(flat_parent, token.view(-1).tolist(), full))
+    assert torch.equal(got[reached], full[reached])  # the full head's bits on every row verification reads
+    # The first pass computes every row down to _FIRST_DEPTH; the second, every row below whose path
+    # matches at each parent the first pass computed, and nothing else.
+    depth, first, second = [], [], []
+    for j, p in enumerate(flat_parent):
+        token_j = int(token.view(-1)[j])
+        if p < 0:
+            depth.append(0), first.append(True), second.append(True)
+            continue
+        depth.append(depth[p] + 1)
+        first.append(token_j >= 0 and first[p] and depth[j] <= greedy_head._FIRST_DEPTH)
+        shallow = depth[p] <= greedy_head._FIRST_DEPTH
+        edge = token_j >= 0 and (not shallow or bool(full[p, token_j] == full[p].max()))
+        second.append(edge and (flat_parent[p] < 0 or second[p]))  # matches wherever the first pass tells
+    for j in range(len(flat_parent)):
+        computed = first[j] or second[j]
+        assert torch.equal(got[j], full[j]) if computed else not got[j].any()
+    assert sum(seen) < batch * n and len(seen) <= 2
+
+
+def test_a_tied_parent_keeps_its_child():
+    """The check can fail: a child whose token ties the parent's largest logit with a lower id must be
+    computed (a verifier may break the tie either way); read by argmax alone it would be zeros."""
+    vocab, dim = 64, 16
+    weight = _head(vocab, dim, 7)
+    weight[40] = weight[5]  # ids 5 and 40 tie wherever they lead
+    head = torch.nn.Linear(dim, vocab, bias=False)
+    head.weight.data = weight
+    rows = torch.randn(3, dim)
+    rows[0] = weight[5] * 10  # row 0: 5 and 40 lead together
+    compute, _ = _counting(weight)
+    parent = torch.tensor([[-1, 0, 1]])
+    for child_token in (40, 5):
+        follow = (parent, torch.tensor([[-1, child_token, 3]]))
+        got = greedy_head.greedy_logits(head, rows, None, compute, follow)
+        assert got[1].any(), "a tied child was skipped"
+    got = greedy_head.greedy_logits(head, rows, None, compute, (parent, torch.tensor([[-1, 6, 3]])))
+    assert not got[2].any()  # row 1 is in the first pass; row 2, below a child that cannot be read, is not
+
+
+def test_a_nan_row_keeps_its_children():
+    vocab, dim = 64, 16
+    weight = _head(vocab, dim, 8)
+    head = torch.nn.Linear(dim, vocab, bias=False)
+    head.weight.data = weight
+    rows = torch.randn(3, dim)
+    rows[0, 2] = float("nan")
+    compute, _ = _counting(weight)
+    follow = (torch.tensor([[-1, 0, 1]]), torch.tensor([[-1, 9, 3]]))
+    got = greedy_head.greedy_logits(head, rows, None, compute, follow)
+    assert got[1].any()
+
+
+@pytest.mark.parametrize("method", ["sd", "ngram"])
+def test_greedy_verification_computes_fewer_rows_and_equals_generate(monkeypatch, method):
+    """Chains drafted by another model (sd) and n-gram trees, greedy, on a ragged batch: the head computes
+    fewer rows than the steps carry, and the tokens are generate()'s."""
+    computed, offered = [], []
+    own = greedy_head.greedy_logits
+
+    def spy(head, rows, softcap, full, follow=None):
+        out = own(head, rows, softcap, full, follow)
+        if follow is not None:
+            offered.append(rows.shape[0])
+            computed.append(int(out.any(1).sum()))
+        return out
+
+    import specops.decoding.cpu_forward as cpu_forward
+    import specops.decoding.llama_forward as llama_forward
+    monkeypatch.setattr(cpu_forward, "greedy_logits", spy)
+    monkeypatch.setattr(llama_forward, "greedy_logits", spy)
+    model, tokenizer = tiny_llama(seed=6), byte_tokenizer()
+    prompts = ["abcabcabcabcabcabc", "the cat the cat the cat the"]
+    drafter = tiny_llama(seed=7) if method == "sd" else None
+    result = specops.decode(prompts, target=model, drafter=drafter, tokenizer=tokenizer,
+                            drafter_tokenizer=tokenizer if drafter is not None else None, method=method,
+                            max_new_tokens=40, temperature=0,
+                            num_draft_tokens=4 if method == "sd" else (3, 4))
+    assert offered and sum(computed) < sum(offered)
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+    out = model.generate(**encoded, max_new_tokens=40, do_sample=False)
+    width = encoded.input_ids.shape[1]
+    for row, tokens in enumerate(result.tokens):
+        assert tokens == out[row, width:].tolist()[:len(tokens)] and len(tokens) > 0

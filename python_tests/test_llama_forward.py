@@ -27,9 +27,9 @@ import torch
 import transformers
 
 import specops
-from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward
+from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward, _Product
 from specops.decoding.engine import CausalLM
-from specops.decoding.llama_forward import LlamaForward, _Product, _structure
+from specops.decoding.llama_forward import LlamaForward, _structure
 
 
 def _qwen2(seed: int = 0):

@@ -16,12 +16,13 @@ from __future__ import annotations
 import threading
 import weakref
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 
 from specops._C import cpu_isa
 from specops._kept import per_object
-from specops.decoding.greedy_head import screened_logits
+from specops.decoding.greedy_head import capped, greedy_logits
 from specops.decoding.held import HeldSwitch
 from specops.decoding.hf_compat import cache_argument
 from specops.quantization import QuantizedLinear
@@ -68,6 +69,39 @@ def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor
     if rows.shape[0] > _SKINNY_ROWS or not weight.is_contiguous():
         return torch.nn.functional.linear(rows, weight, bias)
     return torch.ops.specops.skinny_linear(rows, weight, bias)
+
+
+class _Product:
+    """x [n, d] @ W^T (+ b) for one or several linear layers whose outputs are concatenated: one
+    quantized_linear on a weight packed once for layers `specops.quantize` made (same format and groups),
+    else each float32 layer through skinny_linear."""
+
+    def __init__(self, modules: list):
+        self.modules = modules
+        self.fused = None
+        quantized = all(isinstance(m, QuantizedLinear) for m in modules)
+        if quantized and len({m.format for m in modules}) == 1 and \
+                len({None if m.scales is None else m.scales.shape[1] for m in modules}) == 1:
+            def cat(name):  # a single layer's own tensors, not a copy
+                parts = [getattr(m, name) for m in modules]
+                if parts[0] is None or len(parts) == 1:
+                    return parts[0]
+                return torch.cat(parts).contiguous()
+
+            biases = [m.bias for m in modules]
+            bias = biases[0] if len(modules) == 1 else None
+            if len(modules) > 1 and any(b is not None for b in biases):
+                bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=torch.float32)
+                                  for b, m in zip(biases, modules)])
+            self.fused = (cat("weight"), cat("scales"), cat("mins"), bias)
+        elif not all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 for m in modules):
+            raise TypeError("layers neither float32 nn.Linear nor specops.quantize'd alike")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return torch.ops.specops.quantized_linear(x, *self.fused)
+        outs = [_product(m.weight, m.bias, x) for m in self.modules]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 # While any thread runs a CpuForward call, the model's float linear layers hold a forward that routes the
@@ -128,23 +162,22 @@ class CpuForward:
         self.linears = [m for m in self.base.modules()
                         if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32]
 
-    def __call__(self, keep: int, cache=None, argmax_only: bool = False, **kwargs) -> torch.Tensor:
+    def __call__(self, keep: int, cache=None, argmax_only: bool = False, follow=None,
+                 **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` inputs of base(**kwargs), appending them to `cache` (a
         transformers cache, passed under the name the base model takes it by) if given. argmax_only: only
-        each row's argmax is read (greedy_head.py)."""
+        each row's argmax is read; follow: which rows a greedy verification can read (greedy_head.py)."""
         if cache is not None:
             kwargs[self.cache_argument] = cache
         with _routed(self.linears):
             hidden = self.base(**kwargs).last_hidden_state[:, -keep:]
         batch, n, dim = hidden.shape
         rows = hidden.reshape(batch * n, dim)
-        logits = screened_logits(self.head, rows, self.softcap) if argmax_only else None
-        if logits is None:
-            # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.
-            logits = self.head(rows) if isinstance(self.head, QuantizedLinear) else \
-                _product(self.head.weight, None, rows)
-            if self.softcap is not None:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
+        # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.
+        head = self.head
+        product = head if isinstance(head, QuantizedLinear) else partial(_product, head.weight, None)
+        logits = greedy_logits(self.head, rows, self.softcap, product, follow) if argmax_only else \
+            capped(product(rows), self.softcap)
         return logits.reshape(batch, n, -1).float()
 
     @staticmethod

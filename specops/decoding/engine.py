@@ -178,10 +178,11 @@ class CausalLM:
                                      f"{self.context} positions ({self.context_field})")
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, keep: int,
-                tree: TreeMask | None = None) -> torch.Tensor:
+                tree: TreeMask | None = None, follow=None) -> torch.Tensor:
         """Logits [B, keep, V] (float32) of the last `keep` inputs, appending the inputs to `cache`.
         mask [B, L]: valid slots, the inputs' included; positions [B, n]: the inputs' position ids; tree:
-        the inputs are a draft tree (tree_forward.py)."""
+        the inputs are a draft tree (tree_forward.py); follow: (parent, token) [B, keep] of a greedy
+        verification, read where only argmaxes are (greedy_head.greedy_logits)."""
         start = time.perf_counter()
         past = cache.get_seq_length()
         n = tokens.shape[1]
@@ -195,11 +196,12 @@ class CausalLM:
             kwargs["cache_position"] = torch.arange(past, past + n, device=tokens.device)
         with tree_forward(self.model, tree) if tree is not None else nullcontext():
             if self.cpu_forward is not None and self.cpu_forward.usable(self.model):
+                head = dict(argmax_only=self.argmax_only, follow=follow if self.argmax_only else None)
                 llama = self.llama_forward  # the few-call path, for chains and trees of few rows
                 if llama is not None and llama.fits(tokens.numel()) and "position_ids" in kwargs:
-                    logits = llama(keep, cache, tree=tree, argmax_only=self.argmax_only, **kwargs)
+                    logits = llama(keep, cache, tree=tree, **head, **kwargs)
                 else:
-                    logits = self.cpu_forward(keep, cache, argmax_only=self.argmax_only, **kwargs)
+                    logits = self.cpu_forward(keep, cache, **head, **kwargs)
             else:
                 kwargs[self.cache_argument] = cache
                 if "logits_to_keep" in self.takes:
@@ -399,16 +401,18 @@ class KVState:
         self.lm.log[logged:] = [(max(n for n, _ in forwards), sum(t for _, t in forwards))]
         return torch.cat(logits)[back.to(logits[0].device)]
 
-    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, keep: int = 1) -> torch.Tensor:
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, keep: int = 1,
+               follow=None) -> torch.Tensor:
         """Feed tokens [B, n] (every row n tokens) and return the logits [B, keep, V] of the last `keep`.
-        `valid` [B, n] (holes first: left padding) is accepted only on an empty state, as a prefill."""
+        `valid` [B, n] (holes first: left padding) is accepted only on an empty state, as a prefill. follow:
+        a greedy verification's (parent, token) [B, keep] (CausalLM.forward)."""
         if valid is not None and not bool(valid.all()):
             if self.mask.shape[1]:
                 raise ValueError("KVState.append: ragged rows after the prefill go through extend")
             lengths = valid.sum(1).tolist()
             rows = [row[row.shape[0] - n:].tolist() for row, n in zip(tokens, lengths)]
             return self.prefill(rows).unsqueeze(1)
-        return self._feed(tokens, torch.ones_like(tokens, dtype=torch.bool), keep)
+        return self._feed(tokens, torch.ones_like(tokens, dtype=torch.bool), keep, follow)
 
     def extend(self, rows: list[list[int]], keep: int | None = None) -> torch.Tensor:
         """Feed a ragged list of tokens per row (at least one each); returns the logits [B, V] after each
@@ -440,7 +444,7 @@ class KVState:
         """Row b forgets its last counts[b] tokens (they leave before the next forward)."""
         self._drop_last(counts.to(self.mask.device))
 
-    def _feed(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
+    def _feed(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, follow=None) -> torch.Tensor:
         self._compact()
         valid = valid.bool()
         counts = valid.long()
@@ -448,7 +452,7 @@ class KVState:
         self.mask = torch.cat([self.mask, valid], dim=1)
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
         self.next_pos = self.next_pos + counts.sum(1)
-        return self.lm.forward(tokens, self.mask, positions, self.cache, keep)
+        return self.lm.forward(tokens, self.mask, positions, self.cache, keep, follow=follow)
 
     def rollback(self, appended: int, keep: torch.Tensor) -> None:
         """Of the last `appended` slots (all valid), row b keeps the first keep[b]; the rest leave before the
@@ -465,16 +469,17 @@ class KVState:
         self.trim = trim
 
     def append_tree(self, tokens: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
-                    visible: torch.Tensor) -> torch.Tensor:
+                    visible: torch.Tensor, follow=None) -> torch.Tensor:
         """Feed a token tree per row: tokens, valid, depth [B, N] (node 0, at depth 0, continues the row)
         and visible [B, N, N] (node i sees node j: j is i or an ancestor of i). Returns logits [B, N, V].
-        The row does not advance until `commit` says which nodes it keeps."""
+        The row does not advance until `commit` says which nodes it keeps. follow: as `append`'s."""
         self._compact()
         positions = self.next_pos.unsqueeze(1) + depth
         self.mask = torch.cat([self.mask, valid.bool()], dim=1)
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
         self.last_tree = TreeMask(self.mask, depth, visible.bool(), kernel=self.lm.tree_kernel)
-        return self.lm.forward(tokens, self.mask, positions, self.cache, tokens.shape[1], self.last_tree)
+        return self.lm.forward(tokens, self.mask, positions, self.cache, tokens.shape[1], self.last_tree,
+                               follow)
 
     def commit(self, appended: int, slots: torch.Tensor, count: torch.Tensor) -> None:
         """Of the last `appended` slots (from `append_tree`), row b keeps slots[b, :count[b]] (a root to

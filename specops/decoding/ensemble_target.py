@@ -216,9 +216,10 @@ class EnsembleState:
     def prefill(self, rows: list[list[int]]) -> torch.Tensor:
         return self.combine([m.prefill() for m in self.members])
 
-    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, keep: int = 1) -> torch.Tensor:
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, keep: int = 1,
+               follow=None) -> torch.Tensor:
         """Every member reads what it has not read yet and `tokens` [B, n]; the ensemble's logits [B, keep, V]
-        after the last `keep` of them."""
+        after the last `keep` of them (every row: `follow` is not read)."""
         if valid is not None and not bool(valid.all()):
             raise ValueError("EnsembleState.append takes whole rows")
         rows = tokens.tolist()

@@ -30,7 +30,7 @@ import torch
 from specops._kept import per_object
 from specops.quantization import pack
 
-__all__ = ["screened_logits"]
+__all__ = ["capped", "greedy_logits", "screened_logits"]
 
 # Gemma-3-270M's head on a 2-vCPU Zen 4 (bench/bench_greedy_head.py): screened 8.2 / 14.3 / 26.7 ms against
 # float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows; from about 8 rows the int8 product is bound by arithmetic.
@@ -40,6 +40,8 @@ _BLOCK = 256  # ids per block: a block whose largest screened logit plus largest
 _CHUNK = 8192  # rows of the head quantized at a time (bounded temporaries)
 _SLACK = 1e-3  # relative (and absolute) slack on L
 _CAP_RANGE = 2.0  # soft-capped logits screened while L <= 2 * cap (tanh' >= 0.07: no rounding onto the max)
+_FIRST_DEPTH = 1  # a verification's first pass computes the rows of its roots and their children
+_FOLLOW = True  # False: every row of a verification is computed (bench/bench_peers.py's -all-rows switch)
 
 _KEPT: weakref.WeakKeyDictionary = per_object(
     "greedy head", "an int8 copy of the float32 output head and each id's error bound, for greedy steps "
@@ -103,8 +105,7 @@ class _Screen:
         row, ids = row[at], self.order[block[at] * _BLOCK + column]
         unique, where = torch.unique(ids, return_inverse=True)
         exact = torch.ops.specops.skinny_linear(rows, weight[unique], None)[row, where]
-        if softcap is not None:
-            exact = torch.tanh(exact / softcap) * softcap
+        exact = capped(exact, softcap)
         out = rows.new_full((count, self.vocab), float("-inf"))
         out[row, ids] = exact
         return out
@@ -147,3 +148,69 @@ def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Te
         return None
     screen = _screen(head)
     return None if screen is None else screen.logits(head.weight, rows.contiguous(), softcap)
+
+
+def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Logits soft-capped at `softcap` as the models cap them (none where None)."""
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+
+def greedy_logits(head, rows: torch.Tensor, softcap: float | None, product, follow=None) -> torch.Tensor:
+    """Logits [R, V] of hidden rows [R, K] through `head`, soft-capped at `softcap`, for a step that reads
+    only argmaxes: screened (`screened_logits`) where the screen serves, else through `product(rows)` (the
+    whole head's product).
+
+    follow: (parent, token), each [B, n] int64 with R = B n, for a greedy verification: the verifier reads
+    request b's row j only if its row parent[b, j]'s argmax is token[b, j] (parent -1: a root, always
+    read; token -1: never read; a parent comes before its children). Rows that
+    cannot be read are not computed, and hold zeros: the first pass computes the roots and their children
+    (depth <= _FIRST_DEPTH), the second only the rows below whose every computed ancestor's maximum is the
+    token of the path. A parent "matches" where its row's largest logit is the token's, so a tie read either
+    way keeps the child; a row whose maximum is NaN keeps all its children."""
+    if follow is None or not _FOLLOW or follow[0].numel() != rows.shape[0] or not rows.shape[0]:
+        return _computed(head, rows, softcap, product)
+    parent, token = (t.cpu() for t in follow)
+    if bool((parent >= torch.arange(parent.shape[1])).any()):  # not parents first: read every row
+        return _computed(head, rows, softcap, product)
+    offset = torch.arange(parent.shape[0])[:, None] * parent.shape[1]
+    parent = torch.where(parent >= 0, parent + offset, -1).view(-1).tolist()
+    token = token.reshape(-1).tolist()
+    count = len(parent)
+    depth = [0] * count
+    for j in range(count):
+        if parent[j] >= 0:
+            depth[j] = depth[parent[j]] + 1
+    out = None
+    top: list[float | None] = [None] * count  # the largest logit of each computed row
+    for first in (True, False):
+        live = [False] * count
+        for j in range(count):
+            p = parent[j]
+            if p < 0:
+                live[j] = True
+            elif token[j] >= 0 and live[p]:
+                live[j] = top[p] is None or _matches(out, p, token[j], top[p])
+        wanted = [j for j in range(count)
+                  if live[j] and top[j] is None and (not first or depth[j] <= _FIRST_DEPTH)]
+        if not wanted:
+            continue
+        if out is None and len(wanted) == count:
+            return _computed(head, rows, softcap, product)
+        index = torch.tensor(wanted)
+        logits = _computed(head, rows[index], softcap, product)
+        if out is None:
+            out = logits.new_zeros(count, logits.shape[1])
+        out[index] = logits
+        for j, value in zip(wanted, logits.amax(1).tolist()):
+            top[j] = value
+    return out
+
+
+def _matches(out: torch.Tensor, row: int, token: int, top: float) -> bool:
+    """Whether `token` may be the argmax of the computed row `row`, whose largest logit is `top`."""
+    return top != top or (token < out.shape[1] and float(out[row, token]) >= top)
+
+
+def _computed(head, rows: torch.Tensor, softcap: float | None, product) -> torch.Tensor:
+    logits = screened_logits(head, rows, softcap)
+    return capped(product(rows), softcap) if logits is None else logits

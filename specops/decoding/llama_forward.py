@@ -37,10 +37,9 @@ import torch.nn.functional as F
 
 from specops._kept import per_object
 from specops.decoding.tree_forward import TreeMask, _chain_index
-from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward, _product, remember, reproduces
-from specops.decoding.greedy_head import screened_logits
+from specops.decoding.cpu_forward import _FEW_ROWS, CpuForward, _Product, remember, reproduces
+from specops.decoding.greedy_head import capped, greedy_logits
 from specops.decoding.hf_compat import cache_argument
-from specops.quantization import QuantizedLinear
 
 __all__ = ["LlamaForward", "settle"]
 
@@ -108,38 +107,6 @@ def _give(layer, kbuf: torch.Tensor, vbuf: torch.Tensor, slots: int) -> tuple[to
     keys, values = kbuf.narrow(2, 0, slots), vbuf.narrow(2, 0, slots)
     setattr(layer, _ROOM, (kbuf, vbuf, keys, values))
     return keys, values
-
-
-class _Product:
-    """x [n, d] @ W^T (+ b) for one or several linear layers whose outputs are concatenated: one
-    quantized_linear on a weight packed once for layers `specops.quantize` made (same format and groups),
-    else each float32 layer through skinny_linear."""
-
-    def __init__(self, modules: list):
-        self.modules = modules
-        self.fused = None
-        if all(isinstance(m, QuantizedLinear) for m in modules) and len({m.format for m in modules}) == 1 and \
-                len({None if m.scales is None else m.scales.shape[1] for m in modules}) == 1:
-            def cat(name):  # a single layer's own tensors, not a copy
-                parts = [getattr(m, name) for m in modules]
-                if parts[0] is None or len(parts) == 1:
-                    return parts[0]
-                return torch.cat(parts).contiguous()
-
-            biases = [m.bias for m in modules]
-            bias = biases[0] if len(modules) == 1 else None
-            if len(modules) > 1 and any(b is not None for b in biases):
-                bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=torch.float32)
-                                  for b, m in zip(biases, modules)])
-            self.fused = (cat("weight"), cat("scales"), cat("mins"), bias)
-        elif not all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 for m in modules):
-            raise TypeError("layers neither float32 nn.Linear nor specops.quantize'd alike")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None:
-            return torch.ops.specops.quantized_linear(x, *self.fused)
-        outs = [_product(m.weight, m.bias, x) for m in self.modules]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 def _norms(layer) -> list:
@@ -296,18 +263,18 @@ class LlamaForward:
     @torch.inference_mode()
     def __call__(self, keep: int, cache, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  position_ids: torch.Tensor, tree: TreeMask | None = None, argmax_only: bool = False,
-                 **kwargs) -> torch.Tensor:
+                 follow=None, **kwargs) -> torch.Tensor:
         """Logits [B, keep, V] of the last `keep` of input_ids [B, n], appending them to `cache` (a
         transformers cache); attention_mask [B, L] (L = cached + n): the valid slots; position_ids [B, n];
         tree: the n inputs are a draft tree (tree_forward.py's layout), whose nodes see their ancestors only and
-        whose windows count tokens along each node's own path. argmax_only: only each row's argmax is read
-        (greedy_head.py)."""
+        whose windows count tokens along each node's own path. argmax_only: only each row's argmax is read;
+        follow: which rows a greedy verification can read (greedy_head.py)."""
         layers = getattr(cache, "layers", None)
         if layers is None or getattr(cache, "offloading", False) or len(layers) > len(self.base.layers) or \
                 any(type(layer).__name__ not in _LAYERS for layer in layers):
             # a tree: inside the caller's tree_forward
             return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, argmax_only=argmax_only, **kwargs)
+                                 position_ids=position_ids, argmax_only=argmax_only, follow=follow, **kwargs)
         batch, n = input_ids.shape
         past = attention_mask.shape[1] - n
         settle(cache, past + n)
@@ -320,7 +287,7 @@ class LlamaForward:
             # not a state decoding creates (layers of other lengths than the mask's): the general path
             # a tree: inside the caller's tree_forward
             return self.fallback(keep, cache, input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, argmax_only=argmax_only, **kwargs)
+                                 position_ids=position_ids, argmax_only=argmax_only, follow=follow, **kwargs)
         dim = cos.shape[-1]
         if ready[0]:
             room = [_room(layers[i], past + n) for i in range(len(layers))]
@@ -346,11 +313,8 @@ class LlamaForward:
             h = self.base.norm(x)  # Gemma's norm, 1 + w, as the model computes it
         else:
             h = F.rms_norm(x, (x.shape[-1],), self.base.norm.weight, self.final_eps)
-        logits = screened_logits(self.head, h, self.softcap) if argmax_only else None
-        if logits is None:
-            logits = self.head_product(h)
-            if self.softcap is not None:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
+        logits = greedy_logits(self.head, h, self.softcap, self.head_product, follow) if argmax_only else \
+            capped(self.head_product(h), self.softcap)
         return logits.view(batch, keep, -1).float()
 
     def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):

@@ -165,8 +165,17 @@ def chain(state: KVState, last: torch.Tensor, proposal: Proposal, params: Sampli
     k = drafts.shape[1]
     # A draft the target does not have (beyond its vocabulary, or padding) is rejected whatever the target
     # reads in its place, and nothing after it is used.
-    scored = torch.where((drafts >= 0) & (drafts < state.lm.vocab_size), drafts, 0)
-    logits = _widen(state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=k + 1), proposal.width)
+    usable = (drafts >= 0) & (drafts < state.lm.vocab_size)
+    scored = torch.where(usable, drafts, 0)
+    follow = None
+    if k and params.temperature == 0:  # row j is read only if the drafts before it are accepted
+        offered = usable if proposal.num_draft is None else \
+            usable & (torch.arange(k, device=drafts.device) < proposal.num_draft[:, None])
+        parent = torch.arange(-1, k, device=drafts.device).expand(drafts.shape[0], k + 1)
+        token = torch.cat([torch.full_like(drafts[:, :1], -1), torch.where(offered, drafts, -1)], 1)
+        follow = (parent, token)
+    logits = _widen(state.append(torch.cat([last.unsqueeze(1), scored], dim=1), keep=k + 1, follow=follow),
+                    proposal.width)
     if _matched(params, proposal.probs, proposal.scheme, state):
         # The state has read `last` and the k drafts: the token after `last` lands k slots before its end.
         positions = state.next_pos[:, None] - k + torch.arange(k + 1, device=drafts.device)
@@ -191,7 +200,13 @@ def tree(state: KVState, last: torch.Tensor, proposal: Proposal, params: Samplin
     shape = draft.closure if draft.closure is not None else tree_from_parents(tokens, draft.parents, draft.num_nodes)
     # Ids the target does not have (a wider verification vocabulary) are scored as 0 and always rejected.
     scored = torch.where(shape.tokens < state.lm.vocab_size, shape.tokens, 0)
-    logits = _widen(state.append_tree(scored, shape.valid, shape.depth, shape.visible), proposal.width)
+    follow = None
+    if params.temperature == 0:  # a node is read only if its parent's argmax is its token
+        size = tokens.shape[1]
+        parent = torch.where(torch.arange(size, device=tokens.device) > 0, shape.parent, -1)
+        follow = (parent, torch.where(shape.valid & (shape.tokens < state.lm.vocab_size), shape.tokens, -1))
+    logits = _widen(state.append_tree(scored, shape.valid, shape.depth, shape.visible, follow=follow),
+                    proposal.width)
     if _matched(params, draft.probs, draft.scheme, state):
         out, nodes, accepted = _match_tree(logits, tokens, shape, params, seeds, state)
     else:
