@@ -10,6 +10,9 @@ target Gemma-3-270M: how many ids each row computes exactly, and what the head c
    (int8 product, bounds, the exact ids), alternating, --rounds times each; medians and minima in ms. Each
    screened result's argmax is checked against the full head's.
 3. Times making the screen (the int8 copy and the bounds) twice.
+4. Greedy verification's rows: every verification of `ngram` one at a time (step 1) is recorded with the
+   rows it could read (`greedy_logits`' follow), then replayed --rounds times, alternating, with only those
+   rows computed (the default) and with every row: rows computed, passes over the head, and the head's ms.
 The host's read bandwidth is measured at the start and the end.
 """
 
@@ -42,6 +45,36 @@ def _record(greedy_head) -> tuple[list[int], list[torch.Tensor]]:
     return counts, hidden
 
 
+def _record_verifications(calls: list) -> None:
+    """Patch the CPU forwards' greedy_logits to record each call that carries a verification's `follow`:
+    (hidden rows, follow, rows computed, passes)."""
+    from specops.decoding import cpu_forward, greedy_head, llama_forward
+
+    own, computed = greedy_head.greedy_logits, greedy_head._computed
+
+    def counted(*args):  # one pass over the head
+        _Passes.count += 1
+        return computed(*args)
+
+    def logits(head, rows, softcap, product, follow=None):
+        before = _Passes.count
+        out = own(head, rows, softcap, product, follow)
+        if follow is not None and _Passes.on:
+            calls.append((rows.clone(), tuple(t.clone() for t in follow), int(out.any(1).sum()),
+                          _Passes.count - before))
+        return out
+
+    greedy_head._computed = counted
+    cpu_forward.greedy_logits = logits
+    llama_forward.greedy_logits = logits
+
+
+class _Passes:
+    """Passes over the head (greedy_head._computed calls), and whether verifications are recorded."""
+    count = 0
+    on = False
+
+
 def _quantiles(values: list[int]) -> dict:
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
@@ -63,10 +96,13 @@ def main() -> None:
     model, tokenizer = specops.models.load(TARGET)
     prompts = load_prompts(0, args.prompts)
     counts, hidden = _record(greedy_head)
+    verifications: list = []
+    _record_verifications(verifications)
     rows = []
     for method in ("ar", "ngram"):
         for together in (False, True):
             counts.clear()
+            _Passes.on = method == "ngram" and not together
             batches = [prompts] if together else [[p] for p in prompts]
             for batch in batches:
                 specops.decode(batch, target=model, tokenizer=tokenizer, method=method,
@@ -99,6 +135,23 @@ def main() -> None:
             row["ratio"] = round(row["full median"] / row["screened median"], 2)
             rows.append(row)
             print(row, flush=True)
+        product = lambda x: torch.ops.specops.skinny_linear(x, weight, None)  # noqa: E731
+        offered = sum(r.shape[0] for r, _, _, _ in verifications)
+        row = {"part": "verification rows", "case": "ngram alone", "rows": offered,
+               "computed": sum(c for _, _, c, _ in verifications), "calls": len(verifications),
+               "passes": sum(p for _, _, _, p in verifications)}
+        times = {"read rows": [], "every row": []}
+        for _ in range(args.rounds):
+            for name, follow_on in (("read rows", True), ("every row", False)):
+                t = time.perf_counter()
+                for x, follow, _, _ in verifications:
+                    greedy_head.greedy_logits(head, x, softcap, product, follow if follow_on else None)
+                times[name].append((time.perf_counter() - t) * 1e3 / max(len(verifications), 1))
+        row["read rows ms"] = round(statistics.median(times["read rows"]), 2)
+        row["every row ms"] = round(statistics.median(times["every row"]), 2)
+        row["ratio"] = round(row["every row ms"] / row["read rows ms"], 2)
+        rows.append(row)
+        print(row, flush=True)
         for attempt in range(2):
             t = time.perf_counter()
             greedy_head._Screen(weight)
@@ -111,7 +164,8 @@ def main() -> None:
         info = machine_info("cpu")
         info["read_gbs_start"], info["read_gbs_end"] = f"{start_bw:.1f}", f"{end_bw:.1f}"
         columns = ["part", "case", "rows", "median", "p90", "p99", "max", "full median", "full min",
-                   "screened median", "screened min", "ratio", "seconds"]
+                   "screened median", "screened min", "ratio", "seconds", "computed", "calls", "passes",
+                   "read rows ms", "every row ms"]
         write_csv_columns(args.csv, rows, columns, info)
 
 
