@@ -1,8 +1,8 @@
 """The floor meter: how far a decoding step is from what it must read, for the embedded target and drafter.
 
     python bench/bench_floor.py [--models gemma-3-270m,smollm2-135m] [--isas native,avx2]
-                                [--sizes 1,2,4,8,16] [--repeats 15] [--rounds 3] [--context 64]
-                                [--csv docs/floor_cpu.csv] [--plot docs/floor_cpu.png]
+                                [--heads whole,greedy] [--sizes 1,2,4,8,16] [--repeats 15] [--rounds 3]
+                                [--context 64] [--csv docs/floor_cpu.csv] [--plot docs/floor_cpu.png]
 
 A step of a float32 model must read every weight once: the floor of a step is those bytes over the machine's
 streaming read bandwidth, measured here at the start and at the end of the run (2 threads, the faster of a sum
@@ -12,11 +12,18 @@ Because it moves within minutes (on a 2-vCPU AMD EPYC on 2026-12-05 a one-token 
 run and 37.5 in one two minutes later), every cell also measures it right before and right after its own
 steps: `cell ratio` is the step over the floor at the faster of those two, and `vs 1 token` the step over
 the one-token chain step of the same process, which no probe enters.
-For each model, each step size n (tokens in flight for one request) is timed as a chain (n tokens appended
-to a cache of --context tokens, as a verification of n - 1 drafts) and as a tree (n nodes: rows of four
-under the root's last token, as n-gram trees are), through specops' own forward (the one decoding uses), the
-median of --repeats steps after a warm-up, then the median over --rounds rounds that interleave the settings;
-the ratio to the floor is the figure of merit.
+For each model, each step size n (tokens in flight for one request) is timed as a chain (n tokens appended to
+a cache of --context tokens of text, HumanEval's first prompts, as a verification of n - 1 drafts) and as a
+tree (n nodes: rows of four under the root's last token, as n-gram trees are), through specops' own forward
+(the one decoding uses), the median of --repeats steps after a warm-up, then the median over --rounds rounds
+that interleave the settings; the ratio to the floor is the figure of merit.
+
+Heads: "whole" computes every logit of every row (what a sampled step needs); "greedy" reads only argmaxes,
+as the target of a greedy call does (`CausalLM.argmax_only`): a large float32 head through its int8 screen
+(specops/decoding/greedy_head.py) for up to 8 rows, every row computed (the steps feed random tokens and no
+`follow`, so this is a verification whose drafts are all accepted). A greedy step's floor prices the head at
+its int8 copy's bytes (one int8 weight and one float32 scale a row) where the screen serves it; steps of more
+rows read the float32 head and keep the float32 floor.
 
 Each instruction-set path runs in a fresh process: "native" is what the CPU has, "avx2" caps the C++ kernels at
 their AVX2 copies (SPECOPS_CPU_ISA=avx2), so an AVX-512 machine measures both x86 paths. torch's own kernels
@@ -38,7 +45,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from _timing import machine_info, read_bandwidth_gbs  # noqa: E402
+from _timing import load_prompts, machine_info, read_bandwidth_gbs  # noqa: E402
 
 MODELS = ["gemma-3-270m", "smollm2-135m"]
 SIZES = [1, 2, 4, 8, 16]
@@ -86,7 +93,22 @@ def _tree(n: int) -> tuple:
     return depth, visible
 
 
-def worker(name: str, sizes: list[int], repeats: int, context: int) -> list[dict]:
+def greedy_bytes(model, rows: int) -> int:
+    """Bytes a greedy step of `rows` rows must read: weight_bytes, with the output head at its int8 screen's
+    bytes where the screen serves that many rows of it."""
+    import torch
+
+    from specops.decoding import greedy_head
+
+    head = model.get_output_embeddings()
+    if rows > greedy_head._SCREEN_ROWS or type(head) is not torch.nn.Linear or \
+            head.weight.dtype != torch.float32 or head.weight.numel() < greedy_head._SCREEN_WEIGHTS:
+        return weight_bytes(model)
+    vocab, dim = head.weight.shape
+    return weight_bytes(model) - head.weight.numel() * 4 + vocab * (dim + 4)
+
+
+def worker(name: str, sizes: list[int], repeats: int, context: int, head: str = "whole") -> list[dict]:
     import torch
 
     import specops
@@ -94,19 +116,23 @@ def worker(name: str, sizes: list[int], repeats: int, context: int) -> list[dict
     from specops.decoding.engine import CausalLM, KVState
 
     torch.set_num_threads(2)
-    model, _ = specops.models.load(name)
+    model, tokenizer = specops.models.load(name)
     lm = CausalLM(model)
+    lm.argmax_only = head == "greedy"
     state = KVState(lm, 1)
-    vocab = model.config.get_text_config().vocab_size
-    generator = torch.Generator().manual_seed(0)
+    # Real text (a greedy head's cost depends on the logits: rows of random tokens have no leading id)
+    text = tokenizer("".join(load_prompts(0, 4))).input_ids
+    if len(text) < context + max(sizes) + 1:
+        raise SystemExit(f"bench_floor: {len(text)} tokens of text, fewer than --context + the largest size "
+                         "+ 1")
     with torch.inference_mode():
-        state.prefill([torch.randint(0, vocab, (context,), generator=generator).tolist()])
+        state.prefill([text[:context]])
         rows = []
         for kind in ("chain", "tree"):
             for n in sizes:
                 if kind == "tree" and n == 1:
                     continue  # one node is the chain of one
-                tokens = torch.randint(0, vocab, (1, n if kind == "chain" else n + 1), generator=generator)
+                tokens = torch.tensor([text[context:context + (n if kind == "chain" else n + 1)]])
 
                 def step():
                     if kind == "chain":
@@ -127,28 +153,31 @@ def worker(name: str, sizes: list[int], repeats: int, context: int) -> list[dict
                     times.append(time.perf_counter() - start)
                 # the lower of the two floors: never flattered
                 bandwidth = max(bandwidth, read_bandwidth_gbs())
-                rows.append({"model": name, "isa": _C.cpu_isa(), "kind": kind, "tokens": n,
-                             "ms": 1e3 * statistics.median(times), "bytes": weight_bytes(model),
+                rows.append({"model": name, "isa": _C.cpu_isa(), "head": head, "kind": kind, "tokens": n,
+                             "ms": 1e3 * statistics.median(times),
+                             "bytes": greedy_bytes(model, n + (kind == "tree")) if head == "greedy" else
+                             weight_bytes(model),
                              "cell_gbs": bandwidth,
                              "path": "llama_layers" if lm.llama_forward is not None and lm.llama_forward.fits(n + 1)
                              else "cpu_forward" if lm.cpu_forward is not None else "transformers"})
-    one = next(r["ms"] for r in rows if r["kind"] == "chain" and r["tokens"] == 1) if 1 in sizes else None
+    one = next((r["ms"] for r in rows if r["kind"] == "chain" and r["tokens"] == 1), None)
     for row in rows:
         row["cell_ratio"] = row["ms"] / (1e3 * row["bytes"] / (row["cell_gbs"] * 1e9))
         row["vs_one"] = row["ms"] / one if one else float("nan")
     return rows
 
 
-def run(models: list[str], isas: list[str], sizes: list[int], repeats: int, context: int, rounds: int
-        ) -> list[dict]:
+def run(models: list[str], isas: list[str], sizes: list[int], repeats: int, context: int, rounds: int,
+        heads: list[str]) -> list[dict]:
     """Every (model, instruction set) in a fresh process, interleaved over `rounds` rounds; each cell's median
     over the rounds (the host's speed drifts within minutes: one pass after another would compare moments)."""
     runs = []
     for round_ in range(rounds):
-        runs += _round(models, isas, sizes, repeats, context, round_)
+        runs += _round(models, isas, sizes, repeats, context, round_, heads)
     cells: dict[tuple, list[dict]] = {}
     for row in runs:
-        cells.setdefault((row["setting"], row["model"], row["kind"], row["tokens"]), []).append(row)
+        key = (row["setting"], row["head"], row["model"], row["kind"], row["tokens"])
+        cells.setdefault(key, []).append(row)
     return [dict(found[0], ms=statistics.median(r["ms"] for r in found),
                  ms_runs=";".join(f"{r['ms']:.1f}" for r in found),
                  **{key: statistics.median(r[key] for r in found)
@@ -156,21 +185,21 @@ def run(models: list[str], isas: list[str], sizes: list[int], repeats: int, cont
             for found in cells.values()]
 
 
-def _round(models: list[str], isas: list[str], sizes: list[int], repeats: int, context: int, round_: int
-           ) -> list[dict]:
+def _round(models: list[str], isas: list[str], sizes: list[int], repeats: int, context: int, round_: int,
+           heads: list[str]) -> list[dict]:
     rows = []
-    for isa in isas:
+    for isa, head in [(isa, head) for isa in isas for head in heads]:
         for name in models:
             env = {k: v for k, v in os.environ.items() if k != "SPECOPS_CPU_ISA"}
             if isa != "native":
                 env["SPECOPS_CPU_ISA"] = isa
             command = [sys.executable, __file__, "--worker", name, "--sizes", ",".join(map(str, sizes)),
-                       "--repeats", str(repeats), "--context", str(context)]
+                       "--repeats", str(repeats), "--context", str(context), "--heads", head]
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if done.returncode:
                 raise SystemExit(f"bench_floor: {name} ({isa}) failed:\n{done.stderr[-3000:]}")
             rows += [dict(row, setting=isa) for row in json.loads(done.stdout.strip().splitlines()[-1])]
-            print(f"round {round_}: {name} ({isa}) done", file=sys.stderr, flush=True)
+            print(f"round {round_}: {name} ({isa}, {head} head) done", file=sys.stderr, flush=True)
     return rows
 
 
@@ -181,11 +210,14 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for key in sorted({(r["model"], r["setting"], r["kind"]) for r in rows}):
+    for key in sorted({(r["model"], r["setting"], r["kind"], r["head"]) for r in rows}):
         points = sorted((r["tokens"], r["cell_ratio"]) for r in rows
-                        if (r["model"], r["setting"], r["kind"]) == key)
+                        if (r["model"], r["setting"], r["kind"], r["head"]) == key)
+        style = "-" if key[1] == "native" else "--"
+        if key[3] == "greedy":
+            style = ":" if key[1] == "native" else "-."
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o" if key[2] == "chain" else "s",
-                  linestyle="-" if key[1] == "native" else "--", label=f"{key[0]}, {key[2]}, {key[1]}")
+                  linestyle=style, label=f"{key[0]}, {key[2]}, {key[1]}, {key[3]} head")
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xscale("log", base=2)
     axes.set_xticks(SIZES, [str(s) for s in SIZES])
@@ -201,6 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--isas", default="native,avx2")
+    parser.add_argument("--heads", default="whole,greedy", help="whole, greedy, or both (module docstring)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
@@ -211,10 +244,11 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.worker:
-        print(json.dumps(worker(args.worker, sizes, args.repeats, args.context)))
+        print(json.dumps(worker(args.worker, sizes, args.repeats, args.context, args.heads)))
         return
     before = read_bandwidth_gbs()
-    rows = run(args.models.split(","), args.isas.split(","), sizes, args.repeats, args.context, args.rounds)
+    rows = run(args.models.split(","), args.isas.split(","), sizes, args.repeats, args.context, args.rounds,
+               args.heads.split(","))
     after = read_bandwidth_gbs()
     info = machine_info("cpu")
     bandwidth = max(before, after)  # the floor at the faster of the two (the lower floor): never flattered
@@ -234,11 +268,12 @@ def main() -> None:
           + (" (it moved: the floor uses the higher)" if moved else ""))
     if any(r["ratio"] < 1 or r["cell_ratio"] < 1 for r in rows):
         print("some steps ran faster than the floor: this host streams faster than the bandwidth probe reads")
-    print("| model | path | ISA | kind | tokens | ms | floor ms | ratio | cell GB/s | cell ratio "
+    print("| model | path | ISA | head | kind | tokens | ms | floor ms | ratio | cell GB/s | cell ratio "
           "| vs 1 token |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['model']} | {r['path']} | {r['isa']} | {r['kind']} | {r['tokens']} | {r['ms']:.1f} | "
+        print(f"| {r['model']} | {r['path']} | {r['isa']} | {r['head']} | {r['kind']} | {r['tokens']} | "
+              f"{r['ms']:.1f} | "
               f"{r['floor_ms']:.1f} | {r['ratio']:.2f} | {r['cell_gbs']:.1f} | {r['cell_ratio']:.2f} | "
               f"{r['vs_one']:.2f} |")
     if args.plot:

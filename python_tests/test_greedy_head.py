@@ -218,7 +218,8 @@ def _counting(weight):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_staged_rows_equal_the_full_head_wherever_verification_reads(seed):
+def test_staged_rows_equal_the_full_head_wherever_verification_reads(monkeypatch, seed):
+    monkeypatch.setattr(greedy_head, "_SCREEN_WEIGHTS", 1 << 62)  # whole rows: every bit comparable
     vocab, dim = 700, 48
     weight = _head(vocab, dim, seed)
     head = torch.nn.Linear(dim, vocab, bias=False)
@@ -325,3 +326,18 @@ def test_greedy_verification_computes_fewer_rows_and_equals_generate(monkeypatch
     width = encoded.input_ids.shape[1]
     for row, tokens in enumerate(result.tokens):
         assert tokens == out[row, width:].tolist()[:len(tokens)] and len(tokens) > 0
+
+
+def test_flat_rows_go_to_the_full_head(monkeypatch):
+    """Rows with no leading id keep most of the vocabulary as candidates: past _MOST_IDS the screen gives
+    up (the caller reads the whole head) rather than gather that much of the float32 head."""
+    vocab, dim = 4096, 32
+    weight = _head(vocab, dim, 9)
+    screen = _Screen(weight)
+    flat = torch.zeros(2, dim)
+    flat[:, 0] = 1e-3  # every logit within the bounds of every other
+    monkeypatch.setattr(greedy_head, "_MOST_IDS", 512)  # two blocks a row
+    assert screen.logits(weight, flat, None) is None
+    leading = weight[100:101] * 20
+    got = screen.logits(weight, leading, None)
+    assert got is not None and got.argmax(1).item() == 100

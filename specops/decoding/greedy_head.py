@@ -40,6 +40,10 @@ _BLOCK = 256  # ids per block: a block whose largest screened logit plus largest
 _CHUNK = 8192  # rows of the head quantized at a time (bounded temporaries)
 _SLACK = 1e-3  # relative (and absolute) slack on L
 _CAP_RANGE = 2.0  # soft-capped logits screened while L <= 2 * cap (tanh' >= 0.07: no rounding onto the max)
+# Most ids a call computes exactly (the union over its rows): rows whose logits are flat (no id leads, as
+# for the random tokens of bench/bench_floor.py) keep tens of thousands of candidates, and gathering their
+# float32 rows cost up to 18x the whole head (8 rows: 373 ms against 21); past this the whole head is read.
+_MOST_IDS = 1 << 13
 _FIRST_DEPTH = 1  # a verification's first pass computes the rows of its roots and their children
 _FOLLOW = True  # False: every row of a verification is computed (bench/bench_peers.py's -all-rows switch)
 
@@ -85,7 +89,8 @@ class _Screen:
 
     def logits(self, weight: torch.Tensor, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
         """Logits [R, V] of rows [R, K] whose argmax is the full head's (-inf where an id cannot be it), or
-        None where the screen cannot tell (non-finite rows; soft-capped logits near the cap)."""
+        None where the screen cannot tell (non-finite rows; soft-capped logits near the cap) or would
+        compute more than _MOST_IDS ids exactly."""
         count = rows.shape[0]
         norm = torch.linalg.vector_norm(rows, dim=1) * (1 + 1e-3)
         screened = torch.ops.specops.quantized_linear(rows, self.q, self.scales, None, None)
@@ -100,10 +105,14 @@ class _Screen:
             return None
         floor = floor - _SLACK * (1 + floor.abs())
         row, block = torch.nonzero(peak + norm[:, None] * self.block_high >= floor[:, None], as_tuple=True)
+        if row.numel() * _BLOCK > count * _MOST_IDS:  # flat rows: most blocks pass
+            return None
         keep = blocks[row, block] + norm[row, None] * self.high[block] >= floor[row, None]
         at, column = torch.nonzero(keep, as_tuple=True)
         row, ids = row[at], self.order[block[at] * _BLOCK + column]
         unique, where = torch.unique(ids, return_inverse=True)
+        if unique.numel() > _MOST_IDS:
+            return None
         exact = torch.ops.specops.skinny_linear(rows, weight[unique], None)[row, where]
         exact = capped(exact, softcap)
         out = rows.new_full((count, self.vocab), float("-inf"))
