@@ -176,7 +176,7 @@ class CpuForward:
         # A float head through skinny_linear; a quantized one (specops.quantize) computes itself.
         head = self.head
         product = head if isinstance(head, QuantizedLinear) else partial(_product, head.weight, None)
-        logits = greedy_logits(self.head, rows, self.softcap, product, follow) if argmax_only else \
+        logits = greedy_logits(head, rows, self.softcap, product, follow) if argmax_only else \
             capped(product(rows), self.softcap)
         return logits.reshape(batch, n, -1).float()
 
