@@ -95,17 +95,15 @@ def _tree(n: int) -> tuple:
 
 def greedy_bytes(model, rows: int) -> int:
     """Bytes a greedy step of `rows` rows must read: weight_bytes, with the output head at its int8 screen's
-    bytes where the screen serves that many rows of it."""
-    import torch
-
+    bytes where the screen serves that many rows of it (the screen's own rule, and its own copy's bytes)."""
     from specops.decoding import greedy_head
 
     head = model.get_output_embeddings()
-    if rows > greedy_head._SCREEN_ROWS or type(head) is not torch.nn.Linear or \
-            head.weight.dtype != torch.float32 or head.weight.numel() < greedy_head._SCREEN_WEIGHTS:
+    screen = greedy_head._screen(head) if rows <= greedy_head._SCREEN_ROWS else None
+    if screen is None:
         return weight_bytes(model)
-    vocab, dim = head.weight.shape
-    return weight_bytes(model) - head.weight.numel() * 4 + vocab * (dim + 4)
+    stored = screen.q.numel() * screen.q.element_size() + screen.scales.numel() * screen.scales.element_size()
+    return weight_bytes(model) - head.weight.numel() * head.weight.element_size() + stored
 
 
 def worker(name: str, sizes: list[int], repeats: int, context: int, head: str = "whole") -> list[dict]:
