@@ -5,12 +5,19 @@
 
 #include "cpu/isa.h"
 
+namespace specops {
+const char* int8_dot_isa_name();  // cpu/int8_linear.cpp
+}
+
 // specops._C is imported as a Python module only so that loading it runs the registrations below;
 // it exposes nothing itself (ops are reached through torch.ops.specops).
 namespace {
 // specops._C.cpu_isa(): the instruction set the C++ kernels take ("avx512", "avx2" or "base"; cpu/isa.h).
 PyObject* cpu_isa_name(PyObject*, PyObject*) { return PyUnicode_FromString(specops::isa_name(specops::cpu_isa())); }
+// specops._C.int8_dot_isa(): the copy int8_linear takes ("avx512_vnni", "avx2" or "base"; cpu/int8_linear.cpp).
+PyObject* int8_dot_isa(PyObject*, PyObject*) { return PyUnicode_FromString(specops::int8_dot_isa_name()); }
 PyMethodDef methods[] = {{"cpu_isa", cpu_isa_name, METH_NOARGS, "the instruction set the C++ kernels take"},
+                         {"int8_dot_isa", int8_dot_isa, METH_NOARGS, "the copy int8_linear takes"},
                          {nullptr, nullptr, 0, nullptr}};
 }  // namespace
 
@@ -89,6 +96,9 @@ TORCH_LIBRARY(specops, m) {
   // skinny_linear with the weight stored in low precision (bfloat16; int8 with per-group scales; int4 packed two
   // per uint8 byte with per-group scales and minimums), de-quantized as it is read; float32 activations.
   m.def("quantized_linear(Tensor input, Tensor weight, Tensor? scales, Tensor? mins, Tensor? bias) -> Tensor");
+  // int8 input [M, K] times int8 weight [N, K]^T with exact integer sums, each output scaled by its input row's
+  // and its weight row's float32 scale (both operands quantized: the int8 screen of a greedy step's head).
+  m.def("int8_linear(Tensor input, Tensor input_scales, Tensor weight, Tensor weight_scales) -> Tensor");
   // The decoder layers of a Llama-family model (RMSNorm pre-norm, rotary attention over a KV cache, SiLU-gated
   // MLP) for the few rows of a CPU decoding forward in one call. linears: per layer the q, k, v, o, gate, up
   // and down projections as (weight, scales, mins, bias), float32 or quantized_linear's formats; a slot

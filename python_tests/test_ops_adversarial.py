@@ -594,7 +594,7 @@ def ensemble_logits_nan(backend):
         assert ensemble(backend, members).shape == (2, 5)
 
 
-# ---- skinny_linear, quantized_linear ----
+# ---- skinny_linear, quantized_linear, int8_linear ----
 
 def linear(backend, x, weight, bias=None, scales=None, mins=None):
     quantized = weight.dtype != torch.float32
@@ -628,6 +628,41 @@ def linear_edges_and_nan_rows(backend):
         no_k = ops.skinny_linear(torch.randn(2, 0), torch.randn(3, 0), bias[:3])  # K = 0: the bias
         assert torch.equal(no_k, bias[:3].expand(2, 3))
         assert ops.skinny_linear(torch.randn(2, 4), torch.randn(0, 4)).shape == (2, 0)
+
+
+def int8(backend, x, xs, w, ws):
+    if backend == "cpp":
+        return ops.int8_linear(x, xs, w, ws)
+    return cpu(triton_launcher("int8_linear")(*moved((x, xs, w, ws))))
+
+
+@case("cpp", "triton")
+def int8_linear_edges_and_non_finite_scales(backend):
+    x = torch.randint(-128, 128, (3, 64), generator=gen(22), dtype=torch.int8)
+    w = torch.randint(-128, 128, (5, 64), generator=gen(23), dtype=torch.int8)
+    xs, ws = torch.rand(3, generator=gen(24)), torch.rand(5, generator=gen(25))
+
+    def want(x, xs, w, ws):  # the kernels' bits: the exact sum, converted once, times each scale in turn
+        return (x.long() @ w.long().T).float() * xs[:, None] * ws[None, :]
+    assert int8(backend, x[:0], xs[:0], w, ws).shape == (0, 5)
+    assert int8(backend, x, xs, w[:0], ws[:0]).shape == (3, 0)
+    signed = torch.tensor([1.0, -1.0, 2.0])  # K = 0: zero sums, scaled (-0.0 in row 1)
+    assert equal(int8(backend, x[:, :0], signed, w[:, :0], ws), want(x[:, :0], signed, w[:, :0], ws))
+    assert torch.signbit(int8(backend, x[:, :0], signed, w[:, :0], ws)[1]).all()
+    # A NaN or inf scale is not checked: it reaches its own row or column only (0 * inf is NaN).
+    xs_bad, ws_bad = xs.clone(), ws.clone()
+    xs_bad[1], ws_bad[3] = NAN, INF
+    x_zero = x.clone()
+    x_zero[2] = 0
+    got = int8(backend, x_zero, xs_bad, w, ws_bad)
+    assert equal(got, want(x_zero, xs_bad, w, ws_bad))
+    assert torch.isnan(got[1]).all() and torch.isnan(got[2, 3]) and torch.isinf(got[0, 3])
+    strided = torch.randint(-128, 128, (64, 3), generator=gen(26), dtype=torch.int8).t()
+    assert equal(int8(backend, strided, xs, w, ws), want(strided, xs, w, ws))
+    # The extremes over the longest K that keeps (-128)^2 * K in int32.
+    k = 2**17 - 1
+    low = torch.full((1, k), -128, dtype=torch.int8)
+    assert int8(backend, low, torch.ones(1), low.expand(2, k), torch.ones(2)).tolist() == [[2**31 - 2**14] * 2]
 
 
 # ---- tree_attention ----
@@ -950,6 +985,10 @@ BAD_ARGUMENTS = [
      "the CPU kernel takes float32 input and weight"),
     (lambda: ops.quantized_linear(_logits(2, 64), _logits(3, 64)), TypeError,
      "weight must be bfloat16, int8"),
+    (lambda: ops.int8_linear(_logits(2, 4), torch.ones(2), torch.zeros(3, 4, dtype=torch.int8), torch.ones(3)),
+     ValueError, r"int8_linear: input must be int8 \[M, K\]"),
+    (lambda: ops.int8_linear(torch.zeros(2, 4, dtype=torch.int8), torch.ones(2), torch.zeros(3, 4, dtype=torch.int8),
+                             torch.ones(3).double()), ValueError, r"weight_scales must be float32 \[N\] with N = 3"),
     (lambda: ops.tree_attention(*_attention_case()[:3], _attention_case()[3].long()), ValueError,
      r"tree_mask must be \[B, N, ceil\(N/32\)\] int32"),
     (lambda: llama(dict(_llama_args(), hidden=_llama_args()["hidden"].double())), TypeError,

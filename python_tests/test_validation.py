@@ -816,7 +816,8 @@ def _tree_attention_cases():
         "tree_mask has a node that does not see itself (its own bit is clear)")
 
 
-# ---- skinny_linear, quantized_linear (csrc/cpu/skinny_linear.cpp, quantized_linear.cpp) ----
+# ---- skinny_linear, quantized_linear, int8_linear (csrc/cpu/skinny_linear.cpp, quantized_linear.cpp,
+# int8_linear.cpp) ----
 
 CPU_FLOAT32 = "the CPU kernel takes float32 activations only; accelerators also take bfloat16 / float16"
 
@@ -830,6 +831,16 @@ def quantized_linear_args() -> dict:
     return dict(input=torch.randn(2, 64, generator=gen(23)),
                 weight=torch.randint(-127, 128, (4, 64), generator=gen(24), dtype=torch.int8),
                 scales=torch.rand(4, 2, generator=gen(25)) / 100, mins=None, bias=torch.randn(4, generator=gen(26)))
+
+
+def int8_linear_args() -> dict:
+    return dict(input=torch.randint(-128, 128, (2, 64), generator=gen(30), dtype=torch.int8),
+                input_scales=torch.rand(2, generator=gen(31)) / 100,
+                weight=torch.randint(-128, 128, (4, 64), generator=gen(32), dtype=torch.int8),
+                weight_scales=torch.rand(4, generator=gen(33)) / 100)
+
+
+_INT8_LONG_K = 2**17  # one past int8_linear's longest K (specops.reference.INT8_LINEAR_MOST_K)
 
 
 def _int4(a):
@@ -902,6 +913,34 @@ def _linear_cases():
     bad(op, "bias_shape", with_(bias=lambda t: t[:2]), "bias must be float32 [N] with N = 4", ValueError)
     bad(op, "bias_float16", with_(bias=lambda t: t.half()), "bias must be float32 [N] with N = 4", ValueError)
 
+    op = "int8_linear"
+    good(op, "valid")
+    good(op, "no_rows", with_(input=lambda t: t[:0], input_scales=lambda s: s[:0]))
+    good(op, "no_outputs", with_(weight=lambda t: t[:0], weight_scales=lambda s: s[:0]))
+    good(op, "k_zero", with_(input=lambda t: t[:, :0], weight=lambda t: t[:, :0]))
+    good(op, "longest_k", with_(input=torch.zeros(2, 2**17 - 1, dtype=torch.int8),
+                                weight=torch.zeros(4, 2**17 - 1, dtype=torch.int8)))
+    bad(op, "input_1d", with_(input=lambda t: t[0]), "input must be int8 [M, K]", guard=True)
+    bad(op, "input_3d", with_(input=lambda t: t[None]), "input must be int8 [M, K]")
+    bad(op, "input_float32", with_(input=lambda t: t.float()), "input must be int8 [M, K]", guard=True)
+    bad(op, "input_uint8", with_(input=lambda t: t.to(torch.uint8)), "input must be int8 [M, K]")
+    bad(op, "weight_1d", with_(weight=lambda t: t[0]), "weight must be int8 [N, K]")
+    bad(op, "weight_float32", with_(weight=lambda t: t.float()), "weight must be int8 [N, K]", guard=True)
+    bad(op, "weight_inner_size", with_(weight=lambda t: t[:, :32]), "weight must be [N, K] with K = 64, got [4, 32]",
+        guard=True)
+    bad(op, "k_too_long", with_(input=torch.zeros(2, _INT8_LONG_K, dtype=torch.int8),
+                                weight=torch.zeros(4, _INT8_LONG_K, dtype=torch.int8)),
+        f"K = {_INT8_LONG_K} is longer than 131071 (the int32 sums would overflow)", guard=True)
+    bad(op, "input_scales_shape", with_(input_scales=lambda s: s[:1]), "input_scales must be float32 [M] with M = 2")
+    bad(op, "input_scales_2d", with_(input_scales=lambda s: s[:, None]),
+        "input_scales must be float32 [M] with M = 2")
+    bad(op, "input_scales_float64", with_(input_scales=lambda s: s.double()),
+        "input_scales must be float32 [M] with M = 2", guard=True)
+    bad(op, "weight_scales_shape", with_(weight_scales=lambda s: s[:3]), "weight_scales must be float32 [N] with N = 4")
+    bad(op, "weight_scales_2d", with_(weight_scales=lambda s: s[None]), "weight_scales must be float32 [N] with N = 4")
+    bad(op, "weight_scales_float16", with_(weight_scales=lambda s: s.half()),
+        "weight_scales must be float32 [N] with N = 4", guard=True)
+
 
 VALID = {"chain_verify": chain_verify_args, "tree_verify": tree_verify_args,
          "sample_without_replacement": sample_without_replacement_args,
@@ -909,7 +948,7 @@ VALID = {"chain_verify": chain_verify_args, "tree_verify": tree_verify_args,
          "ensemble_logits": ensemble_logits_args, "ngram_match": ngram_match_args,
          "ngram_memory_insert": ngram_memory_insert_args, "ngram_memory_lookup": ngram_memory_lookup_args,
          "tree_attention": tree_attention_args, "skinny_linear": skinny_linear_args,
-         "quantized_linear": quantized_linear_args}
+         "quantized_linear": quantized_linear_args, "int8_linear": int8_linear_args}
 for _register in (_chain_cases, _tree_cases, _sample_cases, _beam_cases, _vocab_cases, _ensemble_cases, _ngram_cases,
                   _memory_cases, _tree_attention_cases, _linear_cases):
     _register()

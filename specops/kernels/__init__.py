@@ -10,7 +10,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
 
 if triton is not None:
-    from specops.kernels import (chain_verify, ensemble_logits, ngram_match, ngram_memory_insert,  # noqa: F401
-                                 ngram_memory_lookup, quantized_linear, sample_without_replacement,
-                                 skinny_linear, stochastic_beam_step, tree_attention, tree_verify,
-                                 vocab_project)
+    from specops.kernels import (chain_verify, ensemble_logits, int8_linear, ngram_match,  # noqa: F401
+                                 ngram_memory_insert, ngram_memory_lookup, quantized_linear,
+                                 sample_without_replacement, skinny_linear, stochastic_beam_step,
+                                 tree_attention, tree_verify, vocab_project)

@@ -9,13 +9,13 @@ without the value checks.
 One module per op family, each holding its ops' wrappers, fakes and checks: `sampling` (chain_verify,
 tree_verify, sample_without_replacement, stochastic_beam_step, vocab_project), `ngram` (ngram_match, ngram_memory_insert, ngram_memory_lookup),
 `attention` (tree_attention), `ensemble` (ensemble_logits), `linear` (skinny_linear, quantized_linear,
-llama_layers); `_checks` holds what they share.
+int8_linear, llama_layers); `_checks` holds what they share.
 """
 
 from specops.ops import attention, ensemble, linear, ngram, sampling
 from specops.ops.attention import tree_attention
 from specops.ops.ensemble import ensemble_logits
-from specops.ops.linear import llama_layers, quantized_linear, skinny_linear
+from specops.ops.linear import int8_linear, llama_layers, quantized_linear, skinny_linear
 from specops.ops.ngram import ngram_match, ngram_memory_insert, ngram_memory_lookup
 from specops.ops.sampling import (CHAIN_SCHEMES, TREE_SCHEMES, chain_verify, sample_without_replacement,
                                   stochastic_beam_step, tree_verify, vocab_project)
@@ -30,9 +30,11 @@ CONTRACTS = {"chain_verify": sampling.check_chain_verify, "tree_verify": samplin
              "ngram_memory_insert": ngram.check_ngram_memory_insert,
              "ngram_memory_lookup": ngram.check_ngram_memory_lookup,
              "ensemble_logits": ensemble.check_ensemble_logits, "tree_attention": attention.check_tree_attention,
-             "skinny_linear": linear.check_skinny_linear, "quantized_linear": linear.check_quantized_linear}
+             "skinny_linear": linear.check_skinny_linear, "quantized_linear": linear.check_quantized_linear,
+             "int8_linear": linear.check_int8_linear}
 
-__all__ = ["CHAIN_SCHEMES", "CONTRACTS", "TREE_SCHEMES", "chain_verify", "ensemble_logits", "llama_layers",
+__all__ = ["CHAIN_SCHEMES", "CONTRACTS", "TREE_SCHEMES", "chain_verify", "ensemble_logits", "int8_linear",
+           "llama_layers",
            "ngram_match", "ngram_memory_insert", "ngram_memory_lookup",
            "quantized_linear", "sample_without_replacement", "skinny_linear", "stochastic_beam_step", "tree_attention",
            "tree_verify", "vocab_project"]

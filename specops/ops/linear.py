@@ -1,4 +1,4 @@
-"""The linear-layer ops of a decoding step: skinny_linear, quantized_linear and llama_layers."""
+"""The linear-layer ops of a decoding step: skinny_linear, quantized_linear, int8_linear and llama_layers."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import math
 
 import torch
 
+from specops.reference import INT8_LINEAR_MOST_K
 from specops.ops._checks import _c_dtype, _check_devices, _float, _int, _linear_input_dtypes, _require, _tensor
 
-__all__ = ["skinny_linear", "quantized_linear", "llama_layers"]
+__all__ = ["skinny_linear", "quantized_linear", "int8_linear", "llama_layers"]
 
 
 def _refuse_gradients(op: str, *tensors, hint: str = "") -> None:
@@ -164,6 +165,57 @@ def check_quantized_linear(input, weight, scales, mins, bias) -> None:
 def _quantized_linear_fake(input, weight, scales, mins, bias):
     check_quantized_linear(input, weight, scales, mins, bias)
     return input.new_empty((input.shape[0], weight.shape[0]))
+
+
+def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.Tensor,
+                weight_scales: torch.Tensor) -> torch.Tensor:
+    """An int8 input times an int8 weight, each row with its own scale (both operands quantized, as
+    vLLM's scaled int8 GEMMs): out[..., n] = (sum_k input[..., k] * weight[n, k]) * input_scales[...] *
+    weight_scales[n] in float32. The integer sums are exact; the kernels round float(sum) * input scale *
+    weight scale in float32 in that order (at most 3 * 2^-24 relative from the float64 result,
+    `specops.reference.int8_linear`), so every kernel copy gives the same bits. On a CPU with AVX-512 VNNI
+    one instruction multiplies 64 pairs of bytes (`specops._C.int8_dot_isa()` names the copy taken), which
+    keeps a product of up to about 16 rows bound by reading the weight; the int8 screen of a greedy step's
+    output head uses it. Forward only (integers carry no gradients).
+
+    Shape:
+        input: [..., K] int8, K <= 131,071 (the int32 sums stay exact). input_scales: [...] float32.
+        weight: [N, K] int8. weight_scales: [N] float32. All on one device.
+
+    Returns [..., N] float32.
+    """
+    op = "int8_linear"
+    input, input_scales = _tensor(op, "input", input), _tensor(op, "input_scales", input_scales)
+    weight, weight_scales = _tensor(op, "weight", weight), _tensor(op, "weight_scales", weight_scales)
+    if input.dim() < 1 or weight.dim() != 2 or input_scales.shape != input.shape[:-1]:
+        return torch.ops.specops.int8_linear(input, input_scales, weight, weight_scales)
+    rows = math.prod(input.shape[:-1])
+    out = torch.ops.specops.int8_linear(input.reshape(rows, input.shape[-1]), input_scales.reshape(rows), weight,
+                                        weight_scales)
+    return out.reshape(*input.shape[:-1], out.shape[-1])
+
+
+def check_int8_linear(input, input_scales, weight, weight_scales) -> None:
+    """int8_linear's contract where its kernel cannot check: the C++ kernel's checks and messages."""
+    op = "int8_linear"
+    _require(input.dim() == 2 and input.dtype == torch.int8, op, "input must be int8 [M, K]")
+    _require(weight.dim() == 2 and weight.dtype == torch.int8, op, "weight must be int8 [N, K]")
+    m, k, n = input.shape[0], input.shape[1], weight.shape[0]
+    _require(weight.shape[1] == k, op, f"weight must be [N, K] with K = {k}, got [{n}, {weight.shape[1]}]")
+    _require(k <= INT8_LINEAR_MOST_K, op,
+             f"K = {k} is longer than {INT8_LINEAR_MOST_K} (the int32 sums would overflow)")
+    _require(input_scales.dim() == 1 and input_scales.shape[0] == m and input_scales.dtype == torch.float32, op,
+             f"input_scales must be float32 [M] with M = {m}")
+    _require(weight_scales.dim() == 1 and weight_scales.shape[0] == n and weight_scales.dtype == torch.float32,
+             op, f"weight_scales must be float32 [N] with N = {n}")
+    _check_devices(op, "input", input.device,
+                   {"input_scales": input_scales, "weight": weight, "weight_scales": weight_scales})
+
+
+@torch.library.register_fake("specops::int8_linear")
+def _int8_linear_fake(input, input_scales, weight, weight_scales):
+    check_int8_linear(input, input_scales, weight, weight_scales)
+    return input.new_empty((input.shape[0], weight.shape[0]), dtype=torch.float32)
 
 
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,

@@ -308,8 +308,19 @@ def _quantized_linear(run):
                     _t(4, k, dtype=dtype), weight, scales, mins, _t(n, dtype=dtype) if bias else None)
 
 
+def _int8_linear(run):
+    from specops.kernels.int8_linear import int8_linear_triton
+
+    # The int8 screen of a greedy step's head: Gemma-3-270M's (262,144 x 640), two int8 rows per input row.
+    for rows in (2, 32):
+        for n, k in ((2048, 640), (262144, 640)):
+            run(f"M={rows} N={n} K={k}", int8_linear_triton, _t(rows, k, dtype=torch.int8), _t(rows),
+                _t(n, k, dtype=torch.int8), _t(n))
+
+
 CASES = [_chain_verify, _tree_verify, _sample_without_replacement, _stochastic_beam_step, _vocab_project,
-         _ensemble_logits, _ngram_match, _ngram_memory, _tree_attention, _skinny_linear, _quantized_linear]
+         _ensemble_logits, _ngram_match, _ngram_memory, _tree_attention, _skinny_linear, _quantized_linear,
+         _int8_linear]
 
 
 def kernels_launched() -> list[Launch]:
