@@ -99,7 +99,7 @@ def greedy_bytes(model, rows: int) -> int:
     from specops.decoding import greedy_head
 
     head = model.get_output_embeddings()
-    screen = greedy_head._screen(head) if rows <= greedy_head._SCREEN_ROWS else None
+    screen = greedy_head._screen(head) if rows <= greedy_head._screen_rows() else None
     if screen is None:
         return weight_bytes(model)
     stored = screen.q.numel() * screen.q.element_size() + screen.scales.numel() * screen.scales.element_size()

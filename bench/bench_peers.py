@@ -32,6 +32,8 @@ Configurations:
   slem-all-rows,          computed (greedy_head.py computes only the rows verification can read: a switch)
   tli-all-rows,
   ngram-int8-all-rows
+  ar-float-rows,          the same as ar, ngram with the screen's rows kept in float32 (greedy_head.py quantizes
+  ngram-float-rows        them to int8 where the CPU has AVX-512 VNNI: a switch; the same on other CPUs)
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
                           of the run plus --new-tokens, so no prompt recompiles) and its automatic
@@ -85,6 +87,7 @@ SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None),
            "ar-int8": (f"{TARGET}:int8", "ar", None), "ngram-int8": (f"{TARGET}:int8", "ngram", None)}
 SPECOPS.update({f"{config}-full": SPECOPS[config] for config in ("ar", "ngram", "slem", "tli")})
 SPECOPS.update({f"{config}-all-rows": SPECOPS[config] for config in ("ngram", "slem", "tli", "ngram-int8")})
+SPECOPS.update({f"{config}-float-rows": SPECOPS[config] for config in ("ar", "ngram")})
 OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
@@ -128,6 +131,10 @@ class Specops:
             from specops.decoding import greedy_head
 
             greedy_head._FOLLOW = False
+        if config.endswith("-float-rows"):  # a bench switch: the screen multiplies float32 rows
+            from specops.decoding import greedy_head
+
+            greedy_head._int8_rows = lambda: False
         self.decode = specops.decode
         self.target, self.method, self.drafter = SPECOPS[config]
         self.options = OPTIONS.get(config)

@@ -1,10 +1,12 @@
 """Tests of the screened output head of greedy steps (specops/decoding/greedy_head.py).
 
 1. The screen's logits have the full float32 head's argmax, ties to the lowest id included, on random heads
-   whose vocabulary is not a whole number of blocks, with and without a soft-cap, on rows of 1 to 8; every
-   id it computes has the full head's bits; non-finite rows are left to the full head.
+   whose vocabulary is not a whole number of blocks, with and without a soft-cap, on rows of 1 to 16; every
+   id it computes has the full head's bits; non-finite rows are left to the full head. Each test of the
+   screen runs with float32 rows and with rows quantized to int8 (the VNNI path).
 2. The check can fail: with the bounds taken away, a hand-made pair of rows whose int8 copies reverse their
-   order gives the wrong argmax, and the bound is what keeps it.
+   order gives the wrong argmax, and the bound is what keeps it; likewise a row whose int8 image misreads
+   one feature, and the rows' own term of the bound, which holds on rows of every magnitude.
 3. Decoding: greedy `ar` and `ngram` through the screen (forced onto tiny Llama and Gemma-3 models with a
    soft-cap) equal `generate()` on a ragged batch, and the screen did serve their steps; a sampled call
    never reads it; a head changed in place gets a new screen; `specops.kept` names it and `forget` drops it.
@@ -34,9 +36,17 @@ def _head(vocab: int, dim: int, seed: int) -> torch.Tensor:
     return weight
 
 
+@pytest.fixture(params=["float32 rows", "int8 rows"])
+def rows_kind(request, monkeypatch):
+    """Both ways the screen multiplies: float32 rows by the int8 copy (quantized_linear), and rows quantized
+    to two int8 rows each (int8_linear; taken where the CPU has VNNI, and correct on every CPU)."""
+    monkeypatch.setattr(greedy_head, "_int8_rows", lambda: request.param == "int8 rows")
+    return request.param
+
+
 @pytest.mark.parametrize("softcap", [None, 30.0, 3.0])
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_screen_gives_the_full_heads_argmax_and_bits(rows, softcap):
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+def test_screen_gives_the_full_heads_argmax_and_bits(rows, softcap, rows_kind):
     vocab, dim = 1000, 64  # 1,000 ids: four blocks, the last one padded
     for seed in range(4):
         weight = _head(vocab, dim, seed)
@@ -58,7 +68,7 @@ def test_screen_gives_the_full_heads_argmax_and_bits(rows, softcap):
         assert kept.sum(1).min() >= 1
 
 
-def test_screen_keeps_few_ids_where_one_leads():
+def test_screen_keeps_few_ids_where_one_leads(rows_kind):
     weight = _head(4096, 64, 0)
     x = weight[1234:1235] * 20  # id 1234 leads by far
     got = _Screen(weight).logits(weight, x, None)
@@ -87,7 +97,7 @@ def _reversed_pair() -> tuple[torch.Tensor, torch.Tensor]:
     return weight, x
 
 
-def test_the_bound_is_what_keeps_the_argmax():
+def test_the_bound_is_what_keeps_the_argmax(rows_kind):
     weight, x = _reversed_pair()
     assert _full(weight, x, None).argmax(1).item() == 0
     screen = _Screen(weight)
@@ -103,6 +113,53 @@ def test_the_bound_is_what_keeps_the_argmax():
         greedy_head._SLACK = slack
 
 
+def _quantization_flips_a_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """A head whose int8 copy is exact (B_v holds only rounding) and a row whose two int8 rows misread its last
+    feature: x = (1, 0.002, 1e-5) is read as (1, 0.002, 1.575e-5) (the second row's scale is 0.002 / 127), so
+    id 1 (1e-5 * ... read 1.575e-5) screens above id 0 (1.2e-5), which is the exact argmax."""
+    weight = torch.zeros(300, 3)
+    weight[:, 0] = -1.0
+    weight[0] = torch.tensor([1.2e-5, 0.0, 0.0])
+    weight[1] = torch.tensor([0.0, 0.0, 1.0])
+    x = torch.tensor([[1.0, 0.002, 1e-5]])
+    return weight, x
+
+
+def test_the_rows_quantization_bound_is_what_keeps_the_argmax(monkeypatch):
+    monkeypatch.setattr(greedy_head, "_int8_rows", lambda: True)
+    monkeypatch.setattr(greedy_head, "_SLACK", 0.0)
+    weight, x = _quantization_flips_a_pair()
+    assert _full(weight, x, None).argmax(1).item() == 0
+    screen = _Screen(weight)
+    screened, moved = screen._int8_product(x)
+    assert screened[0, screen.order.tolist().index(1)] > screened[0, screen.order.tolist().index(0)]
+    assert screen.logits(weight, x, None).argmax(1).item() == 0
+    own = _Screen._int8_product
+    monkeypatch.setattr(_Screen, "_int8_product", lambda self, rows: (own(self, rows)[0], torch.zeros(len(rows))))
+    assert screen.logits(weight, x, None).argmax(1).item() == 1  # without the rows' term: the misread order
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_rows_quantization_bound_holds(seed):
+    """|x . d_v - screened_v| <= moved for every id, on rows with outliers, tiny and huge magnitudes, zeros."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(700, 96, generator=g) / 10
+    screen = _Screen(weight)
+    x = torch.randn(6, 96, generator=g)
+    x[1, 5] *= 1e3  # an outlier feature
+    x[2] *= 1e-30
+    x[3] *= 1e30
+    x[4] = 0.0
+    x[5, ::2] = 0.0
+    screened, moved = screen._int8_product(x)
+    d = screen.q.double() * screen.scales.double()
+    exact = x.double() @ d.T
+    assert bool(((exact - screened.double()).abs() <= moved.double()[:, None]).all())
+    assert float(moved[4]) <= 1e-29  # a zero row moves nothing
+    plain = torch.tensor([0, 1, 5])
+    assert bool((moved[plain] < 1e-3 * torch.linalg.vector_norm(x[plain], dim=1) * screen.dmax).all())  # tight
+
+
 def test_screened_logits_serve_few_rows_of_a_large_float_head(monkeypatch):
     weight, x = _reversed_pair()
     head = torch.nn.Linear(32, 300, bias=False)
@@ -111,7 +168,7 @@ def test_screened_logits_serve_few_rows_of_a_large_float_head(monkeypatch):
     monkeypatch.setattr(greedy_head, "_SCREEN_WEIGHTS", 0)
     screened = greedy_head.screened_logits(head, x, None)
     assert torch.isinf(screened).any() and screened.argmax(1).item() == 0
-    assert greedy_head.screened_logits(head, x.repeat(greedy_head._SCREEN_ROWS + 1, 1), None) is None
+    assert greedy_head.screened_logits(head, x.repeat(greedy_head._screen_rows() + 1, 1), None) is None
     biased = torch.nn.Linear(32, 300)
     assert greedy_head.screened_logits(biased, x, None) is None
 
@@ -140,7 +197,7 @@ PROMPTS = ["def f(x):", "hello there, world", "a"]
 
 @pytest.mark.parametrize("method", ["ar", "ngram"])
 @pytest.mark.parametrize("make", [tiny_llama, _softcapped_gemma3], ids=["llama", "gemma3_softcap"])
-def test_greedy_decoding_through_the_screen_equals_generate(monkeypatch, make, method):
+def test_greedy_decoding_through_the_screen_equals_generate(monkeypatch, make, method, rows_kind):
     calls = _spy(monkeypatch)
     model, tokenizer = make(), byte_tokenizer()
     result = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method=method, max_new_tokens=12,

@@ -15,9 +15,17 @@ float32 head, whose bits for an id do not depend on the other ids of the call. T
 argmax, ties included, is the full float32 head's. A slack of 0.1 % on L covers the rounding of the
 comparisons themselves and keeps ids that a final soft-cap could round onto the maximum.
 
-It pays for up to `_SCREEN_ROWS` rows (the int8 product is compute-bound beyond) and for heads of at least
-`_SCREEN_WEIGHTS` weights; the copy is made on the first greedy step that uses it and kept with the head
-module (`specops.kept`), rebuilt if the head's weight changes.
+On a CPU with AVX-512 VNNI (`specops._C.int8_dot_isa()`) the rows are quantized too, so that the product
+multiplies bytes by bytes (`int8_linear`, 64 pairs an instruction where a float FMA takes 16): each row is
+written x = s1 q1 + s2 q2 + e, q1 its int8 image at one scale, q2 that of what q1 leaves (two int8 rows for
+each row, so e is about 2^-14 of x), and the bound grows by what the rows' own quantization can move a logit:
+
+    |x . d_v - screened_v| <= ||e|| ||d_v|| + the float32 rounding of the scaled sums.
+
+Where rows stay float32 the int8 product is bound by its arithmetic from about 8 rows; with both operands
+in int8 it stays bound by reading the copy to about 16 rows and more. It serves up to `_screen_rows()` rows
+and heads of at least `_SCREEN_WEIGHTS` weights; the copy is made on the first greedy step that uses it and
+kept with the head module (`specops.kept`), rebuilt if the head's weight changes.
 
 `greedy_logits` is what the CPU forwards call: the screen where it serves, the whole head where it does not,
 and for a greedy verification only the rows the verifier can read (a row whose path has a rejected draft is
@@ -26,19 +34,24 @@ never read), in at most two passes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
 import torch
 
+from specops._C import int8_dot_isa
 from specops._kept import per_object
 from specops.quantization import pack
 
 __all__ = ["capped", "greedy_logits", "screened_logits"]
 
-# Gemma-3-270M's head on a 2-vCPU Zen 4 (bench/bench_greedy_head.py): screened 8.2 / 14.3 / 26.7 ms against
-# float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows; from about 8 rows the int8 product is bound by arithmetic.
-_SCREEN_ROWS = 8
+# Gemma-3-270M's head on a 2-vCPU Zen 4 (bench/bench_greedy_head.py): with float32 rows screened 8.2 / 14.3 /
+# 26.7 ms against float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows (from about 8 rows the int8 product is bound
+# by arithmetic); with int8 rows (VNNI) screened 6.0 / 10.0 / 14.8 / 24.4 ms against the whole head's 16.3 /
+# 23.4 / 24.2 / 33.5 at 1 / 4 / 8 / 16 rows (past 16 rows a screen of two parts saved 12 % at most).
+_SCREEN_ROWS = 8  # float32 rows
+_SCREEN_ROWS_INT8 = 16  # int8 rows (VNNI)
 _SCREEN_WEIGHTS = 1 << 24  # smaller heads are a small share of a step (tests lower it)
 _BLOCK = 256  # ids per block: a block whose largest screened logit plus largest bound is below L is skipped
 _CHUNK = 8192  # rows of the head quantized at a time (bounded temporaries)
@@ -71,6 +84,7 @@ class _Screen:
         self.q = torch.zeros(padded, k, dtype=torch.int8)
         self.scales = torch.ones(padded, 1)
         bound = torch.empty(n, dtype=torch.float64)
+        self.dmax = 0.0
         unit = 2.0 ** -24
         gamma = (k + 2) * unit / (1 - (k + 2) * unit)  # the sums' products, and the de-quantizing product
         for start in range(0, n, _CHUNK):
@@ -81,6 +95,8 @@ class _Screen:
             bound[start:start + len(w)] = wide * (1 + 1e-4)  # the norms' own float32 rounding
             self.q[start:start + len(w)] = q
             self.scales[start:start + len(w)] = scale
+            self.dmax = max(self.dmax, float(d.norm(dim=1).max()) if len(w) else 0.0)
+        self.dmax *= 1 + 1e-4  # ||d_v|| for every v, for the rows' own quantization (int8 rows)
         bound = bound.float()
         order = torch.argsort(bound, stable=True)
         self.order = torch.cat([order, torch.zeros(padded - n, dtype=torch.long)])
@@ -90,6 +106,7 @@ class _Screen:
         self.low = torch.cat([bound[order], inf]).view(-1, _BLOCK)
         self.high = torch.cat([bound[order], -inf]).view(-1, _BLOCK)
         self.block_high = self.high.amax(1)
+        self.flat_scales = self.scales.view(-1)
 
     def logits(self, weight: torch.Tensor, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
         """Logits [R, V] of rows [R, K] whose argmax is the full head's (-inf where an id cannot be it), or
@@ -97,17 +114,25 @@ class _Screen:
         compute more than _MOST_IDS ids exactly."""
         count = rows.shape[0]
         norm = torch.linalg.vector_norm(rows, dim=1) * (1 + 1e-3)
-        screened = torch.ops.specops.quantized_linear(rows, self.q, self.scales, None, None)
+        if not bool(torch.isfinite(norm).all()):
+            return None
+        if _int8_rows():
+            screened, moved = self._int8_product(rows)
+        else:
+            screened = torch.ops.specops.quantized_linear(rows, self.q, self.scales, None, None)
+            moved = torch.zeros_like(norm)
         blocks = screened.view(count, -1, _BLOCK)
         peak = blocks.amax(2)  # [R, blocks]
         top = peak.argmax(1)
         index = torch.arange(count)
-        floor = (blocks[index, top] - norm[:, None] * self.low[top]).amax(1)  # L, from the best block
-        if not bool(torch.isfinite(floor).all()) or not bool(torch.isfinite(norm).all()):
+        # L, from the best block
+        floor = (blocks[index, top] - norm[:, None] * self.low[top] - moved[:, None]).amax(1)
+        if not bool(torch.isfinite(floor).all()):
             return None
         if softcap is not None and bool((floor > _CAP_RANGE * softcap).any()):
             return None
         floor = floor - _SLACK * (1 + floor.abs())
+        floor = floor - moved  # so that each upper bound below need not add it
         row, block = torch.nonzero(peak + norm[:, None] * self.block_high >= floor[:, None], as_tuple=True)
         if row.numel() * _BLOCK > count * _MOST_IDS:  # flat rows: most blocks pass
             return None
@@ -122,6 +147,39 @@ class _Screen:
         out = rows.new_full((count, self.vocab), float("-inf"))
         out[row, ids] = exact
         return out
+
+    def _int8_product(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The screened logits [R, V] of rows [R, K] quantized to two int8 rows each (x = s1 q1 + s2 q2 + e),
+        and for each row how far its quantization and the product's float32 rounding can move a screened
+        logit: ||e|| max_v ||d_v|| + 5 * 2^-24 (||s1 q1|| + ||s2 q2||) max_v ||d_v|| (int8_linear rounds the
+        sum times two scales, and the two halves' sum, in float32)."""
+        x = rows.double()
+        parts, scales, norms = [], [], []
+        for _ in range(2):
+            scale = (x.abs().amax(1) / 127).float()
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            q = torch.round(x / scale.double()[:, None]).clamp_(-127, 127)
+            part = q * scale.double()[:, None]
+            x = x - part
+            parts.append(q.to(torch.int8))
+            scales.append(scale)
+            norms.append(torch.linalg.vector_norm(part, dim=1))
+        out = torch.ops.specops.int8_linear(torch.cat(parts), torch.cat(scales), self.q, self.flat_scales)
+        count = rows.shape[0]
+        left = torch.linalg.vector_norm(x, dim=1) * (1 + 1e-3)
+        moved = (left + 5 * 2.0 ** -24 * (norms[0] + norms[1])) * self.dmax
+        return out[:count].add_(out[count:]), (moved * (1 + 1e-3) + 1e-30).float()
+
+
+@functools.cache
+def _int8_rows() -> bool:
+    """Whether this CPU multiplies bytes by bytes fast (AVX-512 VNNI): then the screen quantizes its rows."""
+    return int8_dot_isa() == "avx512_vnni"
+
+
+def _screen_rows() -> int:
+    """The most rows the screen serves on this CPU."""
+    return _SCREEN_ROWS_INT8 if _int8_rows() else _SCREEN_ROWS
 
 
 def _key(weight: torch.Tensor) -> tuple:
@@ -156,8 +214,8 @@ def _screen(head) -> _Screen | None:
 def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
     """Logits [R, V] of hidden rows [R, K] through `head`, soft-capped at `softcap` if given, whose argmax is
     the full head's and which hold -inf where an id cannot be it; None where the screen does not serve (more
-    than `_SCREEN_ROWS` rows, a head it does not take, rows it cannot tell): the caller computes them all."""
-    if rows.shape[0] > _SCREEN_ROWS:
+    than `_screen_rows()` rows, a head it does not take, rows it cannot tell): the caller computes them all."""
+    if rows.shape[0] > _screen_rows():
         return None
     screen = _screen(head)
     return None if screen is None else screen.logits(head.weight, rows.contiguous(), softcap)
