@@ -32,8 +32,10 @@ Configurations:
   slem-all-rows,          computed (greedy_head.py computes only the rows verification can read: a switch)
   tli-all-rows,
   ngram-int8-all-rows
-  ar-float-rows,          the same as ar, ngram with the screen's rows kept in float32 (greedy_head.py quantizes
-  ngram-float-rows        them to int8 where the CPU has AVX-512 VNNI: a switch; the same on other CPUs)
+  ar-float-rows,          the same as ar, ngram, ar-int8, ngram-int8 with the screen's rows kept in float32
+  ngram-float-rows,       (greedy_head.py quantizes them to int8 where the CPU has AVX-512 VNNI, and then
+  ar-int8-float-rows,     screens an int8 head too: a switch; the same as without it on other CPUs)
+  ngram-int8-float-rows
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
                           of the run plus --new-tokens, so no prompt recompiles) and its automatic
@@ -87,7 +89,7 @@ SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None),
            "ar-int8": (f"{TARGET}:int8", "ar", None), "ngram-int8": (f"{TARGET}:int8", "ngram", None)}
 SPECOPS.update({f"{config}-full": SPECOPS[config] for config in ("ar", "ngram", "slem", "tli")})
 SPECOPS.update({f"{config}-all-rows": SPECOPS[config] for config in ("ngram", "slem", "tli", "ngram-int8")})
-SPECOPS.update({f"{config}-float-rows": SPECOPS[config] for config in ("ar", "ngram")})
+SPECOPS.update({f"{config}-float-rows": SPECOPS[config] for config in ("ar", "ngram", "ar-int8", "ngram-int8")})
 OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
@@ -96,7 +98,7 @@ LLAMA = {f"llama-{weights}{suffix}": (weights, setting) for weights in ("f32", "
                                  ("-ngram-mod", "llama-ngram-mod"))}
 CONFIGS = [*SPECOPS, *HF, *LLAMA]
 MODES = ("alone", "together8")
-INT8 = ("ar-int8", "ngram-int8", "ngram-int8-all-rows", "llama-q8", "llama-q8-ngram-simple",
+INT8 = ("ar-int8", "ngram-int8", "ngram-int8-all-rows", "ar-int8-float-rows", "ngram-int8-float-rows", "llama-q8", "llama-q8-ngram-simple",
         "llama-q8-ngram-mod")
 WARM_UP = "def add(a, b):\n"
 _MOVED = 0.10  # the bandwidth moved when start and end differ by more than this

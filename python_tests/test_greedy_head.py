@@ -19,7 +19,8 @@ import torch
 
 import specops
 from specops.decoding import greedy_head
-from specops.decoding.greedy_head import _Screen
+from specops.decoding.greedy_head import _Screen, capped
+from specops.quantization import QuantizedLinear
 from toy_models import byte_tokenizer, tiny_gemma3, tiny_llama
 
 
@@ -125,12 +126,18 @@ def _quantization_flips_a_pair() -> tuple[torch.Tensor, torch.Tensor]:
     return weight, x
 
 
-def test_the_rows_quantization_bound_is_what_keeps_the_argmax(monkeypatch):
+@pytest.mark.parametrize("head_kind", ["float32", "int8"])
+def test_the_rows_quantization_bound_is_what_keeps_the_argmax(monkeypatch, head_kind):
     monkeypatch.setattr(greedy_head, "_int8_rows", lambda: True)
     monkeypatch.setattr(greedy_head, "_SLACK", 0.0)
     weight, x = _quantization_flips_a_pair()
     assert _full(weight, x, None).argmax(1).item() == 0
-    screen = _Screen(weight)
+    if head_kind == "int8":
+        layer = QuantizedLinear(weight, None, "int8")
+        assert torch.ops.specops.quantized_linear(x, layer.weight, layer.scales, None, None).argmax(1).item() == 0
+        screen = _Screen(layer.weight, layer.scales)
+    else:
+        screen = _Screen(weight)
     screened, moved = screen._int8_product(x)
     assert screened[0, screen.order.tolist().index(1)] > screened[0, screen.order.tolist().index(0)]
     assert screen.logits(weight, x, None).argmax(1).item() == 0
@@ -158,6 +165,61 @@ def test_the_rows_quantization_bound_holds(seed):
     assert float(moved[4]) <= 1e-29  # a zero row moves nothing
     plain = torch.tensor([0, 1, 5])
     assert bool((moved[plain] < 1e-3 * torch.linalg.vector_norm(x[plain], dim=1) * screen.dmax).all())  # tight
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_an_int8_head_is_screened_through_its_own_rows(monkeypatch, rows, softcap):
+    """A head `specops.quantize` made (int8, one scale a row): the screen reads its rows where they are (no
+    copy) and computes the ids it keeps with quantized_linear, so argmax and bits are that head's."""
+    monkeypatch.setattr(greedy_head, "_int8_rows", lambda: True)
+    monkeypatch.setattr(greedy_head, "_SCREEN_WEIGHTS", 0)
+    monkeypatch.setattr(greedy_head, "_OWN_FROM", 1)
+    vocab, dim = 1000, 64
+    for seed in range(3):
+        head = QuantizedLinear(_head(vocab, dim, seed), None, "int8")
+        g = torch.Generator().manual_seed(200 + seed)
+        x = torch.randn(rows, dim, generator=g) * (1 + 4 * seed)
+        x[0] = head.dequantize()[vocab - 3] * 8  # the tied pair (equal int8 rows too) leads row 0
+        full = capped(torch.ops.specops.quantized_linear(x, head.weight, head.scales, None, None), softcap)
+        got = greedy_head.screened_logits(head, x, softcap)
+        if got is None:
+            assert softcap is not None and (full.abs() > 0.9 * softcap).any()
+            continue
+        assert greedy_head._screen(head).q.data_ptr() == head.weight.data_ptr()  # its own rows, no copy
+        assert torch.equal(got.argmax(1), full.argmax(1)) and got.argmax(1)[0] == 11
+        kept = torch.isfinite(got)
+        assert torch.equal(got[kept], full[kept]) and kept.sum(1).max() < vocab // 4
+
+
+def test_an_int8_head_is_screened_only_where_int8_rows_are_fast(monkeypatch):
+    monkeypatch.setattr(greedy_head, "_SCREEN_WEIGHTS", 0)
+    head = QuantizedLinear(_head(600, 32, 3), None, "int8")
+    x = torch.randn(2, 32)
+    monkeypatch.setattr(greedy_head, "_int8_rows", lambda: False)
+    assert greedy_head.screened_logits(head, x, None) is None
+    monkeypatch.setattr(greedy_head, "_int8_rows", lambda: True)
+    assert greedy_head.screened_logits(head, x, None) is None  # 2 rows: read whole (as fast)
+    assert greedy_head.screened_logits(head, x.repeat(2, 1), None) is not None
+    grouped = QuantizedLinear(_head(600, 64, 3), None, "int8", group_size=32)  # scales per group: not served
+    assert greedy_head.screened_logits(grouped, torch.randn(2, 64), None) is None
+
+
+@pytest.mark.parametrize("method", ["ar", "ngram"])
+def test_greedy_decoding_of_an_int8_model_through_its_screen_equals_generate(monkeypatch, method):
+    monkeypatch.setattr(greedy_head, "_int8_rows", lambda: True)
+    monkeypatch.setattr(greedy_head, "_OWN_FROM", 1)
+    calls = _spy(monkeypatch)
+    model, tokenizer = specops.quantize(tiny_llama(), "int8"), byte_tokenizer()
+    result = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method=method, max_new_tokens=12,
+                            temperature=0)
+    assert calls, "the screen served no step"
+    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    out = model.generate(**encoded, max_new_tokens=12, do_sample=False)
+    width = encoded.input_ids.shape[1]
+    for row, tokens in enumerate(result.tokens):
+        want = out[row, width:].tolist()
+        assert tokens == want[:len(tokens)] and len(tokens) > 0
 
 
 def test_screened_logits_serve_few_rows_of_a_large_float_head(monkeypatch):

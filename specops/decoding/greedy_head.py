@@ -42,7 +42,7 @@ import torch
 
 from specops._C import int8_dot_isa
 from specops._kept import per_object
-from specops.quantization import pack
+from specops.quantization import QuantizedLinear, pack
 
 __all__ = ["capped", "greedy_logits", "screened_logits"]
 
@@ -52,6 +52,10 @@ __all__ = ["capped", "greedy_logits", "screened_logits"]
 # 23.4 / 24.2 / 33.5 at 1 / 4 / 8 / 16 rows (past 16 rows a screen of two parts saved 12 % at most).
 _SCREEN_ROWS = 8  # float32 rows
 _SCREEN_ROWS_INT8 = 16  # int8 rows (VNNI)
+# An int8 head (specops.quantize) reads as many bytes screened as whole, and its own product is compute-bound
+# from a few rows only: Gemma-3-270M:int8's head on the Zen 4, screened 5.1 / 5.8 / 6.8 / 8.0 / 14.5 / 26.5 ms
+# against 4.9 / 5.6 / 7.5 / 9.1 / 17.7 / 33.6 whole at 1 / 2 / 3 / 4 / 8 / 16 rows.
+_OWN_FROM = 3
 _SCREEN_WEIGHTS = 1 << 24  # smaller heads are a small share of a step (tests lower it)
 _BLOCK = 256  # ids per block: a block whose largest screened logit plus largest bound is below L is skipped
 _CHUNK = 8192  # rows of the head quantized at a time (bounded temporaries)
@@ -65,8 +69,8 @@ _FIRST_DEPTH = 1  # a verification's first pass computes the rows of its roots a
 _FOLLOW = True  # False: every row of a verification is computed (bench/bench_peers.py's -all-rows switch)
 
 _KEPT: weakref.WeakKeyDictionary = per_object(
-    "greedy head", "an int8 copy of the float32 output head and each id's error bound, for greedy steps "
-    "(a quarter of the head's bytes)")
+    "greedy head", "an int8 copy of the float32 output head (a quarter of its bytes; none for an int8 head) "
+    "and each id's error bound, for greedy steps")
 _BUILD = threading.Lock()
 
 
@@ -74,34 +78,48 @@ class _Screen:
     """The int8 rows in the order of their bounds (`order`: the id of each; padded to whole blocks with zero
     rows), their scales, and each row's bound B_v: `low` (+inf on padding, never lowers L) and `high` (-inf on
     padding, never a candidate), with each block's largest `high`. Ordered so, a block's largest bound is
-    close to each of its rows' (Gemma-3-270M's bounds span 0.009-0.053), so few blocks pass as a whole."""
+    close to each of its rows' (Gemma-3-270M's bounds span 0.009-0.053), so few blocks pass as a whole.
 
-    def __init__(self, weight: torch.Tensor):
+    Made from a float32 head, the int8 rows are a copy of it; given `scales`, `weight` is an int8 head that
+    `specops.quantize` made (one scale a row), and the screen reads its own rows in their own order (no copy),
+    computes the ids it cannot rule out with quantized_linear, as that head does, and B_v covers only the
+    float32 rounding of the head's own product: B_v = (2 γ_K + 2^-24) ||d_v||."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor | None = None):
         n, k = weight.shape
-        padded = n + (-n % _BLOCK)
+        self.padded = padded = n + (-n % _BLOCK)
         self.key = _key(weight)
         self.vocab = n
-        self.q = torch.zeros(padded, k, dtype=torch.int8)
-        self.scales = torch.ones(padded, 1)
+        self.own = scales is not None
         bound = torch.empty(n, dtype=torch.float64)
         self.dmax = 0.0
         unit = 2.0 ** -24
         gamma = (k + 2) * unit / (1 - (k + 2) * unit)  # the sums' products, and the de-quantizing product
+        if self.own:
+            self.q, self.scales = weight, scales
+        else:
+            self.q = torch.zeros(padded, k, dtype=torch.int8)
+            self.scales = torch.ones(padded, 1)
         for start in range(0, n, _CHUNK):
-            w = weight[start:start + _CHUNK].float()
-            q, scale, _ = pack(w, "int8")  # specops.quantize's int8 rule: one scale a row
-            d = q.float() * scale
-            wide = (w - d).norm(dim=1).double() + gamma * (w.norm(dim=1).double() + d.norm(dim=1).double())
-            bound[start:start + len(w)] = wide * (1 + 1e-4)  # the norms' own float32 rounding
-            self.q[start:start + len(w)] = q
-            self.scales[start:start + len(w)] = scale
-            self.dmax = max(self.dmax, float(d.norm(dim=1).max()) if len(w) else 0.0)
+            if self.own:
+                d = self.q[start:start + _CHUNK].float() * self.scales[start:start + _CHUNK]
+                wide = (2 * gamma + unit) * d.norm(dim=1).double()
+            else:
+                w = weight[start:start + _CHUNK].float()
+                q, scale, _ = pack(w, "int8")  # specops.quantize's int8 rule: one scale a row
+                d = q.float() * scale
+                wide = (w - d).norm(dim=1).double() + gamma * (w.norm(dim=1).double() + d.norm(dim=1).double())
+                self.q[start:start + len(w)] = q
+                self.scales[start:start + len(w)] = scale
+            bound[start:start + len(d)] = wide * (1 + 1e-4)  # the norms' own float32 rounding
+            self.dmax = max(self.dmax, float(d.norm(dim=1).max()) if len(d) else 0.0)
         self.dmax *= 1 + 1e-4  # ||d_v|| for every v, for the rows' own quantization (int8 rows)
         bound = bound.float()
-        order = torch.argsort(bound, stable=True)
+        order = torch.arange(n) if self.own else torch.argsort(bound, stable=True)
         self.order = torch.cat([order, torch.zeros(padded - n, dtype=torch.long)])
-        self.q[:n] = self.q[order]
-        self.scales[:n] = self.scales[order]
+        if not self.own:
+            self.q[:n] = self.q[order]
+            self.scales[:n] = self.scales[order]
         inf = torch.full((padded - n,), float("inf"))
         self.low = torch.cat([bound[order], inf]).view(-1, _BLOCK)
         self.high = torch.cat([bound[order], -inf]).view(-1, _BLOCK)
@@ -116,7 +134,7 @@ class _Screen:
         norm = torch.linalg.vector_norm(rows, dim=1) * (1 + 1e-3)
         if not bool(torch.isfinite(norm).all()):
             return None
-        if _int8_rows():
+        if self.own or _int8_rows():
             screened, moved = self._int8_product(rows)
         else:
             screened = torch.ops.specops.quantized_linear(rows, self.q, self.scales, None, None)
@@ -142,7 +160,11 @@ class _Screen:
         unique, where = torch.unique(ids, return_inverse=True)
         if unique.numel() > _MOST_IDS:
             return None
-        exact = torch.ops.specops.skinny_linear(rows, weight[unique], None)[row, where]
+        if self.own:
+            exact = torch.ops.specops.quantized_linear(rows, self.q[unique], self.scales[unique], None, None)
+        else:
+            exact = torch.ops.specops.skinny_linear(rows, weight[unique], None)
+        exact = exact[row, where]
         exact = capped(exact, softcap)
         out = rows.new_full((count, self.vocab), float("-inf"))
         out[row, ids] = exact
@@ -168,7 +190,12 @@ class _Screen:
         count = rows.shape[0]
         left = torch.linalg.vector_norm(x, dim=1) * (1 + 1e-3)
         moved = (left + 5 * 2.0 ** -24 * (norms[0] + norms[1])) * self.dmax
-        return out[:count].add_(out[count:]), (moved * (1 + 1e-3) + 1e-30).float()
+        if out.shape[1] == self.padded:
+            screened = out[:count].add_(out[count:])
+        else:  # a head of its own rows, not a whole number of blocks: zeros past them, as padding rows give
+            screened = out.new_zeros(count, self.padded)
+            torch.add(out[:count], out[count:], out=screened[:, :self.vocab])
+        return screened, (moved * (1 + 1e-3) + 1e-30).float()
 
 
 @functools.cache
@@ -193,11 +220,16 @@ def _key(weight: torch.Tensor) -> tuple:
 
 
 def _screen(head) -> _Screen | None:
-    """The head's screen, made on first use; None for a head it does not serve."""
+    """The head's screen, made on first use; None for a head it does not serve: a float32 nn.Linear, or where
+    the CPU multiplies int8 rows fast (VNNI) an int8 QuantizedLinear with one scale a row, without a bias and
+    of at least _SCREEN_WEIGHTS weights."""
     weight = getattr(head, "weight", None)
-    if type(head) is not torch.nn.Linear or head.bias is not None or weight is None or \
-            weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous() or \
-            weight.numel() < _SCREEN_WEIGHTS:
+    own = type(head) is QuantizedLinear and head.format == "int8" and head.scales is not None and \
+        head.scales.dim() == 2 and head.scales.shape[1] == 1 and head.scales.dtype == torch.float32 and \
+        head.scales.is_contiguous() and head.mins is None and _int8_rows()
+    if (type(head) is not torch.nn.Linear and not own) or head.bias is not None or weight is None or \
+            weight.dtype != (torch.int8 if own else torch.float32) or weight.device.type != "cpu" or \
+            not weight.is_contiguous() or weight.numel() < _SCREEN_WEIGHTS:
         return None
     key = _key(weight)
     screen = _KEPT.get(head)
@@ -206,7 +238,7 @@ def _screen(head) -> _Screen | None:
             screen = _KEPT.get(head)
             if screen is None or screen.key != key:
                 with torch.inference_mode():
-                    screen = _Screen(weight.detach())
+                    screen = _Screen(weight.detach(), head.scales.detach() if own else None)
                 _KEPT[head] = screen
     return screen
 
@@ -218,7 +250,9 @@ def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Te
     if rows.shape[0] > _screen_rows():
         return None
     screen = _screen(head)
-    return None if screen is None else screen.logits(head.weight, rows.contiguous(), softcap)
+    if screen is None or (screen.own and rows.shape[0] < _OWN_FROM):
+        return None
+    return screen.logits(head.weight, rows.contiguous(), softcap)
 
 
 def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
