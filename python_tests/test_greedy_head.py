@@ -209,17 +209,7 @@ def test_an_int8_head_is_screened_only_where_int8_rows_are_fast(monkeypatch):
 def test_greedy_decoding_of_an_int8_model_through_its_screen_equals_generate(monkeypatch, method):
     monkeypatch.setattr(greedy_head, "_int8_rows", lambda: True)
     monkeypatch.setattr(greedy_head, "_OWN_FROM", 1)
-    calls = _spy(monkeypatch)
-    model, tokenizer = specops.quantize(tiny_llama(), "int8"), byte_tokenizer()
-    result = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method=method, max_new_tokens=12,
-                            temperature=0)
-    assert calls, "the screen served no step"
-    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True)
-    out = model.generate(**encoded, max_new_tokens=12, do_sample=False)
-    width = encoded.input_ids.shape[1]
-    for row, tokens in enumerate(result.tokens):
-        want = out[row, width:].tolist()
-        assert tokens == want[:len(tokens)] and len(tokens) > 0
+    _decodes_as_generate(monkeypatch, specops.quantize(tiny_llama(), "int8"), method)
 
 
 def test_screened_logits_serve_few_rows_of_a_large_float_head(monkeypatch):
@@ -257,11 +247,10 @@ def _softcapped_gemma3():
 PROMPTS = ["def f(x):", "hello there, world", "a"]
 
 
-@pytest.mark.parametrize("method", ["ar", "ngram"])
-@pytest.mark.parametrize("make", [tiny_llama, _softcapped_gemma3], ids=["llama", "gemma3_softcap"])
-def test_greedy_decoding_through_the_screen_equals_generate(monkeypatch, make, method, rows_kind):
+def _decodes_as_generate(monkeypatch, model, method: str) -> None:
+    """Greedy `method` on PROMPTS (a ragged batch) through the screen gives `model.generate()`'s tokens."""
     calls = _spy(monkeypatch)
-    model, tokenizer = make(), byte_tokenizer()
+    tokenizer = byte_tokenizer()
     result = specops.decode(PROMPTS, target=model, tokenizer=tokenizer, method=method, max_new_tokens=12,
                             temperature=0)
     assert calls, "the screen served no step"
@@ -271,6 +260,13 @@ def test_greedy_decoding_through_the_screen_equals_generate(monkeypatch, make, m
     for row, tokens in enumerate(result.tokens):
         want = out[row, width:].tolist()
         assert tokens == want[:len(tokens)] and len(tokens) > 0
+
+
+@pytest.mark.parametrize("method", ["ar", "ngram"])
+@pytest.mark.parametrize("make", [tiny_llama, _softcapped_gemma3], ids=["llama", "gemma3_softcap"])
+def test_greedy_decoding_through_the_screen_equals_generate(monkeypatch, make, method, rows_kind):
+    model = make()
+    _decodes_as_generate(monkeypatch, model, method)
     assert "greedy head" in specops.kept(model)
     assert "greedy head" in specops.forget(model) and "greedy head" not in specops.kept(model)
 

@@ -247,7 +247,7 @@ def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Te
     """Logits [R, V] of hidden rows [R, K] through `head`, soft-capped at `softcap` if given, whose argmax is
     the full head's and which hold -inf where an id cannot be it; None where the screen does not serve (more
     than `_screen_rows()` rows, a head it does not take, rows it cannot tell): the caller computes them all."""
-    if rows.shape[0] > _screen_rows():
+    if rows.shape[0] > _screen_rows() or (type(head) is QuantizedLinear and rows.shape[0] < _OWN_FROM):
         return None
     screen = _screen(head)
     if screen is None or (screen.own and rows.shape[0] < _OWN_FROM):
