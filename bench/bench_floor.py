@@ -20,10 +20,10 @@ that interleave the settings; the ratio to the floor is the figure of merit.
 
 Heads: "whole" computes every logit of every row (what a sampled step needs); "greedy" reads only argmaxes,
 as the target of a greedy call does (`CausalLM.argmax_only`): a large float32 head through its int8 screen
-(specops/decoding/greedy_head.py) for up to 8 rows, every row computed (the steps feed random tokens and no
-`follow`, so this is a verification whose drafts are all accepted). A greedy step's floor prices the head at
-its int8 copy's bytes (one int8 weight and one float32 scale a row) where the screen serves it; steps of more
-rows read the float32 head and keep the float32 floor.
+(specops/decoding/greedy_head.py) for up to 8 rows (16 where the CPU has VNNI and the screen's rows go in
+int8), every row computed (the steps feed text and no `follow`, so this is a verification whose drafts are
+all accepted). A greedy step's floor prices the head at its int8 copy's bytes (one int8 weight and one float32
+scale a row) where the screen serves it; steps of more rows read the float32 head and keep the float32 floor.
 
 Each instruction-set path runs in a fresh process: "native" is what the CPU has, "avx2" caps the C++ kernels at
 their AVX2 copies (SPECOPS_CPU_ISA=avx2), so an AVX-512 machine measures both x86 paths. torch's own kernels

@@ -84,8 +84,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) SPECOPS_INLINE __m512i sum1
 }
 
 // A tile of up to 4 weight rows (v0 ..) by IN input rows (i0 ..): accumulator 4 * i + r holds input row i0 + i
-// against weight row v0 + r, so the 4 outputs of an input row are 4 adjacent lanes of the sums. The weight
-// rows of the tile after next are prefetched into L2 (the hardware prefetcher follows 4 short rows late).
+// against weight row v0 + r, so the 4 outputs of an input row are 4 adjacent lanes of the sums. (rows_vnni
+// prefetches the weight rows of the tile after next into L2: the hardware prefetcher follows 4 short rows late.)
 template <int IN>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) SPECOPS_INLINE void tile_vnni(
     const Int8Args& a, int64_t v0, int64_t vn, int64_t i0, const int32_t* wsum) {
