@@ -137,7 +137,7 @@ op_tests=(python_tests/test_chain_verify.py python_tests/test_block_verify.py py
           python_tests/test_sample_without_replacement.py python_tests/test_stochastic_beam_step.py
           python_tests/test_vocab_project.py python_tests/test_ensemble_logits.py python_tests/test_ngram_match.py
           python_tests/test_quantized_linear.py python_tests/test_skinny_linear.py python_tests/test_llama_layers.py
-          python_tests/test_validation.py)
+          python_tests/test_int8_linear.py python_tests/test_validation.py)
 # The cases that run a Triton kernel or the CUDA device, without the long statistical ones.
 selection="(triton or cuda) and not follows_target and not follow_the_target and not follows_joint and not draws_follow and not statistics"
 if [ "$cuda" -eq 1 ]; then
