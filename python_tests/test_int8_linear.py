@@ -20,7 +20,8 @@ that order, each product rounded in float32 (`torch_bits`).
 3. Triton (the interpreter without a GPU) gives the C++ kernel's bits, on the tails of its tiles and with
    its default tiles, and over a long K.
 4. The wrapper's [..., K] input; non-contiguous arguments; threads; bad input raises the C++ kernel's
-   messages (wrapper and op); the fake (opcheck, FakeTensorMode, meta) gives [M, N] float32.
+   messages (wrapper and op); scales that require gradients are refused; the fake (opcheck,
+   FakeTensorMode, meta) gives [M, N] float32.
 """
 
 from __future__ import annotations
@@ -262,6 +263,20 @@ def test_non_contiguous_arguments():
     want = torch.ops.specops.int8_linear(*(t.contiguous() for t in args))
     assert torch.equal(torch.ops.specops.int8_linear(*args), want)
     assert torch.equal(specops.ops.int8_linear(*args), want)
+
+
+def test_no_backward_is_refused():
+    """The op has no autograd kernel: a float scale that requires gradients, with gradients on, raises in the
+    wrapper (as the other linear ops); under no_grad the same call gives the plain call's bits."""
+    x, xs, w, ws = random_case(3, 37, 65, seed=5)
+    for which in (0, 1):
+        scales = [xs.clone(), ws.clone()]
+        scales[which].requires_grad_()
+        with pytest.raises(RuntimeError, match="int8_linear has no backward"):
+            specops.ops.int8_linear(x, scales[0], w, scales[1])
+        with torch.no_grad():
+            assert torch.equal(specops.ops.int8_linear(x, scales[0], w, scales[1]),
+                               torch.ops.specops.int8_linear(x, xs, w, ws))
 
 
 def test_thread_count_does_not_change_the_bits():

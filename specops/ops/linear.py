@@ -187,6 +187,7 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
     op = "int8_linear"
     input, input_scales = _tensor(op, "input", input), _tensor(op, "input_scales", input_scales)
     weight, weight_scales = _tensor(op, "weight", weight), _tensor(op, "weight_scales", weight_scales)
+    _refuse_gradients(op, input_scales, weight_scales)  # the int8 operands cannot require gradients
     if input.dim() < 1 or weight.dim() != 2 or input_scales.shape != input.shape[:-1]:
         return torch.ops.specops.int8_linear(input, input_scales, weight, weight_scales)
     rows = math.prod(input.shape[:-1])
