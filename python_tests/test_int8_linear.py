@@ -94,7 +94,7 @@ def test_cpp_gives_the_torch_bits_and_is_within_3u_of_the_reference(k):
 @pytest.mark.parametrize("m,k", [(16, 640), (33, 640), (48, 8193), (35, 20000)])
 def test_input_blocks_and_weight_sweeps(m, k):
     """The VNNI copy takes input rows in blocks of 16, each sweeping up to 64 weight rows (fewer for a long K:
-    12 at K = 20,000, 32 at K = 8,193): whole blocks, a block of one or three rows after them, and sweeps that
+    12 at K = 20,000, 28 at K = 8,193): whole blocks, a block of one or three rows after them, and sweeps that
     end inside a task's weight rows all give the torch bits."""
     x, xs, w, ws = random_case(m, 70, k, seed=k + m)
     assert torch.equal(bits(torch.ops.specops.int8_linear(x, xs, w, ws)), bits(torch_bits(x, xs, w, ws)))
