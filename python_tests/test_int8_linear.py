@@ -22,6 +22,10 @@ that order, each product rounded in float32 (`torch_bits`).
 4. The wrapper's [..., K] input; non-contiguous arguments; threads; bad input raises the C++ kernel's
    messages (wrapper and op); scales that require gradients are refused; the fake (opcheck,
    FakeTensorMode, meta) gives [M, N] float32.
+5. The packed weight (`int8_linear_pack`): its layout by hand; the same bits as the [N, K] weight in every
+   copy (across the packed VNNI copy's pairs of 16-row blocks, its groups of up to 4 input rows and its
+   4-byte steps of K), in Triton, over threads (section 4's test); its shape checked against N (weight_scales)
+   and K.
 """
 
 from __future__ import annotations
@@ -187,6 +191,13 @@ def isa_results() -> dict:
         got = torch.ops.specops.int8_linear(*args)
         out["bits"][name] = bits(got).flatten().tolist()
         out["torch_bits"] &= torch.equal(bits(got), bits(torch_bits(*args)))
+    for m in (1, 4, 5, 9):  # the packed layout: one block, a pair and a half, groups of 4 and fewer rows
+        for n in (1, 17, 33, 70):
+            for k in (0, 3, 4, 65, 640):
+                x, xs, w, ws = random_case(m, n, k, seed=7 * m + 3 * n + k)
+                got = torch.ops.specops.int8_linear(x, xs, specops.ops.int8_linear_pack(w), ws)
+                out["bits"][f"packed {m}x{n}x{k}"] = bits(got).flatten().tolist()
+                out["torch_bits"] &= torch.equal(bits(got), bits(torch_bits(x, xs, w, ws)))
     return out
 
 
@@ -288,15 +299,18 @@ def test_no_backward_is_refused():
                                torch.ops.specops.int8_linear(x, xs, w, ws))
 
 
-def test_thread_count_does_not_change_the_bits():
-    """N = 1029, K = 640: 17 panels of 64 rows, in tasks of 6 (the 256 KB grain)."""
-    x, xs, w, ws = random_case(3, 1029, 640, seed=4)
+@pytest.mark.parametrize("packed", [False, True])
+def test_thread_count_does_not_change_the_bits(packed):
+    """N = 1029, K = 640: 17 panels of 64 rows, in tasks of 6 (the 256 KB grain); packed, 65 blocks in pairs,
+    tasks of 12 pairs."""
+    x, xs, w, ws = random_case(5, 1029, 640, seed=4)
+    weight = specops.ops.int8_linear_pack(w) if packed else w
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.ops.specops.int8_linear(x, xs, w, ws)
+        one = torch.ops.specops.int8_linear(x, xs, weight, ws)
         torch.set_num_threads(2)
-        two = torch.ops.specops.int8_linear(x, xs, w, ws)
+        two = torch.ops.specops.int8_linear(x, xs, weight, ws)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(bits(one), bits(two)) and torch.equal(bits(two), bits(torch_bits(x, xs, w, ws)))
@@ -320,6 +334,16 @@ BAD = [
     ({"weight": torch.zeros(5, 8)}, ValueError, r"int8_linear: weight must be int8 \[N, K\]"),
     ({"weight": torch.zeros(8, dtype=torch.int8)}, ValueError, r"weight must be int8 \[N, K\]"),
     ({"weight": torch.zeros(1, 5, 8, dtype=torch.int8)}, ValueError, r"weight must be int8 \[N, K\]"),
+    ({"weight": torch.zeros(5, 8, dtype=torch.uint8)}, ValueError,
+     r"weight must be int8 \[N, K\], or uint8 \[ceil\(N / 16\), ceil\(K / 4\), 64\] packed by int8_linear_pack"),
+    ({"weight": torch.zeros(1, 3, 64, dtype=torch.uint8)}, ValueError,
+     r"int8_linear: a packed weight for N = 5 and K = 8 must be \[1, 2, 64\], got \[1, 3, 64\]"),
+    ({"weight": torch.zeros(2, 2, 64, dtype=torch.uint8)}, ValueError,
+     r"a packed weight for N = 5 and K = 8 must be \[1, 2, 64\], got \[2, 2, 64\]"),
+    ({"weight": torch.zeros(1, 2, 64, dtype=torch.uint8), "weight_scales": torch.ones(17)}, ValueError,
+     r"a packed weight for N = 17 and K = 8 must be \[2, 2, 64\], got \[1, 2, 64\]"),
+    ({"weight": torch.zeros(1, 2, 64, dtype=torch.uint8), "weight_scales": torch.ones(5, 1)}, ValueError,
+     r"int8_linear: weight_scales must be float32 \[N\]"),
     ({"weight": torch.zeros(5, 7, dtype=torch.int8)}, ValueError,
      r"int8_linear: weight must be \[N, K\] with K = 8, got \[5, 7\]"),
     ({"input": torch.zeros(1, _LONG_K, dtype=torch.int8), "input_scales": torch.ones(1),
@@ -379,3 +403,75 @@ def test_fake_and_meta_shapes():
                                         torch.empty(37, 65, dtype=i8, **meta), torch.empty(37, **meta))
     assert out.shape == (4, 37) and out.dtype == torch.float32
     assert out.device.type == "meta" and out.is_contiguous()
+
+
+# ---- 5. the packed weight ----
+
+def test_pack_layout_by_hand():
+    """weight[n, k] + 128 at [n // 16, k // 4, 4 (n % 16) + k % 4]; rows past N and columns past K hold 128
+    (a weight of 0); unpacking gives the weight back."""
+    w = (torch.arange(17 * 5) % 251 - 125).to(torch.int8).view(17, 5)
+    p = specops.ops.int8_linear_pack(w)
+    assert p.shape == (2, 2, 64) and p.dtype == torch.uint8
+    for n in range(17):
+        for k in range(5):
+            assert int(p[n // 16, k // 4, 4 * (n % 16) + k % 4]) == int(w[n, k]) + 128
+    assert int(p[0, 1, 3]) == 128 and int(p[1, 0, 4]) == 128  # k = 7 of row 0; row 17's k = 0
+    assert (p[1, :, 4:] == 128).all() and (p[:, 1].view(2, 16, 4)[:, :, 1:] == 128).all()
+    assert torch.equal(reference.int8_linear_unpack(p, 17, 5), w)
+    assert specops.ops.int8_linear_pack(w[:0]).shape == (0, 2, 64)
+    with pytest.raises(ValueError, match=r"int8_linear_pack: weight must be int8 \[N, K\]"):
+        specops.ops.int8_linear_pack(w.to(torch.uint8))
+    with pytest.raises(TypeError, match="int8_linear_pack: weight must be a tensor, got list"):
+        specops.ops.int8_linear_pack([[1]])
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 4, 5, 63, 64, 65, 640])
+def test_packed_gives_the_same_bits(k):
+    """The packed layout against the [N, K] weight and torch_bits: M = 1..17 and 33 (groups of 1-4 input
+    rows), N = 1, 15, 16, 17, 31, 32, 33, 70 (whole and partial blocks, pairs and a last single block)."""
+    for m in list(range(1, 18)) + [33]:
+        for n in (1, 15, 16, 17, 31, 32, 33, 70):
+            x, xs, w, ws = random_case(m, n, k, seed=31 * m + 7 * n + k)
+            got = torch.ops.specops.int8_linear(x, xs, specops.ops.int8_linear_pack(w), ws)
+            assert torch.equal(bits(got), bits(torch_bits(x, xs, w, ws))), (m, n)
+            assert torch.equal(bits(got), bits(torch.ops.specops.int8_linear(x, xs, w, ws))), (m, n)
+
+
+def test_packed_reference_and_wrapper():
+    x, xs, w, ws = random_case(6, 37, 65, seed=12)
+    p = specops.ops.int8_linear_pack(w)
+    assert torch.equal(reference.int8_linear(x, xs, p, ws), reference.int8_linear(x, xs, w, ws))
+    out = specops.ops.int8_linear(x.view(2, 3, 65), xs.view(2, 3), p, ws)
+    assert out.shape == (2, 3, 37) and torch.equal(out.view(6, 37), torch.ops.specops.int8_linear(x, xs, w, ws))
+
+
+def test_packed_extremes():
+    """All -128 against all -128 and 127 at the longest K (the wrapping unsigned sums, and 128 sum_k x taken
+    off them, in the packed copy)."""
+    k = INT8_LINEAR_MOST_K
+    x, w = torch.full((1, k), -128, dtype=torch.int8), torch.full((2, k), -128, dtype=torch.int8)
+    w[1] = 127
+    got = torch.ops.specops.int8_linear(x, torch.ones(1), specops.ops.int8_linear_pack(w), torch.ones(2))
+    assert got.tolist() == [[2**31 - 2**14, float(-128 * 127 * k)]]
+
+
+@needs_triton
+@pytest.mark.parametrize("k", [1, 5, 65])
+def test_triton_packed_gives_the_cpp_bits(k):
+    for m in (1, 17):
+        for n in (1, 17, 70):
+            x, xs, w, ws = random_case(m, n, k, seed=100 * m + n + k)
+            p = specops.ops.int8_linear_pack(w)
+            got = run_impl("triton", x, xs, p, ws)
+            assert torch.equal(bits(got), bits(torch.ops.specops.int8_linear(x, xs, w, ws))), (m, n)
+
+
+def test_packed_opcheck_and_fake():
+    x, xs, w, ws = random_case(5, 37, 65, seed=3)
+    p = specops.ops.int8_linear_pack(w)
+    torch.library.opcheck(torch.ops.specops.int8_linear.default, (x, xs, p, ws))
+    with FakeTensorMode():
+        out = torch.ops.specops.int8_linear(torch.empty(4, 65, dtype=torch.int8), torch.empty(4),
+                                            torch.empty(3, 17, 64, dtype=torch.uint8), torch.empty(37))
+        assert out.shape == (4, 37) and out.dtype == torch.float32

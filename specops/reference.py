@@ -14,7 +14,8 @@ import torch
 __all__ = ["philox4x32", "uniform", "filter_logits", "chain_verify", "ensemble_logits", "ngram_match",
            "vocab_project", "tree_attention", "tree_visibility", "tree_children", "tree_verify",
            "sample_without_replacement", "stochastic_beam_step", "truncated_gumbel", "skinny_linear",
-           "dequantize", "quantized_linear", "int8_linear", "INT8_LINEAR_MOST_K", "llama_layers",
+           "dequantize", "quantized_linear", "int8_linear", "int8_linear_pack", "int8_linear_unpack",
+           "INT8_LINEAR_MOST_K", "llama_layers",
            "NGRAM_KEY_BITS", "MEMORY_LEVEL_RATIO",
            "memory_merged_blocks", "memory_levels", "memory_keys", "ngram_memory_insert", "ngram_memory_lookup"]
 
@@ -1016,12 +1017,35 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
                 weight_scales: torch.Tensor) -> torch.Tensor:
     """int8 input [M, K] times int8 weight [N, K]^T, each row scaled: out[m, n] = (sum_k input[m, k] *
     weight[n, k]) * input_scales[m] * weight_scales[n], float32 [M, N] (input_scales [M] and weight_scales [N]
-    float32). The sums are exact integers (K <= INT8_LINEAR_MOST_K); here the scaling is done in float64 and
+    float32). The weight may come in int8_linear_pack's layout (uint8, 3-D; N from weight_scales). The sums are exact integers (K <= INT8_LINEAR_MOST_K); here the scaling is done in float64 and
     rounded once, the kernels round float(sum) * input_scale * weight_scale in float32 (at most three
     roundings: a relative difference of at most 3 * 2^-24 from the float64 value before this rounds it, and
     none where the sum, the scales and their products are exact in float32)."""
+    if weight.dim() == 3:  # int8_linear_pack's layout
+        weight = int8_linear_unpack(weight, weight_scales.shape[0], input.shape[1])
     sums = input.long() @ weight.long().T
     return (sums.double() * input_scales.double()[:, None] * weight_scales.double()[None, :]).float()
+
+
+def int8_linear_pack(weight: torch.Tensor) -> torch.Tensor:
+    """int8_linear's packed weight layout: int8 [N, K] as uint8 [ceil(N / 16), ceil(K / 4), 64] holding
+    weight + 128, where weight[n, k] sits at [n // 16, k // 4, 4 * (n % 16) + k % 4]; the rows past N and
+    the columns past K are zeros of the weight (128). A block of 16 weight rows is one contiguous run, and
+    each 64-byte line of it holds 4 consecutive k of the 16 rows: what one VNNI instruction multiplies
+    against 4 bytes of an input row broadcast, with no sums across lanes afterwards."""
+    n, k = weight.shape
+    blocks, quads = -(-n // 16), -(-k // 4)
+    full = torch.zeros(blocks * 16, quads * 4, dtype=torch.int16, device=weight.device)
+    full[:n, :k] = weight.to(torch.int16)
+    full += 128
+    return full.to(torch.uint8).view(blocks, 16, quads, 4).transpose(1, 2).reshape(blocks, quads, 64).contiguous()
+
+
+def int8_linear_unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The int8 [N, K] weight that int8_linear_pack packed into `packed`."""
+    blocks, quads = packed.shape[0], packed.shape[1]
+    rows = packed.view(blocks, quads, 16, 4).transpose(1, 2).reshape(blocks * 16, quads * 4)
+    return (rows[:n, :k].to(torch.int16) - 128).to(torch.int8)
 
 
 LLAMA_SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # llama_layers' linear layers per decoder layer

@@ -12,6 +12,15 @@
 //   base         plain loops.
 // Every copy's sums are exact, so every copy returns the same bits: float(sum) * input scale * weight scale,
 // rounded in that order in float32.
+//
+// The weight may also come packed (specops.reference.int8_linear_pack: uint8 [ceil(N / 16), ceil(K / 4), 64],
+// weight + 128, each 64-byte line 4 consecutive k of 16 weight rows). Then the VNNI copy needs no sums across
+// lanes: a line meets 4 bytes of an input row broadcast to every lane, and its 16 lanes are 16 outputs
+// (tiles of 2 blocks of 16 weight rows x up to 4 input rows: 8 accumulators; the unsigned operand is the
+// stored weight + 128, so 128 sum_k x comes off each input row's sums). Each block is one contiguous run, read
+// once from memory and re-read from L1 by each further group of 4 input rows. On Gemma-3-270M's head shape
+// (262,144 x 640, 2-vCPU Zen 5) 16 rows took 7.9 ms against 11.8 row by row, 32 rows 12.3 against 34.5. The
+// AVX2 and base copies read the packed layout in plain loops (the greedy head packs only for VNNI).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -19,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "isa.h"
@@ -227,9 +237,149 @@ __attribute__((target("avx2"))) void rows_avx2(const Int8Args& a, int64_t row0, 
 
 #endif  // SPECOPS_INT8_X86
 
-using RowsFn = void (*)(const Int8Args&, int64_t, int64_t);
-
 enum class Int8Isa { vnni, avx2, base };
+Int8Isa int8_isa();
+
+// ---- The packed layout ----
+
+constexpr int64_t kBlock = 16;  // weight rows per packed block
+
+struct PackedArgs {
+  const int8_t* x;       // [M, K]
+  const int32_t* xq;     // [M, K4]: 4 bytes of an input row each, zeros past K (the VNNI copy's broadcasts)
+  const uint32_t* xsum;  // [M]: 128 sum_k x, modulo 2^32
+  const float* xs;       // [M]
+  const uint8_t* p;      // [NB, K4, 64]: weight + 128
+  const float* ws;       // [N]
+  float* out;            // [M, N]
+  int64_t m, n, k, k4, blocks;
+};
+
+// Blocks [b0, b1) against every input row, in plain loops.
+void blocks_base(const PackedArgs& a, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* pb = a.p + b * a.k4 * 64;
+    for (int64_t c = 0; c < kBlock && b * kBlock + c < a.n; ++c) {
+      const int64_t v = b * kBlock + c;
+      for (int64_t i = 0; i < a.m; ++i) {
+        const int8_t* xi = a.x + i * a.k;
+        int32_t sum = 0;
+        for (int64_t j = 0; j < a.k; ++j)
+          sum += (static_cast<int32_t>(pb[(j / 4) * 64 + c * 4 + j % 4]) - 128) * static_cast<int32_t>(xi[j]);
+        a.out[i * a.n + v] = scaled(sum, a.xs[i], a.ws[v]);
+      }
+    }
+  }
+}
+
+#ifdef SPECOPS_INT8_X86
+
+#pragma GCC diagnostic push  // (as above)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// CB blocks from block b (32 or 16 weight rows) against R input rows from i0: accumulator CB r + c holds input
+// row i0 + r against the 16 rows of block b + c. `ahead` (nullptr: none): the same place in the blocks after
+// these, prefetched into L2 a line per line read (the next tile's weight arrives while this one computes).
+template <int R, int CB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) SPECOPS_INLINE void packed_tile_vnni(
+    const PackedArgs& a, int64_t b, int64_t i0, const uint8_t* ahead) {
+  __m512i acc[R * CB];
+  for (auto& t : acc) t = _mm512_setzero_si512();
+  const int64_t stride = a.k4 * 64;  // bytes per block
+  const uint8_t* pb = a.p + b * stride;
+  const int32_t* xr = a.xq + i0 * a.k4;
+  for (int64_t q = 0; q < a.k4; ++q) {
+    __m512i w[CB];
+    for (int c = 0; c < CB; ++c) w[c] = _mm512_loadu_si512(pb + c * stride + q * 64);
+    if (ahead != nullptr) {
+      for (int c = 0; c < CB; ++c) _mm_prefetch(reinterpret_cast<const char*>(ahead + c * stride + q * 64), _MM_HINT_T1);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i xb = _mm512_set1_epi32(xr[r * a.k4 + q]);
+      for (int c = 0; c < CB; ++c) acc[r * CB + c] = _mm512_dpbusd_epi32(acc[r * CB + c], w[c], xb);
+    }
+  }
+  // Lane l of accumulator (r, c): sum_k (w + 128) x, modulo 2^32 (vpdpbusd does not saturate); less
+  // 128 sum_k x it is sum_k w x, which fits an int32. Then float, times the input row's scale, then the
+  // weight row's.
+  for (int c = 0; c < CB; ++c) {
+    const int64_t v0 = (b + c) * kBlock;
+    const __mmask16 cols = static_cast<__mmask16>(a.n - v0 >= kBlock ? 0xffff : (1u << (a.n - v0)) - 1);
+    const __m512 w_scales = _mm512_maskz_loadu_ps(cols, a.ws + v0);
+    for (int r = 0; r < R; ++r) {
+      const __m512i sums = _mm512_sub_epi32(acc[r * CB + c], _mm512_set1_epi32(static_cast<int32_t>(a.xsum[i0 + r])));
+      const __m512 out = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(a.xs[i0 + r])), w_scales);
+      _mm512_mask_storeu_ps(a.out + (i0 + r) * a.n + v0, cols, out);
+    }
+  }
+}
+
+template <int CB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void packed_rows_vnni(const PackedArgs& a, int64_t b,
+                                                                                       const uint8_t* ahead) {
+  // Input rows in near-equal groups of at most 4 (8 accumulators: with 16 or more GCC kept some in memory).
+  const int64_t groups = (a.m + 3) / 4, base = a.m / groups, extra = a.m % groups;
+  int64_t i = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = base + (g < extra ? 1 : 0);
+    const uint8_t* pf = g == 0 ? ahead : nullptr;  // the first group reads from memory
+    switch (rows) {
+      case 4: packed_tile_vnni<4, CB>(a, b, i, pf); break;
+      case 3: packed_tile_vnni<3, CB>(a, b, i, pf); break;
+      case 2: packed_tile_vnni<2, CB>(a, b, i, pf); break;
+      default: packed_tile_vnni<1, CB>(a, b, i, pf); break;
+    }
+    i += rows;
+  }
+}
+
+// Blocks [b0, b1) in pairs (the last may be one block).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void blocks_vnni(const PackedArgs& a, int64_t b0,
+                                                                                   int64_t b1) {
+  const int64_t stride = a.k4 * 64;
+  for (int64_t b = b0; b < b1; b += 2) {
+    const uint8_t* ahead = b + 4 <= a.blocks ? a.p + (b + 2) * stride : nullptr;
+    if (b + 2 <= b1) {
+      packed_rows_vnni<2>(a, b, ahead);
+    } else {
+      packed_rows_vnni<1>(a, b, nullptr);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+#endif  // SPECOPS_INT8_X86
+
+at::Tensor packed_product(const at::Tensor& x, const at::Tensor& xs, const at::Tensor& p, const at::Tensor& ws,
+                          at::Tensor out) {
+  const int64_t m = x.size(0), k = x.size(1), n = ws.size(0), k4 = p.size(1), blocks = p.size(0);
+  const int8_t* xp = x.data_ptr<int8_t>();
+  std::vector<int32_t> xq(m * k4, 0);
+  std::vector<uint32_t> xsum(m, 0);
+  for (int64_t i = 0; i < m; ++i) {
+    std::memcpy(xq.data() + i * k4, xp + i * k, k);
+    int64_t sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += xp[i * k + j];
+    xsum[i] = 128u * static_cast<uint32_t>(sum);
+  }
+  const PackedArgs args{xp, xq.data(), xsum.data(), xs.data_ptr<float>(), p.data_ptr<uint8_t>(), ws.data_ptr<float>(),
+                        out.data_ptr<float>(), m, n, k, k4, blocks};
+  void (*fn)(const PackedArgs&, int64_t, int64_t) = blocks_base;
+#ifdef SPECOPS_INT8_X86
+  if (int8_isa() == Int8Isa::vnni) fn = blocks_vnni;
+#endif
+  // Tasks of pairs of blocks, at least 256 KB of weight each.
+  const int64_t pairs = (blocks + 1) / 2;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (2 * 64 * std::max<int64_t>(k4, 1)));
+  at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
+    fn(args, 2 * begin, std::min(2 * end, blocks));
+  });
+  return out;
+}
+
+using RowsFn = void (*)(const Int8Args&, int64_t, int64_t);
 
 Int8Isa int8_isa() {
   static const Int8Isa isa = [] {
@@ -256,19 +406,34 @@ RowsFn rows_fn() {
 at::Tensor int8_linear_cpu(const at::Tensor& input, const at::Tensor& input_scales, const at::Tensor& weight,
                            const at::Tensor& weight_scales) {
   TORCH_CHECK_VALUE(input.dim() == 2 && input.scalar_type() == at::kChar, "int8_linear: input must be int8 [M, K]");
-  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.scalar_type() == at::kChar, "int8_linear: weight must be int8 [N, K]");
-  const int64_t m = input.size(0), k = input.size(1), n = weight.size(0);
-  TORCH_CHECK_VALUE(weight.size(1) == k, "int8_linear: weight must be [N, K] with K = ", k, ", got [", n, ", ",
-                    weight.size(1), "]");
+  const bool packed = weight.dim() == 3 && weight.scalar_type() == at::kByte;
+  TORCH_CHECK_VALUE(packed || (weight.dim() == 2 && weight.scalar_type() == at::kChar),
+                    "int8_linear: weight must be int8 [N, K], or uint8 [ceil(N / 16), ceil(K / 4), 64] packed by "
+                    "int8_linear_pack");
+  const int64_t m = input.size(0), k = input.size(1);
+  const int64_t n = packed ? (weight_scales.dim() == 1 ? weight_scales.size(0) : -1) : weight.size(0);
+  TORCH_CHECK_VALUE(packed || weight.size(1) == k, "int8_linear: weight must be [N, K] with K = ", k, ", got [", n,
+                    ", ", weight.size(1), "]");
   TORCH_CHECK_VALUE(k <= kMostK, "int8_linear: K = ", k, " is longer than ", kMostK,
                     " (the int32 sums would overflow)");
   TORCH_CHECK_VALUE(input_scales.dim() == 1 && input_scales.size(0) == m && input_scales.scalar_type() == at::kFloat,
                     "int8_linear: input_scales must be float32 [M] with M = ", m);
   TORCH_CHECK_VALUE(weight_scales.dim() == 1 && weight_scales.size(0) == n &&
                         weight_scales.scalar_type() == at::kFloat,
-                    "int8_linear: weight_scales must be float32 [N] with N = ", n);
+                    "int8_linear: weight_scales must be float32 [N]", packed ? "" : " with N = ",
+                    packed ? "" : std::to_string(n));
+  if (packed) {
+    const int64_t blocks = (n + 15) / 16, quads = (k + 3) / 4;
+    TORCH_CHECK_VALUE(weight.size(0) == blocks && weight.size(1) == quads && weight.size(2) == 64,
+                      "int8_linear: a packed weight for N = ", n, " and K = ", k, " must be [", blocks, ", ", quads,
+                      ", 64], got ", weight.sizes());
+  }
   at::Tensor out = at::empty({m, n}, input.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out;
+  if (packed) {
+    return packed_product(input.contiguous(), input_scales.contiguous(), weight.contiguous(),
+                          weight_scales.contiguous(), out);
+  }
   const at::Tensor x = input.contiguous(), w = weight.contiguous();
   const at::Tensor xs = input_scales.contiguous(), ws = weight_scales.contiguous();
   const int8_t* xp = x.data_ptr<int8_t>();

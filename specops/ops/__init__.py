@@ -15,7 +15,7 @@ int8_linear, llama_layers); `_checks` holds what they share.
 from specops.ops import attention, ensemble, linear, ngram, sampling
 from specops.ops.attention import tree_attention
 from specops.ops.ensemble import ensemble_logits
-from specops.ops.linear import int8_linear, llama_layers, quantized_linear, skinny_linear
+from specops.ops.linear import int8_linear, int8_linear_pack, llama_layers, quantized_linear, skinny_linear
 from specops.ops.ngram import ngram_match, ngram_memory_insert, ngram_memory_lookup
 from specops.ops.sampling import (CHAIN_SCHEMES, TREE_SCHEMES, chain_verify, sample_without_replacement,
                                   stochastic_beam_step, tree_verify, vocab_project)
@@ -34,7 +34,7 @@ CONTRACTS = {"chain_verify": sampling.check_chain_verify, "tree_verify": samplin
              "int8_linear": linear.check_int8_linear}
 
 __all__ = ["CHAIN_SCHEMES", "CONTRACTS", "TREE_SCHEMES", "chain_verify", "ensemble_logits", "int8_linear",
-           "llama_layers",
+           "int8_linear_pack", "llama_layers",
            "ngram_match", "ngram_memory_insert", "ngram_memory_lookup",
            "quantized_linear", "sample_without_replacement", "skinny_linear", "stochastic_beam_step", "tree_attention",
            "tree_verify", "vocab_project"]

@@ -6,10 +6,11 @@ import math
 
 import torch
 
+from specops import reference
 from specops.reference import INT8_LINEAR_MOST_K
 from specops.ops._checks import _c_dtype, _check_devices, _float, _int, _linear_input_dtypes, _require, _tensor
 
-__all__ = ["skinny_linear", "quantized_linear", "int8_linear", "llama_layers"]
+__all__ = ["skinny_linear", "quantized_linear", "int8_linear", "int8_linear_pack", "llama_layers"]
 
 
 def _refuse_gradients(op: str, *tensors, hint: str = "") -> None:
@@ -180,7 +181,10 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
 
     Shape:
         input: [..., K] int8, K <= 131,071 (the int32 sums stay exact). input_scales: [...] float32.
-        weight: [N, K] int8. weight_scales: [N] float32. All on one device.
+        weight: [N, K] int8, or `int8_linear_pack(weight)`: uint8 [ceil(N / 16), ceil(K / 4), 64], the layout
+            the VNNI copy reads fastest from about 4 rows on (no sums across lanes; 16 rows of Gemma-3-270M's
+            head in about 3/4 of the time, 32 rows in about 4/5; packed once per weight, by the caller).
+        weight_scales: [N] float32. All on one device.
 
     Returns [..., N] float32.
     """
@@ -188,7 +192,7 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
     input, input_scales = _tensor(op, "input", input), _tensor(op, "input_scales", input_scales)
     weight, weight_scales = _tensor(op, "weight", weight), _tensor(op, "weight_scales", weight_scales)
     _refuse_gradients(op, input_scales, weight_scales)  # the int8 operands cannot require gradients
-    if input.dim() < 1 or weight.dim() != 2 or input_scales.shape != input.shape[:-1]:
+    if input.dim() < 1 or weight.dim() not in (2, 3) or input_scales.shape != input.shape[:-1]:
         return torch.ops.specops.int8_linear(input, input_scales, weight, weight_scales)
     rows = math.prod(input.shape[:-1])
     out = torch.ops.specops.int8_linear(input.reshape(rows, input.shape[-1]), input_scales.reshape(rows), weight,
@@ -196,19 +200,37 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
     return out.reshape(*input.shape[:-1], out.shape[-1])
 
 
+def int8_linear_pack(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 weight [N, K] in the layout `int8_linear` reads fastest with AVX-512 VNNI: uint8
+    [ceil(N / 16), ceil(K / 4), 64] holding weight + 128, each 64 bytes 4 consecutive k of 16 weight rows
+    (`specops.reference.int8_linear_pack` defines it). The products give the same bits in either layout. Pack
+    once per weight and keep the result: packing reads and writes the whole weight."""
+    op = "int8_linear_pack"
+    weight = _tensor(op, "weight", weight)
+    _require(weight.dim() == 2 and weight.dtype == torch.int8, op, "weight must be int8 [N, K]")
+    return reference.int8_linear_pack(weight)
+
+
 def check_int8_linear(input, input_scales, weight, weight_scales) -> None:
     """int8_linear's contract where its kernel cannot check: the C++ kernel's checks and messages."""
     op = "int8_linear"
     _require(input.dim() == 2 and input.dtype == torch.int8, op, "input must be int8 [M, K]")
-    _require(weight.dim() == 2 and weight.dtype == torch.int8, op, "weight must be int8 [N, K]")
-    m, k, n = input.shape[0], input.shape[1], weight.shape[0]
-    _require(weight.shape[1] == k, op, f"weight must be [N, K] with K = {k}, got [{n}, {weight.shape[1]}]")
+    packed = weight.dim() == 3 and weight.dtype == torch.uint8
+    _require(packed or (weight.dim() == 2 and weight.dtype == torch.int8), op,
+             "weight must be int8 [N, K], or uint8 [ceil(N / 16), ceil(K / 4), 64] packed by int8_linear_pack")
+    m, k = input.shape[0], input.shape[1]
+    n = (weight_scales.shape[0] if weight_scales.dim() == 1 else -1) if packed else weight.shape[0]
+    _require(packed or weight.shape[1] == k, op, f"weight must be [N, K] with K = {k}, got [{n}, {weight.shape[1]}]")
     _require(k <= INT8_LINEAR_MOST_K, op,
              f"K = {k} is longer than {INT8_LINEAR_MOST_K} (the int32 sums would overflow)")
     _require(input_scales.dim() == 1 and input_scales.shape[0] == m and input_scales.dtype == torch.float32, op,
              f"input_scales must be float32 [M] with M = {m}")
     _require(weight_scales.dim() == 1 and weight_scales.shape[0] == n and weight_scales.dtype == torch.float32,
-             op, f"weight_scales must be float32 [N] with N = {n}")
+             op, "weight_scales must be float32 [N]" + ("" if packed else f" with N = {n}"))
+    if packed:
+        shape = [-(-n // 16), -(-k // 4), 64]
+        _require(list(weight.shape) == shape, op, f"a packed weight for N = {n} and K = {k} must be "
+                 f"[{shape[0]}, {shape[1]}, 64], got {list(weight.shape)}")
     _check_devices(op, "input", input.device,
                    {"input_scales": input_scales, "weight": weight, "weight_scales": weight_scales})
 
@@ -216,7 +238,7 @@ def check_int8_linear(input, input_scales, weight, weight_scales) -> None:
 @torch.library.register_fake("specops::int8_linear")
 def _int8_linear_fake(input, input_scales, weight, weight_scales):
     check_int8_linear(input, input_scales, weight, weight_scales)
-    return input.new_empty((input.shape[0], weight.shape[0]), dtype=torch.float32)
+    return input.new_empty((input.shape[0], weight_scales.shape[0]), dtype=torch.float32)
 
 
 def llama_layers(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,

@@ -316,6 +316,8 @@ def _int8_linear(run):
         for n, k in ((2048, 640), (262144, 640)):
             run(f"M={rows} N={n} K={k}", int8_linear_triton, _t(rows, k, dtype=torch.int8), _t(rows),
                 _t(n, k, dtype=torch.int8), _t(n))
+            run(f"M={rows} N={n} K={k} packed", int8_linear_triton, _t(rows, k, dtype=torch.int8), _t(rows),
+                _t(n // 16, k // 4, 64, dtype=torch.uint8), _t(n))
 
 
 CASES = [_chain_verify, _tree_verify, _sample_without_replacement, _stochastic_beam_step, _vocab_project,
