@@ -97,9 +97,11 @@ def greedy_bytes(model, rows: int) -> int:
     """Bytes a greedy step of `rows` rows must read: weight_bytes, with the output head at its int8 screen's
     bytes where the screen serves that many rows of it (the screen's own rule, and its own copy's bytes)."""
     from specops.decoding import greedy_head
+    from specops.quantization import QuantizedLinear
 
     head = model.get_output_embeddings()
-    screen = greedy_head._screen(head) if rows <= greedy_head._screen_rows() else None
+    own = type(head) is QuantizedLinear
+    screen = greedy_head._screen(head) if rows <= greedy_head._screen_rows(own) else None
     if screen is None:
         return weight_bytes(model)
     stored = screen.q.numel() * screen.q.element_size() + screen.scales.numel() * screen.scales.element_size()

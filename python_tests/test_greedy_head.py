@@ -159,7 +159,7 @@ def test_the_rows_quantization_bound_holds(seed):
     x[4] = 0.0
     x[5, ::2] = 0.0
     screened, moved = screen._int8_product(x)
-    d = screen.q.double() * screen.scales.double()
+    d = screen.int8_rows().double() * screen.scales.double()
     exact = x.double() @ d.T
     assert bool(((exact - screened.double()).abs() <= moved.double()[:, None]).all())
     assert float(moved[4]) <= 1e-29  # a zero row moves nothing

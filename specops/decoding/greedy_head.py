@@ -23,7 +23,8 @@ each row, so e is about 2^-14 of x), and the bound grows by what the rows' own q
     |x . d_v - screened_v| <= ||e|| ||d_v|| + the float32 rounding of the scaled sums.
 
 Where rows stay float32 the int8 product is bound by its arithmetic from about 8 rows; with both operands
-in int8 it stays bound by reading the copy to about 16 rows and more. It serves up to `_screen_rows()` rows
+in int8 it stays bound by reading the copy to about 16 rows and more (the copy kept in int8_linear's packed
+layout, whose products need no sums across lanes). It serves up to `_screen_rows()` rows
 and heads of at least `_SCREEN_WEIGHTS` weights; the copy is made on the first greedy step that uses it and
 kept with the head module (`specops.kept`), rebuilt if the head's weight changes.
 
@@ -43,6 +44,7 @@ import torch
 from specops._C import int8_dot_isa
 from specops._kept import per_object
 from specops.quantization import QuantizedLinear, pack
+from specops.reference import int8_linear_pack, int8_linear_unpack
 
 __all__ = ["capped", "greedy_logits", "screened_logits"]
 
@@ -50,11 +52,18 @@ __all__ = ["capped", "greedy_logits", "screened_logits"]
 # 26.7 ms against float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows (from about 8 rows the int8 product is bound
 # by arithmetic); with int8 rows (VNNI) screened 6.0 / 10.0 / 14.8 / 24.4 ms against the whole head's 16.3 /
 # 23.4 / 24.2 / 33.5 at 1 / 4 / 8 / 16 rows (past 16 rows a screen of two parts saved 12 % at most).
+# With the copy in int8_linear's packed layout (no sums across lanes) on a 2-vCPU Zen 5 (bench/
+# bench_int8_linear.py, 2026-12-07): screened 10.3 / 15.3 / 21.3 / 26.9 ms against the whole head's 19.3 /
+# 29.2 / 39.1 / 49.6 at 8 / 16 / 24 / 32 rows (row by row the copy took 22.3 ms at 16 rows, and lost to the
+# whole head from 28).
 _SCREEN_ROWS = 8  # float32 rows
-_SCREEN_ROWS_INT8 = 16  # int8 rows (VNNI)
+_SCREEN_ROWS_INT8 = 32  # int8 rows (VNNI), the copy packed
 # An int8 head (specops.quantize) reads as many bytes screened as whole, and its own product is compute-bound
 # from a few rows only: Gemma-3-270M:int8's head on the Zen 4, screened 5.1 / 5.8 / 6.8 / 8.0 / 14.5 / 26.5 ms
-# against 4.9 / 5.6 / 7.5 / 9.1 / 17.7 / 33.6 whole at 1 / 2 / 3 / 4 / 8 / 16 rows.
+# against 4.9 / 5.6 / 7.5 / 9.1 / 17.7 / 33.6 whole at 1 / 2 / 3 / 4 / 8 / 16 rows. Its rows are the model's
+# own, [N, K] (a packed copy would add a quarter of the float32 model's bytes to an int8 model): on the Zen 5
+# 23.5 ms against 29.2 at 16 rows, 46.7 against 37.0 at 20.
+_SCREEN_ROWS_OWN = 16
 _OWN_FROM = 3
 _SCREEN_WEIGHTS = 1 << 24  # smaller heads are a small share of a step (tests lower it)
 _BLOCK = 256  # ids per block: a block whose largest screened logit plus largest bound is below L is skipped
@@ -90,6 +99,7 @@ class _Screen:
         self.padded = padded = n + (-n % _BLOCK)
         self.key = _key(weight)
         self.vocab = n
+        self.k = k
         self.own = scales is not None
         bound = torch.empty(n, dtype=torch.float64)
         self.dmax = 0.0
@@ -120,11 +130,19 @@ class _Screen:
         if not self.own:
             self.q[:n] = self.q[order]
             self.scales[:n] = self.scales[order]
+            if _int8_rows():  # int8_linear's packed layout (whole blocks of 16 rows: padded is a multiple of 256)
+                self.q = _packed(self.q)
         inf = torch.full((padded - n,), float("inf"))
         self.low = torch.cat([bound[order], inf]).view(-1, _BLOCK)
         self.high = torch.cat([bound[order], -inf]).view(-1, _BLOCK)
         self.block_high = self.high.amax(1)
         self.flat_scales = self.scales.view(-1)
+
+    def int8_rows(self) -> torch.Tensor:
+        """The int8 rows [padded, K] (unpacked where `q` holds them packed)."""
+        if self.q.dim() == 2:
+            return self.q
+        return int8_linear_unpack(self.q, self.padded, self.k)
 
     def logits(self, weight: torch.Tensor, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
         """Logits [R, V] of rows [R, K] whose argmax is the full head's (-inf where an id cannot be it), or
@@ -134,7 +152,7 @@ class _Screen:
         norm = torch.linalg.vector_norm(rows, dim=1) * (1 + 1e-3)
         if not bool(torch.isfinite(norm).all()):
             return None
-        if self.own or _int8_rows():
+        if self.own or self.q.dim() == 3:  # int8 rows (the screen's copy packed for them, or the head's own)
             screened, moved = self._int8_product(rows)
         else:
             screened = torch.ops.specops.quantized_linear(rows, self.q, self.scales, None, None)
@@ -199,13 +217,25 @@ class _Screen:
 
 
 @functools.cache
+def _packed(q: torch.Tensor) -> torch.Tensor:
+    """int8 rows [N, K] (N a multiple of 16) in int8_linear's packed layout, _CHUNK rows at a time (bounded
+    temporaries)."""
+    n, k = q.shape
+    out = torch.empty(n // 16, -(-k // 4), 64, dtype=torch.uint8)
+    for start in range(0, n, _CHUNK):
+        out[start // 16:(start + _CHUNK) // 16] = int8_linear_pack(q[start:start + _CHUNK])
+    return out
+
+
 def _int8_rows() -> bool:
     """Whether this CPU multiplies bytes by bytes fast (AVX-512 VNNI): then the screen quantizes its rows."""
     return int8_dot_isa() == "avx512_vnni"
 
 
-def _screen_rows() -> int:
-    """The most rows the screen serves on this CPU."""
+def _screen_rows(own: bool = False) -> int:
+    """The most rows the screen serves on this CPU (own: an int8 head's screen, on its own rows)."""
+    if own:
+        return _SCREEN_ROWS_OWN
     return _SCREEN_ROWS_INT8 if _int8_rows() else _SCREEN_ROWS
 
 
@@ -247,7 +277,8 @@ def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Te
     """Logits [R, V] of hidden rows [R, K] through `head`, soft-capped at `softcap` if given, whose argmax is
     the full head's and which hold -inf where an id cannot be it; None where the screen does not serve (more
     than `_screen_rows()` rows, a head it does not take, rows it cannot tell): the caller computes them all."""
-    if rows.shape[0] > _screen_rows() or (type(head) is QuantizedLinear and rows.shape[0] < _OWN_FROM):
+    own = type(head) is QuantizedLinear
+    if rows.shape[0] > _screen_rows(own) or (own and rows.shape[0] < _OWN_FROM):
         return None
     screen = _screen(head)
     if screen is None or (screen.own and rows.shape[0] < _OWN_FROM):
