@@ -12,8 +12,8 @@ int8 rows against float32 rows and the whole head, on hidden rows of real greedy
    float32 rows where the CPU lacks VNNI: the screen's copy is then kept as [N, K]) against the whole head
    (skinny_linear, or the int8 head's quantized_linear), alternating; every screened argmax is checked against
    the whole head's. `ids` is the median number of ids a row computed exactly. Row counts past the decoder's
-   limit (`_SCREEN_ROWS_INT8`, `_SCREEN_ROWS_OWN`) are screened too, the limit raised for the run: where the screen stops paying
-   is what sets it.
+   limits (`_SCREEN_ROWS_INT8`, `_SCREEN_ROWS_OWN`) are screened too, the limits raised for the run: where
+   the screen stops paying is what sets them.
 The host's read bandwidth is measured at the start and the end.
 """
 

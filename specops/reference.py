@@ -1017,10 +1017,11 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
                 weight_scales: torch.Tensor) -> torch.Tensor:
     """int8 input [M, K] times int8 weight [N, K]^T, each row scaled: out[m, n] = (sum_k input[m, k] *
     weight[n, k]) * input_scales[m] * weight_scales[n], float32 [M, N] (input_scales [M] and weight_scales [N]
-    float32). The weight may come in int8_linear_pack's layout (uint8, 3-D; N from weight_scales). The sums are exact integers (K <= INT8_LINEAR_MOST_K); here the scaling is done in float64 and
-    rounded once, the kernels round float(sum) * input_scale * weight_scale in float32 (at most three
-    roundings: a relative difference of at most 3 * 2^-24 from the float64 value before this rounds it, and
-    none where the sum, the scales and their products are exact in float32)."""
+    float32). The weight may come in int8_linear_pack's layout (uint8, 3-D; N from weight_scales). The sums
+    are exact integers (K <= INT8_LINEAR_MOST_K); here the scaling is done in float64 and rounded once, the
+    kernels round float(sum) * input_scale * weight_scale in float32 (at most three roundings: a relative
+    difference of at most 3 * 2^-24 from the float64 value before this rounds it, and none where the sum, the
+    scales and their products are exact in float32)."""
     if weight.dim() == 3:  # int8_linear_pack's layout
         weight = int8_linear_unpack(weight, weight_scales.shape[0], input.shape[1])
     sums = input.long() @ weight.long().T

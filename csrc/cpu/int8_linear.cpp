@@ -293,7 +293,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) SPECOPS_INLINE v
     __m512i w[CB];
     for (int c = 0; c < CB; ++c) w[c] = _mm512_loadu_si512(pb + c * stride + q * 64);
     if (ahead != nullptr) {
-      for (int c = 0; c < CB; ++c) _mm_prefetch(reinterpret_cast<const char*>(ahead + c * stride + q * 64), _MM_HINT_T1);
+      for (int c = 0; c < CB; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + c * stride + q * 64), _MM_HINT_T1);
+      }
     }
     for (int r = 0; r < R; ++r) {
       const __m512i xb = _mm512_set1_epi32(xr[r * a.k4 + q]);

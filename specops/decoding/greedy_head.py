@@ -216,7 +216,6 @@ class _Screen:
         return screened, (moved * (1 + 1e-3) + 1e-30).float()
 
 
-@functools.cache
 def _packed(q: torch.Tensor) -> torch.Tensor:
     """int8 rows [N, K] (N a multiple of 16) in int8_linear's packed layout, _CHUNK rows at a time (bounded
     temporaries)."""
@@ -227,6 +226,7 @@ def _packed(q: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.cache
 def _int8_rows() -> bool:
     """Whether this CPU multiplies bytes by bytes fast (AVX-512 VNNI): then the screen quantizes its rows."""
     return int8_dot_isa() == "avx512_vnni"

@@ -182,8 +182,8 @@ def int8_linear(input: torch.Tensor, input_scales: torch.Tensor, weight: torch.T
     Shape:
         input: [..., K] int8, K <= 131,071 (the int32 sums stay exact). input_scales: [...] float32.
         weight: [N, K] int8, or `int8_linear_pack(weight)`: uint8 [ceil(N / 16), ceil(K / 4), 64], the layout
-            the VNNI copy reads fastest from about 4 rows on (no sums across lanes; 16 rows of Gemma-3-270M's
-            head in about 3/4 of the time, 32 rows in about 4/5; packed once per weight, by the caller).
+            the VNNI copy reads fastest from about 4 rows on (no sums across lanes; 16 to 24 rows of
+            Gemma-3-270M's head in about 2/3 of the time; packed once per weight, by the caller).
         weight_scales: [N] float32. All on one device.
 
     Returns [..., N] float32.
