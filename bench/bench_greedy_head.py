@@ -1,7 +1,8 @@
 """The output head of greedy steps through its int8 screen (specops/decoding/greedy_head.py), on the embedded
 target Gemma-3-270M: how many ids each row computes exactly, and what the head costs with and without it.
 
-    python bench/bench_greedy_head.py [--prompts 8] [--new-tokens 48] [--rounds 15] [--csv PATH]
+    python bench/bench_greedy_head.py [--prompts 8] [--new-tokens 48] [--rounds 15] [--limit-rounds 2]
+                                      [--csv PATH]
 
 1. Decodes HumanEval's first --prompts prompts greedily with `ar` and `ngram` (one at a time and all together),
    recording every screened head call: rows, and the ids each row computed exactly (the rest are -inf).
@@ -13,6 +14,10 @@ target Gemma-3-270M: how many ids each row computes exactly, and what the head c
 4. Greedy verification's rows: every verification of `ngram` one at a time (step 1) is recorded with the
    rows it could read (`greedy_logits`' follow), then replayed --rounds times, alternating, with only those
    rows computed (the default) and with every row: rows computed, passes over the head, and the head's ms.
+5. The screen's block limit (`_MOST_BLOCKS`; --limit-rounds, 0 skips it): `ar` and `ngram`, one at a time and
+   all together, decoded with the limit at 32 blocks a row (what it was, _MOST_IDS / _BLOCK) and at today's,
+   alternating, --limit-rounds times: head calls that went to the whole head, seconds in the head, seconds of
+   the calls (medians), and the tokens, which must be the same.
 The host's read bandwidth is measured at the start and the end.
 """
 
@@ -54,7 +59,10 @@ def _record_verifications(calls: list) -> None:
 
     def counted(*args):  # one pass over the head
         _Passes.count += 1
-        return computed(*args)
+        start = time.perf_counter()
+        out = computed(*args)
+        _Passes.seconds += time.perf_counter() - start
+        return out
 
     def logits(head, rows, softcap, product, follow=None):
         before = _Passes.count
@@ -73,6 +81,47 @@ class _Passes:
     """Passes over the head (greedy_head._computed calls), and whether verifications are recorded."""
     count = 0
     on = False
+    seconds = 0.0  # in passes over the head
+    whole = 0  # passes the screen did not serve
+
+
+def _limits(specops, greedy_head, model, tokenizer, prompts: list[str], new_tokens: int, rounds: int) -> list[dict]:
+    """Part 5: the block limit at 32 (before) and at _MOST_BLOCKS, alternating."""
+    screened = greedy_head.screened_logits
+
+    def counting(*args):
+        out = screened(*args)
+        _Passes.whole += out is None
+        return out
+
+    greedy_head.screened_logits = counting
+    today, seen, tokens = greedy_head._MOST_BLOCKS, {}, {}
+    try:
+        for round_ in range(rounds):
+            for blocks in ((32, today) if round_ % 2 == 0 else (today, 32)):
+                greedy_head._MOST_BLOCKS = blocks
+                for method in ("ar", "ngram"):
+                    for together in (False, True):
+                        case = f"{method} {'together' if together else 'alone'}"
+                        _Passes.count = _Passes.whole = 0
+                        _Passes.seconds = 0.0
+                        start, emitted = time.perf_counter(), []
+                        for batch in ([prompts] if together else [[p] for p in prompts]):
+                            emitted += specops.decode(batch, target=model, tokenizer=tokenizer, method=method,
+                                                      max_new_tokens=new_tokens, temperature=0).tokens
+                        seconds = time.perf_counter() - start
+                        assert tokens.setdefault(case, emitted) == emitted, f"{case}: tokens moved"
+                        seen.setdefault((case, blocks), []).append(
+                            (_Passes.whole, _Passes.count, _Passes.seconds, seconds))
+    finally:
+        greedy_head._MOST_BLOCKS, greedy_head.screened_logits = today, screened
+    rows = []
+    for (case, blocks), runs in seen.items():
+        rows.append({"part": "block limit", "case": f"{case}, {blocks} blocks", "calls": runs[0][1],
+                     "whole head": runs[0][0], "head s": round(statistics.median(r[2] for r in runs), 3),
+                     "seconds": round(statistics.median(r[3] for r in runs), 3)})
+        print(rows[-1], flush=True)
+    return rows
 
 
 def _quantiles(values: list[int]) -> dict:
@@ -86,6 +135,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--limit-rounds", type=int, default=2, help="part 5's rounds (0: skip it)")
     parser.add_argument("--csv", default=None)
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -158,6 +208,9 @@ def main() -> None:
             row = {"part": "make", "case": f"screen {attempt + 1}", "seconds": round(time.perf_counter() - t, 3)}
             rows.append(row)
             print(row, flush=True)
+    _Passes.on = False
+    if args.limit_rounds:
+        rows += _limits(specops, greedy_head, model, tokenizer, prompts, args.new_tokens, args.limit_rounds)
     end_bw = read_bandwidth_gbs()
     print(f"read bandwidth {start_bw:.1f} GB/s at the start, {end_bw:.1f} at the end", flush=True)
     if args.csv:
@@ -165,7 +218,7 @@ def main() -> None:
         info["read_gbs_start"], info["read_gbs_end"] = f"{start_bw:.1f}", f"{end_bw:.1f}"
         columns = ["part", "case", "rows", "median", "p90", "p99", "max", "full median", "full min",
                    "screened median", "screened min", "ratio", "seconds", "computed", "calls", "passes",
-                   "read rows ms", "every row ms"]
+                   "read rows ms", "every row ms", "whole head", "head s"]
         write_csv_columns(args.csv, rows, columns, info)
 
 
