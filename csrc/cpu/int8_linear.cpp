@@ -18,9 +18,11 @@
 // lanes: a line meets 4 bytes of an input row broadcast to every lane, and its 16 lanes are 16 outputs
 // (tiles of 2 blocks of 16 weight rows x up to 4 input rows: 8 accumulators; the unsigned operand is the
 // stored weight + 128, so 128 sum_k x comes off each input row's sums). Each block is one contiguous run, read
-// once from memory and re-read from L1 by each further group of 4 input rows. On Gemma-3-270M's head shape
-// (262,144 x 640, 2-vCPU Zen 5) 16 rows took 7.9 ms against 11.8 row by row, 32 rows 12.3 against 34.5. The
-// AVX2 and base copies read the packed layout in plain loops (the greedy head packs only for VNNI).
+// once from memory and re-read from L1 by each further group of 4 input rows; 1 or 2 input rows go one block
+// at a time, in one stream. On Gemma-3-270M's head shape (262,144 x 640, 2-vCPU Zen 5, bench/
+// bench_int8_linear.py, 2026-12-07) the op took 16 rows in 7.51 ms against 11.3 row by row, 24 rows in 9.19
+// against 15.6. The AVX2 and base copies read the packed layout in plain loops (the greedy head packs only for
+// VNNI).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -365,20 +367,25 @@ at::Tensor packed_product(const at::Tensor& x, const at::Tensor& xs, const at::T
                           at::Tensor out) {
   const int64_t m = x.size(0), k = x.size(1), n = ws.size(0), k4 = p.size(1), blocks = p.size(0);
   const int8_t* xp = x.data_ptr<int8_t>();
-  std::vector<int32_t> xq(m * k4, 0);
-  std::vector<uint32_t> xsum(m, 0);
-  for (int64_t i = 0; i < m; ++i) {
-    std::memcpy(xq.data() + i * k4, xp + i * k, k);
-    int64_t sum = 0;
-    for (int64_t j = 0; j < k; ++j) sum += xp[i * k + j];
-    xsum[i] = 128u * static_cast<uint32_t>(sum);
-  }
-  const PackedArgs args{xp, xq.data(), xsum.data(), xs.data_ptr<float>(), p.data_ptr<uint8_t>(), ws.data_ptr<float>(),
-                        out.data_ptr<float>(), m, n, k, k4, blocks};
   void (*fn)(const PackedArgs&, int64_t, int64_t) = blocks_base;
 #ifdef SPECOPS_INT8_X86
   if (int8_isa() == Int8Isa::vnni) fn = blocks_vnni;
 #endif
+  // The VNNI copy's broadcast rows and row sums; the plain loops read x itself.
+  std::vector<int32_t> xq;
+  std::vector<uint32_t> xsum;
+  if (fn != blocks_base) {
+    xq.assign(m * k4, 0);
+    xsum.assign(m, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(xq.data() + i * k4, xp + i * k, k);
+      int64_t sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += xp[i * k + j];
+      xsum[i] = 128u * static_cast<uint32_t>(sum);
+    }
+  }
+  const PackedArgs args{xp, xq.data(), xsum.data(), xs.data_ptr<float>(), p.data_ptr<uint8_t>(), ws.data_ptr<float>(),
+                        out.data_ptr<float>(), m, n, k, k4, blocks};
   // Tasks of pairs of blocks, at least 256 KB of weight each.
   const int64_t pairs = (blocks + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (2 * 64 * std::max<int64_t>(k4, 1)));
