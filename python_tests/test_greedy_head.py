@@ -483,3 +483,37 @@ def test_leaders_spread_over_many_blocks_stay_screened(rows_kind, monkeypatch):
     assert got.argmax(1).item() == 7 == (x @ weight.t()).argmax(1).item()  # the tie goes to the lowest id
     monkeypatch.setattr(greedy_head, "_MOST_BLOCKS", 32)
     assert screen.logits(weight, x, None) is None
+
+
+@pytest.mark.parametrize("int8, method, prompts, temperature, tokens, made", [
+    (False, "ar", 1, 0.0, 6, True),
+    (False, "ngram", 1, 0.0, 6, True),
+    (False, "ar", 1, 0.0, 1, True),  # the prefill's token reads it
+    (False, "ngram", 1, 0.8, 6, False),  # sampled: the whole head
+    (True, "ar", 1, 0.0, 6, False),  # steps of one row: an int8 head's own product (_OWN_FROM)
+    (True, "ar", 3, 0.0, 6, True),
+    (True, "ngram", 1, 0.0, 6, True),
+])
+def test_the_screen_is_made_before_the_clock(monkeypatch, int8, method, prompts, temperature, tokens, made):
+    """A greedy call makes the screen it will read before its loop starts (greedy_head.prepare): made inside
+    the step that first read it, it was that step's time to the cost model, which then priced every larger
+    step by it. Calls that cannot read it do not make it, before or after."""
+    import specops.decoding as decoding
+
+    _spy(monkeypatch)
+    model = tiny_llama(seed=6)
+    if int8:
+        model = specops.quantize(model, "int8")
+    head = model.get_output_embeddings()
+    seen = []
+    run = decoding.run
+
+    def clocked(*args, **kwargs):
+        seen.append(head in greedy_head._KEPT)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "run", clocked)
+    specops.decode(PROMPTS[:prompts], target=model, tokenizer=byte_tokenizer(), method=method,
+                   max_new_tokens=tokens, temperature=temperature, seed=1)
+    assert seen == [made]
+    assert (head in greedy_head._KEPT) == made

@@ -536,5 +536,7 @@ def _decode(prompts, *, target, drafter, method, tokenizer, drafter_tokenizer, m
     # A greedy target's logits are read by an argmax only (verify.py): its head may be screened.
     target_lm.argmax_only = params.greedy and members is None
     with torch.inference_mode(), decoding_threads(target_lm.device, threads):  # "auto": before the clock
+        if target_lm.argmax_only and max_new_tokens > 0:
+            target_lm.prepare_greedy(batch.rows if chosen.plain else None)
         run(target_lm, batch, params, seeds, stats, proposer, chosen.name)
     return batch, stats

@@ -27,6 +27,7 @@ from contextlib import nullcontext
 import torch
 
 from specops.decoding.tree_forward import TreeMask, is_transformers_model, tree_forward, weakly_keyed
+from specops.decoding import greedy_head
 from specops.decoding.cpu_forward import CpuForward
 from specops.decoding.hf_compat import cache_argument
 from specops.decoding.llama_forward import LlamaForward
@@ -148,6 +149,12 @@ class CausalLM:
         if self._llama_forward is False:
             self._llama_forward = LlamaForward.of(self.model, self.cpu_forward)
         return self._llama_forward
+
+    def prepare_greedy(self, rows: int | None) -> None:
+        """Before a greedy call's clock (argmax_only set): the int8 screen of the output head that the CPU
+        paths read, for steps of `rows` rows (None: any number; greedy_head.prepare)."""
+        if self.argmax_only and self.cpu_forward is not None and self.cpu_forward.usable(self.model):
+            greedy_head.prepare(self.cpu_forward.head, rows)
 
     def new_cache(self):
         # A cache of full layers: windows are applied by the model's masks, and every layer can be cut

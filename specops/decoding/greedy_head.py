@@ -46,7 +46,7 @@ from specops._kept import per_object
 from specops.quantization import QuantizedLinear, pack
 from specops.reference import int8_linear_pack, int8_linear_unpack
 
-__all__ = ["capped", "greedy_logits", "screened_logits"]
+__all__ = ["capped", "greedy_logits", "prepare", "screened_logits"]
 
 # Gemma-3-270M's head on a 2-vCPU Zen 4 (bench/bench_greedy_head.py): with float32 rows screened 8.2 / 14.3 /
 # 26.7 ms against float32 23.2 / 24.5 / 27.2 ms at 1 / 4 / 8 rows (from about 8 rows the int8 product is bound
@@ -278,6 +278,18 @@ def _screen(head) -> _Screen | None:
                     screen = _Screen(weight.detach(), head.scales.detach() if own else None)
                 _KEPT[head] = screen
     return screen
+
+
+def prepare(head, rows: int | None) -> None:
+    """Make `head`'s screen now, where a greedy call's steps of `rows` rows would read it (None: steps of any
+    number, a call that may draft), so that it is made before the call's clock and not inside the step that
+    first reads it: a step's seconds are what the cost model learns from. (Gemma-3-270M:int8's first step of
+    3 rows, which made its screen, took 178 ms against 11 for one token, and the cost model, pricing 2 tokens
+    at 75 ms from then on, never let `ngram` draft again in that process; 2026-12-07, Zen 5.)"""
+    own = type(head) is QuantizedLinear
+    if rows is not None and (rows > _screen_rows(own) or (own and rows < _OWN_FROM)):
+        return
+    _screen(head)
 
 
 def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
