@@ -24,9 +24,10 @@ each row, so e is about 2^-14 of x), and the bound grows by what the rows' own q
 
 Where rows stay float32 the int8 product is bound by its arithmetic from about 8 rows; with both operands
 in int8 it stays bound by reading the copy to about 16 rows and more (the copy kept in int8_linear's packed
-layout, whose products need no sums across lanes). It serves up to `_screen_rows()` rows
-and heads of at least `_SCREEN_WEIGHTS` weights; the copy is made on the first greedy step that uses it and
-kept with the head module (`specops.kept`), rebuilt if the head's weight changes.
+layout, whose products need no sums across lanes). It serves up to `_screen_rows()` rows and heads of at least
+`_SCREEN_WEIGHTS` weights; the copy is made before a greedy call's loop where the call will read it
+(`prepare`), else on the first step that does, kept with the head module (`specops.kept`), and rebuilt if the
+head's weight changes.
 
 `greedy_logits` is what the CPU forwards call: the screen where it serves, the whole head where it does not,
 and for a greedy verification only the rows the verifier can read (a row whose path has a rejected draft is
@@ -74,12 +75,13 @@ _CAP_RANGE = 2.0  # soft-capped logits screened while L <= 2 * cap (tanh' >= 0.0
 # for random tokens) keep tens of thousands of candidates, and gathering their float32 rows made a step of 8
 # such rows take 373 ms against 42 with the whole head (Gemma-3-270M, Zen 4); past this, the whole head.
 _MOST_IDS = 1 << 13
-# Most blocks a row may pass the coarse test (a block's largest screened logit plus its largest bound) before the
-# call goes to the whole head: the fine test then reads 256 logits a passing block, so this bounds its work (a
-# quarter of Gemma-3-270M's 1,024 blocks). Flat rows pass nearly all. Led rows pass few, but not always 32 or
-# fewer (the limit was _MOST_IDS / _BLOCK): over 384 greedy steps of HumanEval/0-7 the blocks passing were a
-# median 2, 21 at the 90th percentile, 88 at the 99th and 136 at most, and the 23 rows (6 %) past 32 held 33-154
-# ids after the fine test, screened in 4.4-6.6 ms where the whole head took about 18 (Zen 5, 2026-12-07).
+# Most blocks a row may pass the coarse test (a block's largest screened logit plus its largest bound) before
+# the call goes to the whole head: the fine test then reads 256 logits a passing block, so this bounds its
+# work (a quarter of Gemma-3-270M's 1,024 blocks). Flat rows pass nearly all. Led rows pass few, but not
+# always 32 or fewer (the limit was _MOST_IDS / _BLOCK): over 384 greedy steps of HumanEval/0-7 the blocks
+# passing were a median 2, 21 at the 90th percentile, 88 at the 99th and 136 at most, and the 23 rows (6 %)
+# past 32 held 33-154 ids after the fine test, screened in 4.4-6.6 ms where the whole head took about 18 (on a
+# Zen 5, 2026-12-07).
 _MOST_BLOCKS = 256
 _FIRST_DEPTH = 1  # a verification's first pass computes the rows of its roots and their children
 _FOLLOW = True  # False: every row of a verification is computed (bench/bench_peers.py's -all-rows switch)
