@@ -248,6 +248,11 @@ def _screen_rows(own: bool = False) -> int:
     return _SCREEN_ROWS_INT8 if _int8_rows() else _SCREEN_ROWS
 
 
+def _serves(own: bool, rows: int) -> bool:
+    """Whether the screen takes a call of `rows` rows on this CPU (own: an int8 head's, on its own rows)."""
+    return rows <= _screen_rows(own) and not (own and rows < _OWN_FROM)
+
+
 def _key(weight: torch.Tensor) -> tuple:
     """What tells a changed weight: its storage, shape and version counter (an inference tensor keeps none:
     changed in place inside inference mode, it keeps its screen until `specops.forget`)."""
@@ -288,18 +293,15 @@ def prepare(head, rows: int | None) -> None:
     first reads it: a step's seconds are what the cost model learns from. (Gemma-3-270M:int8's first step of
     3 rows, which made its screen, took 178 ms against 11 for one token, and the cost model, pricing 2 tokens
     at 75 ms from then on, never let `ngram` draft again in that process; 2026-12-07, Zen 5.)"""
-    own = type(head) is QuantizedLinear
-    if rows is not None and (rows > _screen_rows(own) or (own and rows < _OWN_FROM)):
-        return
-    _screen(head)
+    if rows is None or _serves(type(head) is QuantizedLinear, rows):
+        _screen(head)
 
 
 def screened_logits(head, rows: torch.Tensor, softcap: float | None) -> torch.Tensor | None:
     """Logits [R, V] of hidden rows [R, K] through `head`, soft-capped at `softcap` if given, whose argmax is
     the full head's and which hold -inf where an id cannot be it; None where the screen does not serve (more
     than `_screen_rows()` rows, a head it does not take, rows it cannot tell): the caller computes them all."""
-    own = type(head) is QuantizedLinear
-    if rows.shape[0] > _screen_rows(own) or (own and rows.shape[0] < _OWN_FROM):
+    if not _serves(type(head) is QuantizedLinear, rows.shape[0]):
         return None
     screen = _screen(head)
     if screen is None or (screen.own and rows.shape[0] < _OWN_FROM):
