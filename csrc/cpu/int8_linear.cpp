@@ -344,8 +344,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void blocks_vnni
   const int64_t stride = a.k4 * 64;
   if (a.m <= 2) {
     // Bound by the read: one block at a time, one stream, prefetched two blocks ahead. Gemma-3-270M's head
-    // (2-vCPU Zen 5, a scratch kernel): 1 or 2 rows 4.7-5.2 ms against 5.8-6.1 in pairs (two streams 10 KB
-    // apart); from a few rows on the pairs' 8 accumulators pay.
+    // (2-vCPU Zen 5, bench/bench_int8_linear.py, medians of three alternating runs of each build, 2026-12-07):
+    // 1 and 2 rows 4.3-4.6 ms against 5.1-5.2 in pairs (two streams 10 KB apart); from a few rows on the
+    // pairs' 8 accumulators pay.
     for (int64_t b = b0; b < b1; ++b) packed_rows_vnni<1>(a, b, b + 3 <= a.blocks ? a.p + (b + 2) * stride : nullptr);
     return;
   }
