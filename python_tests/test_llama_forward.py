@@ -417,3 +417,59 @@ def test_blas_is_slow_only_for_mkl_on_another_vendors_cpu(monkeypatch, tmp_path,
                                                                           *a, **k))
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
     assert cpu_forward._blas_is_slow_here() is slow
+
+
+@pytest.fixture
+def slow_blas(monkeypatch):
+    """cpu_forward as on a CPU whose BLAS is slow (every product below oneDNN's rows through skinny_linear),
+    with oneDNN's availability asked again."""
+    from specops.decoding import cpu_forward
+
+    monkeypatch.setattr(cpu_forward, "_SKINNY_ROWS", 1 << 30)
+    cpu_forward._onednn.cache_clear()
+    yield cpu_forward
+    cpu_forward._onednn.cache_clear()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_prefill_products_go_through_onednn_where_mkl_is_slow(slow_blas, bias):
+    """From _ONEDNN_ROWS rows (a prefill) a product goes through oneDNN, below through skinny_linear: the
+    bits tell which ran (the two sum in different orders), and both are the product."""
+    cpu_forward = slow_blas
+    if not cpu_forward._onednn():
+        pytest.skip("this torch build has no oneDNN linear")
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 200, generator=gen)
+    b = torch.randn(96, generator=gen) if bias else None
+    rows = cpu_forward._ONEDNN_ROWS
+    for n, through_onednn in ((rows - 1, False), (rows, True), (3 * rows, True)):
+        x = torch.randn(n, 200, generator=gen)
+        got = cpu_forward._product(weight, b, x)
+        skinny = torch.ops.specops.skinny_linear(x, weight, b)
+        onednn = torch.ops.mkldnn._linear_pointwise(x, weight, b, "none", [], "")
+        assert torch.equal(got, onednn if through_onednn else skinny)
+        assert not torch.equal(skinny, onednn)  # the bits can tell the two apart
+        want = x.double() @ weight.double().T + (0 if b is None else b.double())
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_without_onednn_prefill_products_stay_on_skinny_linear(slow_blas, monkeypatch):
+    cpu_forward = slow_blas
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    x, weight = torch.randn(2 * cpu_forward._ONEDNN_ROWS, 40), torch.randn(24, 40)
+    assert not cpu_forward._onednn()
+    assert torch.equal(cpu_forward._product(weight, None, x), torch.ops.specops.skinny_linear(x, weight, None))
+
+
+def test_onednn_is_not_asked_where_the_blas_is_fast(monkeypatch):
+    """Where MKL is fast (an Intel CPU: from 32 rows through F.linear), oneDNN's rows are never reached."""
+    from specops.decoding import cpu_forward
+
+    monkeypatch.setattr(cpu_forward, "_SKINNY_ROWS", 32)
+    cpu_forward._onednn.cache_clear()
+    try:
+        assert not cpu_forward._onednn()
+        x, weight = torch.randn(80, 40), torch.randn(24, 40)
+        assert torch.equal(cpu_forward._product(weight, None, x), torch.nn.functional.linear(x, weight))
+    finally:
+        cpu_forward._onednn.cache_clear()

@@ -4,9 +4,10 @@ A decoding forward carries 1 token, or a draft chain or tree of a few, and readi
 of its cost. BLAS GEMMs re-read a weight for few rows (MKL on an Intel Xeon once per three rows, on AMD
 EPYC about once per row), so verifying several tokens cost several times one token's forward, which
 decides whether speculation can pay on a CPU. `specops.ops.skinny_linear` reads each weight once for
-any number of rows up to a few dozen. The path is taken only where a probe reproduces the model's logits
-and, for large models on a CPU without the kernels' x86 SIMD copies, a timing on the machine itself shows
-it faster. The model's linear layers are routed
+any number of rows up to a few dozen; a prefill's many rows go through a BLAS, or through oneDNN where
+the BLAS is MKL on a CPU that is not Intel's (`_product`). The path is taken only where a probe reproduces
+the model's logits and, for large models on a CPU without the kernels' x86 SIMD copies, a timing on the
+machine itself shows it faster. The model's linear layers are routed
 while a call runs, and for its own thread only: another thread using the same model meanwhile runs it as
 it is, and the last call to finish puts the layers back.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import threading
 import weakref
 from contextlib import contextmanager
-from functools import partial
+from functools import cache, partial
 
 import torch
 
@@ -55,6 +56,13 @@ def _blas_is_slow_here() -> bool:
 # where it is not.
 _SKINNY_ROWS = 1 << 30 if _blas_is_slow_here() else 32
 _FEW_ROWS = min(64, _SKINNY_ROWS)  # the few-call path's forwards (llama_forward.py): decoding steps, not prefills
+# From how many rows a product goes through oneDNN where MKL is slow (_blas_is_slow_here): a prefill's. On a
+# 2-vCPU AMD EPYC (Zen 5; bench/bench_prefill.py, docs/benchmarks.md, 2026-12-07) oneDNN's float32 linear on
+# the weight as it is took, against skinny_linear, 0.74-1.27x the time at 48 rows, 0.64-1.09x at 64,
+# 0.58-0.89x at 96-128 and 0.52-0.76x at 256-512 (Gemma-3-270M's 2048 x 640, 640 x 2048 and 256 x 640
+# weights; 291-320 GFLOP/s at 128 rows against 198-251): skinny_linear's tiles are made for reading a weight
+# once for few rows. A prefill of 78-188 tokens took 0.84x the time.
+_ONEDNN_ROWS = 64
 # Heads of at least this many weights decide by timing where the C++ kernels run their portable copy (no
 # x86 SIMD: an ARM CPU's BLAS may beat it). Their AVX2 and AVX-512 copies read a weight once where BLAS
 # re-reads it per row or few rows, and were faster for 1 and 4 rows on every x86 machine measured (Xeon:
@@ -63,11 +71,26 @@ _FEW_ROWS = min(64, _SKINNY_ROWS)  # the few-call path's forwards (llama_forward
 _TIMED_HEAD = 1 << 23
 
 
+@cache
+def _onednn() -> bool:
+    """Whether oneDNN's linear runs float32 products in this torch build (tried once on a small product)."""
+    if _SKINNY_ROWS <= _ONEDNN_ROWS or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3), torch.ones(4, 3), None, "none", [], "")
+        return bool(torch.equal(out, torch.full((2, 4), 3.0)))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
 def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
     """rows [n, d] @ weight[out, d]^T (+ bias): skinny_linear for up to _SKINNY_ROWS rows, F.linear
-    beyond (a prefill) and for a weight stored transposed (skinny_linear would copy it on every call)."""
+    beyond (a prefill) and for a weight stored transposed (skinny_linear would copy it on every call); where
+    MKL is slow, oneDNN from _ONEDNN_ROWS rows (a prefill) instead of skinny_linear."""
     if rows.shape[0] > _SKINNY_ROWS or not weight.is_contiguous():
         return torch.nn.functional.linear(rows, weight, bias)
+    if rows.shape[0] >= _ONEDNN_ROWS and _onednn():
+        return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
     return torch.ops.specops.skinny_linear(rows, weight, bias)
 
 
