@@ -36,6 +36,9 @@ Configurations:
   ngram-float-rows,       (greedy_head.py quantizes them to int8 where the CPU has AVX-512 VNNI, and then
   ar-int8-float-rows,     screens an int8 head too: a switch; the same as without it on other CPUs)
   ngram-int8-float-rows
+  ar-skinny-prefill,      the same as ar, ngram with a float32 prefill's products through skinny_linear where
+  ngram-skinny-prefill    they go through oneDNN (MKL on a CPU not Intel's: specops/decoding/cpu_forward.py,
+                          _ONEDNN_ROWS): a switch
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
                           of the run plus --new-tokens, so no prompt recompiles) and its automatic
@@ -90,6 +93,7 @@ SPECOPS = {"ar": (TARGET, "ar", None), "ngram": (TARGET, "ngram", None),
 SPECOPS.update({f"{config}-full": SPECOPS[config] for config in ("ar", "ngram", "slem", "tli")})
 SPECOPS.update({f"{config}-all-rows": SPECOPS[config] for config in ("ngram", "slem", "tli", "ngram-int8")})
 SPECOPS.update({f"{config}-float-rows": SPECOPS[config] for config in ("ar", "ngram", "ar-int8", "ngram-int8")})
+SPECOPS.update({f"{config}-skinny-prefill": SPECOPS[config] for config in ("ar", "ngram")})
 OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
@@ -137,6 +141,10 @@ class Specops:
             from specops.decoding import greedy_head
 
             greedy_head._int8_rows = lambda: False
+        if config.endswith("-skinny-prefill"):  # a bench switch: no product goes through oneDNN
+            from specops.decoding import cpu_forward
+
+            cpu_forward._ONEDNN_ROWS = 1 << 62
         self.decode = specops.decode
         self.target, self.method, self.drafter = SPECOPS[config]
         self.options = OPTIONS.get(config)
