@@ -39,6 +39,9 @@ Configurations:
   ar-skinny-prefill,      the same as ar, ngram with a float32 prefill's products through skinny_linear where
   ngram-skinny-prefill    they go through oneDNN (MKL on a CPU not Intel's: specops/decoding/cpu_forward.py,
                           _ONEDNN_ROWS): a switch
+  ar-int8-mkl-prefill,    the same as ar-int8, ngram-int8 with a long prefill chunk's products (more than 256
+  ngram-int8-mkl-prefill  rows: 8 prompts together) through F.linear where they go through oneDNN (MKL on a
+                          CPU not Intel's: specops/_blas.py): a switch
   hf                      transformers' model.generate() on specops.models.load("gemma-3-270m"), dynamic cache
   hf-compiled             its own fast path: cache_implementation="static" (sized once, for the longest prompt
                           of the run plus --new-tokens, so no prompt recompiles) and its automatic
@@ -94,6 +97,7 @@ SPECOPS.update({f"{config}-full": SPECOPS[config] for config in ("ar", "ngram", 
 SPECOPS.update({f"{config}-all-rows": SPECOPS[config] for config in ("ngram", "slem", "tli", "ngram-int8")})
 SPECOPS.update({f"{config}-float-rows": SPECOPS[config] for config in ("ar", "ngram", "ar-int8", "ngram-int8")})
 SPECOPS.update({f"{config}-skinny-prefill": SPECOPS[config] for config in ("ar", "ngram")})
+SPECOPS.update({f"{config}-mkl-prefill": SPECOPS[config] for config in ("ar-int8", "ngram-int8")})
 OPTIONS = {"ngram-context": {"tables": "none"}}  # config -> specops.decode's options
 HF = ("hf", "hf-compiled")
 # config -> (which GGUF, bench_memory's name of its llama.cpp setting)
@@ -102,8 +106,8 @@ LLAMA = {f"llama-{weights}{suffix}": (weights, setting) for weights in ("f32", "
                                  ("-ngram-mod", "llama-ngram-mod"))}
 CONFIGS = [*SPECOPS, *HF, *LLAMA]
 MODES = ("alone", "together8")
-INT8 = ("ar-int8", "ngram-int8", "ngram-int8-all-rows", "ar-int8-float-rows", "ngram-int8-float-rows", "llama-q8", "llama-q8-ngram-simple",
-        "llama-q8-ngram-mod")
+INT8 = ("ar-int8", "ngram-int8", "ngram-int8-all-rows", "ar-int8-float-rows", "ngram-int8-float-rows",
+        "ar-int8-mkl-prefill", "ngram-int8-mkl-prefill", "llama-q8", "llama-q8-ngram-simple", "llama-q8-ngram-mod")
 WARM_UP = "def add(a, b):\n"
 _MOVED = 0.10  # the bandwidth moved when start and end differ by more than this
 # issue 48's "Must reach" on these configurations: (config, factor, peers); the config's tokens/s must be at
@@ -145,6 +149,10 @@ class Specops:
             from specops.decoding import cpu_forward
 
             cpu_forward._ONEDNN_ROWS = 1 << 62
+        if config.endswith("-mkl-prefill"):  # a bench switch: QuantizedLinear's long chunks through F.linear
+            from specops import _blas
+
+            _blas.slow_here = lambda: False
         self.decode = specops.decode
         self.target, self.method, self.drafter = SPECOPS[config]
         self.options = OPTIONS.get(config)

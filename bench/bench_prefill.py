@@ -93,7 +93,7 @@ def main() -> None:
     from specops.decoding import cpu_forward
 
     torch.set_num_threads(2)
-    if not cpu_forward._blas_is_slow_here() or not cpu_forward._onednn():
+    if not cpu_forward._onednn():
         print("note: prefills here do not take oneDNN (a fast BLAS, or no oneDNN linear); part 2 times one path")
     rows: list[dict] = []
     products([int(r) for r in args.rows.split(",")], rows)

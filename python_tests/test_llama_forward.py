@@ -408,7 +408,7 @@ def test_blas_is_slow_only_for_mkl_on_another_vendors_cpu(monkeypatch, tmp_path,
     a CPU that is not Intel's (measured: 1.4-4x slower than skinny_linear at 16-512 rows on an AMD EPYC)."""
     import builtins
 
-    from specops.decoding import cpu_forward
+    from specops import _blas
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\n" + (f"vendor_id\t: {vendor}\n" if vendor else "") + "flags\t: avx2\n")
@@ -416,19 +416,16 @@ def test_blas_is_slow_only_for_mkl_on_another_vendors_cpu(monkeypatch, tmp_path,
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path,
                                                                           *a, **k))
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
-    assert cpu_forward._blas_is_slow_here() is slow
+    assert _blas.blas_is_slow_here() is slow
 
 
 @pytest.fixture
 def slow_blas(monkeypatch):
-    """cpu_forward as on a CPU whose BLAS is slow (every product below oneDNN's rows through skinny_linear),
-    with oneDNN's availability asked again."""
+    """cpu_forward as on a CPU whose BLAS is slow (every product below oneDNN's rows through skinny_linear)."""
     from specops.decoding import cpu_forward
 
     monkeypatch.setattr(cpu_forward, "_SKINNY_ROWS", 1 << 30)
-    cpu_forward._onednn.cache_clear()
-    yield cpu_forward
-    cpu_forward._onednn.cache_clear()
+    return cpu_forward
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -466,10 +463,6 @@ def test_onednn_is_not_asked_where_the_blas_is_fast(monkeypatch):
     from specops.decoding import cpu_forward
 
     monkeypatch.setattr(cpu_forward, "_SKINNY_ROWS", 32)
-    cpu_forward._onednn.cache_clear()
-    try:
-        assert not cpu_forward._onednn()
-        x, weight = torch.randn(80, 40), torch.randn(24, 40)
-        assert torch.equal(cpu_forward._product(weight, None, x), torch.nn.functional.linear(x, weight))
-    finally:
-        cpu_forward._onednn.cache_clear()
+    assert not cpu_forward._onednn()
+    x, weight = torch.randn(80, 40), torch.randn(24, 40)
+    assert torch.equal(cpu_forward._product(weight, None, x), torch.nn.functional.linear(x, weight))

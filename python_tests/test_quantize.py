@@ -181,6 +181,36 @@ def test_quantized_linear_forward(fmt, group, bias):
     assert (layer.bias is not None) == bias
 
 
+@pytest.mark.parametrize("slow_mkl", [True, False], ids=["mkl-slow", "blas-fast"])
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_long_prefill_chunk_multiplies_the_float32_weight(monkeypatch, fmt, slow_mkl):
+    """Beyond _OP_ROWS rows a CPU layer multiplies its de-quantized float32 weight: through oneDNN where MKL
+    is slow (specops/_blas.py), else through F.linear; at _OP_ROWS rows through the op. The bits tell which
+    ran, and each is the product."""
+    from specops import _blas, quantization
+
+    monkeypatch.setattr(_blas, "slow_here", lambda: slow_mkl)
+    g = torch.Generator().manual_seed(6)
+    layer = QuantizedLinear(torch.randn(48, 576, generator=g) * 0.1, torch.randn(48, generator=g), fmt)
+    weight = layer.dequantize_float32()
+    for rows in (quantization._OP_ROWS, quantization._OP_ROWS + 1, 3 * quantization._OP_ROWS):
+        x = torch.randn(rows, 576, generator=g)
+        with torch.no_grad():
+            out = layer(x)
+        blas = torch.nn.functional.linear(x, weight, layer.bias)
+        op = specops.ops.quantized_linear(x, layer.weight, layer.scales, layer.mins, layer.bias)
+        if rows <= quantization._OP_ROWS:
+            want = op
+        elif slow_mkl and _blas.onednn_works():
+            want = _blas.onednn_linear(x, weight, layer.bias)
+            assert not torch.equal(want, blas)  # the bits tell oneDNN from F.linear (K = 576; at 128 they agree)
+        else:
+            want = blas
+        assert torch.equal(out, want)
+        torch.testing.assert_close(out.double(), x.double() @ weight.double().T + layer.bias.double(),
+                                   rtol=1e-5, atol=1e-4)
+
+
 def test_quantized_linear_bf16_input_on_cpu():
     g = torch.Generator().manual_seed(5)
     layer = QuantizedLinear(torch.randn(24, 64, generator=g), torch.randn(24, generator=g), "int4")

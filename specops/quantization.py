@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from specops._blas import many_rows_linear
+
 __all__ = ["FORMATS", "QuantizedLinear", "quantize", "weights_of"]
 
 # Format -> default group size along K (None: one scale per output channel).
@@ -23,9 +25,12 @@ FORMATS = {"bf16": None, "int8": None, "int4": 32}
 _ALIASES = {"bfloat16": "bf16", "int4": "int4", "int8": "int8", "bf16": "bf16"}
 _STORAGE = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.uint8}
 _ATTRIBUTE = "_specops_weights"  # set on a quantized model: its format
-# Beyond this many rows (a long prefill chunk) a CPU layer multiplies a float32 copy of its weight by BLAS.
-# Below, the op is faster on AMD EPYC (2 threads, SmolLM2's layers, 119 rows: 0.5-1.5 ms against 1.3-3.6
-# for de-quantizing and BLAS; at 512 rows about even); on an Intel Xeon with MKL, BLAS won from a few dozen.
+# Beyond this many rows (a long prefill chunk) a CPU layer multiplies a float32 copy of its weight by BLAS, or
+# by oneDNN where the BLAS is MKL on a CPU that is not Intel's (specops/_blas.py). Below, the op is faster on
+# AMD EPYC (2 threads, SmolLM2's layers, 119 rows: 0.5-1.5 ms against 1.3-3.6 for de-quantizing and MKL; at
+# 512 rows about even with MKL); on an Intel Xeon with MKL, BLAS won from a few dozen. A batch of 8 prompts
+# prefills a thousand rows: on a 2-vCPU Zen 5 EPYC that prefill was 1.4-1.6 s of a 2.4-2.8 s call of 8
+# prompts and 48 tokens on Gemma-3-270M int8 with MKL there (2026-12-07).
 _OP_ROWS = 256
 
 
@@ -110,7 +115,7 @@ class QuantizedLinear(torch.nn.Module):
         if rows.shape[0] > _OP_ROWS and rows.device.type == "cpu":
             # A long prefill chunk: the products outweigh reading the weight, and BLAS on the float32
             # weight (made for this call only) computes them faster than de-quantizing per 4 rows.
-            out = torch.nn.functional.linear(rows, self.dequantize_float32(), bias)
+            out = many_rows_linear(rows, self.dequantize_float32(), bias)
         else:
             # The op directly: the wrapper's checks cost more than a small layer's product, and the
             # shapes were checked when the weight was packed.

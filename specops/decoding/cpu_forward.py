@@ -17,11 +17,12 @@ from __future__ import annotations
 import threading
 import weakref
 from contextlib import contextmanager
-from functools import cache, partial
+from functools import partial
 
 import torch
 
 from specops._C import cpu_isa
+from specops._blas import onednn_linear, onednn_works, slow_here
 from specops._kept import per_object
 from specops.decoding.greedy_head import capped, greedy_logits
 from specops.decoding.held import HeldSwitch
@@ -35,28 +36,12 @@ _CPU_FORWARD_OK: weakref.WeakKeyDictionary[object, bool] = per_object(
     "CPU forward probe", "whether the CPU forward through skinny_linear reproduces the model's logits (probed once)")
 
 
-def _blas_is_slow_here() -> bool:
-    """Whether torch's BLAS is MKL on a CPU that is not Intel's. MKL takes a generic path there: on a 2-vCPU
-    AMD EPYC (Zen 5) F.linear reached 41-114 GFLOP/s where skinny_linear reached 150-250, at every row count
-    from 16 to 512 (Gemma-3-270M's output head: 98.9 against 26.6 ms at 16 rows and 265 against 102 at 64 in
-    docs/benchmarks.md's run of 2026-12-03; 1,504 against 900 at 512 in an earlier one). On an Intel Xeon MKL
-    is as fast from about 24 rows."""
-    if not torch.backends.mkl.is_available():
-        return False
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
-    except OSError:
-        return False
-    return vendor not in ("", "GenuineIntel")
-
-
 # Up to how many rows a product goes through skinny_linear rather than torch's BLAS: 32 where the BLAS is fast
 # from about that many rows on (Gemma-3-270M's head on a Xeon: MKL 1.15x faster at 24 rows), every row count
 # where it is not.
-_SKINNY_ROWS = 1 << 30 if _blas_is_slow_here() else 32
+_SKINNY_ROWS = 1 << 30 if slow_here() else 32
 _FEW_ROWS = min(64, _SKINNY_ROWS)  # the few-call path's forwards (llama_forward.py): decoding steps, not prefills
-# From how many rows a product goes through oneDNN where MKL is slow (_blas_is_slow_here): a prefill's. On a
+# From how many rows a product goes through oneDNN where MKL is slow (specops/_blas.py): a prefill's. On a
 # 2-vCPU AMD EPYC (Zen 5; bench/bench_prefill.py, docs/benchmarks.md, 2026-12-07) oneDNN's float32 linear on
 # the weight as it is took, against skinny_linear, 0.74-1.27x the time at 48 rows, 0.64-1.09x at 64,
 # 0.58-0.89x at 96-128 and 0.52-0.76x at 256-512 (Gemma-3-270M's 2048 x 640, 640 x 2048 and 256 x 640
@@ -71,16 +56,10 @@ _ONEDNN_ROWS = 64
 _TIMED_HEAD = 1 << 23
 
 
-@cache
 def _onednn() -> bool:
-    """Whether oneDNN's linear runs float32 products in this torch build (tried once on a small product)."""
-    if _SKINNY_ROWS <= _ONEDNN_ROWS or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3), torch.ones(4, 3), None, "none", [], "")
-        return bool(torch.equal(out, torch.full((2, 4), 3.0)))
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
+    """Whether a product of _ONEDNN_ROWS rows or more goes through oneDNN: where MKL is slow (every row count
+    below is skinny_linear's) and oneDNN runs."""
+    return _SKINNY_ROWS > _ONEDNN_ROWS and onednn_works()
 
 
 def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
@@ -90,7 +69,7 @@ def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor
     if rows.shape[0] > _SKINNY_ROWS or not weight.is_contiguous():
         return torch.nn.functional.linear(rows, weight, bias)
     if rows.shape[0] >= _ONEDNN_ROWS and _onednn():
-        return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), weight, bias, "none", [], "")
+        return onednn_linear(rows, weight, bias)
     return torch.ops.specops.skinny_linear(rows, weight, bias)
 
 
