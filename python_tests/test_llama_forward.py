@@ -436,11 +436,11 @@ def test_prefill_products_go_through_onednn_where_mkl_is_slow(slow_blas, bias):
     if not cpu_forward._onednn():
         pytest.skip("this torch build has no oneDNN linear")
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(96, 200, generator=gen)
-    b = torch.randn(96, generator=gen) if bias else None
+    weight = torch.randn(1024, 640, generator=gen)  # 64 rows of it are enough work for oneDNN (_blas.onednn_pays)
+    b = torch.randn(1024, generator=gen) if bias else None
     rows = cpu_forward._ONEDNN_ROWS
     for n, through_onednn in ((rows - 1, False), (rows, True), (3 * rows, True)):
-        x = torch.randn(n, 200, generator=gen)
+        x = torch.randn(n, 640, generator=gen)
         got = cpu_forward._product(weight, b, x)
         skinny = torch.ops.specops.skinny_linear(x, weight, b)
         onednn = torch.ops.mkldnn._linear_pointwise(x, weight, b, "none", [], "")
@@ -448,6 +448,21 @@ def test_prefill_products_go_through_onednn_where_mkl_is_slow(slow_blas, bias):
         assert not torch.equal(skinny, onednn)  # the bits can tell the two apart
         want = x.double() @ weight.double().T + (0 if b is None else b.double())
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_small_products_stay_on_skinny_linear(slow_blas):
+    """A product too small to repay oneDNN's making a primitive for a new row count (_blas._ONEDNN_WORK) stays
+    on skinny_linear at any row count: a tiny model's prefill."""
+    from specops import _blas
+
+    cpu_forward = slow_blas
+    weight = torch.randn(96, 200)
+    for n in (cpu_forward._ONEDNN_ROWS, 1000):
+        x = torch.randn(n, 200)
+        assert not _blas.onednn_pays(x, weight)
+        assert torch.equal(cpu_forward._product(weight, None, x), torch.ops.specops.skinny_linear(x, weight, None))
+    big = torch.randn(_blas._ONEDNN_WORK // (96 * 200) + 1, 200)
+    assert _blas.onednn_pays(big, weight)
 
 
 def test_without_onednn_prefill_products_stay_on_skinny_linear(slow_blas, monkeypatch):

@@ -185,13 +185,13 @@ def test_quantized_linear_forward(fmt, group, bias):
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_long_prefill_chunk_multiplies_the_float32_weight(monkeypatch, fmt, slow_mkl):
     """Beyond _OP_ROWS rows a CPU layer multiplies its de-quantized float32 weight: through oneDNN where MKL
-    is slow (specops/_blas.py), else through F.linear; at _OP_ROWS rows through the op. The bits tell which
-    ran, and each is the product."""
+    is slow (specops/_blas.py; 256 x 576 weights make the product large enough for it), else through F.linear;
+    at _OP_ROWS rows through the op. The bits tell which ran, and each is the product."""
     from specops import _blas, quantization
 
     monkeypatch.setattr(_blas, "slow_here", lambda: slow_mkl)
     g = torch.Generator().manual_seed(6)
-    layer = QuantizedLinear(torch.randn(48, 576, generator=g) * 0.1, torch.randn(48, generator=g), fmt)
+    layer = QuantizedLinear(torch.randn(256, 576, generator=g) * 0.1, torch.randn(256, generator=g), fmt)
     weight = layer.dequantize_float32()
     for rows in (quantization._OP_ROWS, quantization._OP_ROWS + 1, 3 * quantization._OP_ROWS):
         x = torch.randn(rows, 576, generator=g)

@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from specops._C import cpu_isa
-from specops._blas import onednn_linear, onednn_works, slow_here
+from specops._blas import onednn_linear, onednn_pays, onednn_works, slow_here
 from specops._kept import per_object
 from specops.decoding.greedy_head import capped, greedy_logits
 from specops.decoding.held import HeldSwitch
@@ -46,7 +46,8 @@ _FEW_ROWS = min(64, _SKINNY_ROWS)  # the few-call path's forwards (llama_forward
 # the weight as it is took, against skinny_linear, 0.74-1.27x the time at 48 rows, 0.64-1.09x at 64,
 # 0.58-0.89x at 96-128 and 0.52-0.76x at 256-512 (Gemma-3-270M's 2048 x 640, 640 x 2048 and 256 x 640
 # weights; 291-320 GFLOP/s at 128 rows against 198-251): skinny_linear's tiles are made for reading a weight
-# once for few rows. A prefill of 78-188 tokens took 0.84x the time.
+# once for few rows. A prefill of 78-188 tokens took 0.84-0.91x the time (products large enough only:
+# _blas.onednn_pays).
 _ONEDNN_ROWS = 64
 # Heads of at least this many weights decide by timing where the C++ kernels run their portable copy (no
 # x86 SIMD: an ARM CPU's BLAS may beat it). Their AVX2 and AVX-512 copies read a weight once where BLAS
@@ -65,10 +66,11 @@ def _onednn() -> bool:
 def _product(weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
     """rows [n, d] @ weight[out, d]^T (+ bias): skinny_linear for up to _SKINNY_ROWS rows, F.linear
     beyond (a prefill) and for a weight stored transposed (skinny_linear would copy it on every call); where
-    MKL is slow, oneDNN from _ONEDNN_ROWS rows (a prefill) instead of skinny_linear."""
+    MKL is slow, oneDNN from _ONEDNN_ROWS rows (a prefill) instead of skinny_linear for a product large
+    enough to repay oneDNN's making a primitive for its shape (specops/_blas.py, onednn_pays)."""
     if rows.shape[0] > _SKINNY_ROWS or not weight.is_contiguous():
         return torch.nn.functional.linear(rows, weight, bias)
-    if rows.shape[0] >= _ONEDNN_ROWS and _onednn():
+    if rows.shape[0] >= _ONEDNN_ROWS and onednn_pays(rows, weight) and _onednn():
         return onednn_linear(rows, weight, bias)
     return torch.ops.specops.skinny_linear(rows, weight, bias)
 
