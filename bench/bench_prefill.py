@@ -39,14 +39,15 @@ def _median_seconds(call, repeats: int = 20) -> float:
 
 
 def products(rows: list[int], out: list[dict]) -> None:
+    from specops._blas import onednn_linear
+
     for n, k in SHAPES:
         weights = [torch.randn(n, k) for _ in range(8)]
         turn = iter(range(1 << 30))
         for m in rows:
             x = torch.randn(m, k)
             skinny = _median_seconds(lambda: torch.ops.specops.skinny_linear(x, weights[next(turn) % 8], None))
-            onednn = _median_seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, weights[next(turn) % 8], None,
-                                                                                "none", [], ""))
+            onednn = _median_seconds(lambda: onednn_linear(x, weights[next(turn) % 8], None))
             flop = 2 * m * n * k
             print(f"{n} x {k}, {m:4d} rows: skinny_linear {1e3 * skinny:.3f} ms "
                   f"({flop / skinny / 1e9:.0f} GFLOP/s), oneDNN {1e3 * onednn:.3f} ms "

@@ -66,9 +66,8 @@ def onednn_linear(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def many_rows_linear(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A float32 CPU product of many rows: oneDNN where MKL is slow, oneDNN runs and the product is large
-    enough (_ONEDNN_WORK), else F.linear. On a
-    2-vCPU AMD EPYC (Zen 5) oneDNN made 291-388 GFLOP/s at 128-512 rows where MKL made about 150
-    (bench/bench_prefill.py, docs/benchmarks.md, 2026-12-07)."""
+    enough (_ONEDNN_WORK), else F.linear. On a 2-vCPU AMD EPYC (Zen 5) oneDNN made 291-388 GFLOP/s at
+    128-512 rows where MKL made about 150 (bench/bench_prefill.py, docs/benchmarks.md, 2026-12-07)."""
     if slow_here() and rows.dtype == torch.float32 and weight.dtype == torch.float32 and \
             onednn_pays(rows, weight) and onednn_works():
         return onednn_linear(rows, weight, bias)
