@@ -17,6 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 BAR = 0.97  # issue 49: at least this share of plain vLLM's tokens/s in every cell
 NAMES = {"specops-ngram": "NgramProposer", "specops-slem": "SlemProposer (SmolLM2-135M int8)"}
+# One colour per configuration in both panels, whichever configurations each run holds.
+COLORS = {"specops-ngram": "#ff7f0e", "specops-slem": "#2ca02c", "vllm-ngram": "#1f77b4", "vllm-suffix": "#9467bd",
+          "vllm-sync": "#7f7f7f"}
 
 
 def _requests(mode: str) -> int:
@@ -47,6 +50,8 @@ def main() -> None:
                         help="the sampled run's settings (its CSV does not hold them)")
     args = parser.parse_args()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    others = iter(["#8c564b", "#e377c2", "#bcbd22", "#17becf"])
+    colors = dict(COLORS)
     for ax, (label, path) in zip(axes, [("greedy", args.greedy), (args.sampled_title, args.sampled)]):
         lines = ratios(path)
         top = {}  # requests -> the highest ratio there: its figure goes above its point, the others' below
@@ -55,8 +60,10 @@ def main() -> None:
                 top[x] = max(top.get(x, y), y)
         for config, points in lines.items():
             points.sort()
+            if config not in colors:
+                colors[config] = next(others, None)
             line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                            label=NAMES.get(config, config))
+                            label=NAMES.get(config, config), color=colors[config])
             for x, y in points:
                 below = -12 if y < top[x] else 5
                 ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(5, below), fontsize=8,
@@ -69,7 +76,11 @@ def main() -> None:
         ax.set_xlabel("requests submitted together")
         ax.set_title(label)
     axes[0].set_ylabel("tokens/s over plain vLLM's")
-    axes[0].legend(fontsize=8)
+    handles = {}
+    for ax in axes:  # one legend for both panels: a configuration only one run holds is listed too
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(name, handle)
+    axes[0].legend(handles.values(), handles.keys(), fontsize=8)
     fig.suptitle(args.title)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
